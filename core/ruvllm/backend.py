@@ -1,0 +1,118 @@
+"""The request-level backend contract every engine plugin implements.
+
+A backend loads one model and turns a prompt (token ids) into a stream of sampled tokens. It
+does *not* decide when to stop, build text, or measure time: core's generation driver
+(:mod:`ruvllm.generation`) does that identically for every backend, and closes the backend's
+iterator when the request ends. Backends whose engine exposes logits sample through
+:func:`sample_stream` so that sampling is the same everywhere.
+
+Isolation is part of the contract: each ``generate`` call starts from a clean state. No KV or
+prompt-cache state left by an earlier call may change a later call's output. The conformance
+suite (:mod:`ruvllm.testing`) checks exactly that.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ruvllm.errors import BackendUnavailable
+from ruvllm.executor import BatchExecutor
+from ruvllm.models import ModelSource
+from ruvllm.sampling import Sampler
+from ruvllm.tokenizer import Tokenizer
+from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
+
+
+class LlmBackend(abc.ABC):
+    """One loaded model on one engine."""
+
+    #: Registry name (``ruvllm --backend NAME``).
+    name: ClassVar[str]
+    #: Model file formats it loads: "gguf", "hf" (a Hugging Face directory).
+    formats: ClassVar[tuple[str, ...]] = ("gguf",)
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this backend cannot run on this machine, or None when it can.
+
+        Checked before loading and shown by ``ruvllm backends``; import the engine's library
+        here, not at module import, so a missing library is a reason rather than a crash.
+        """
+        return None
+
+    @classmethod
+    def version(cls) -> str | None:
+        """Version of the engine library underneath, when it can be found."""
+        return None
+
+    @classmethod
+    @abc.abstractmethod
+    def capabilities(cls) -> Capabilities:
+        """What this backend offers on this machine."""
+
+    @classmethod
+    @abc.abstractmethod
+    def load(cls, model: ModelSource, options: Mapping[str, Any]) -> LlmBackend:
+        """Load ``model``; raise :class:`ruvllm.errors.ModelLoadError` with the reason."""
+
+    @property
+    @abc.abstractmethod
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    @abc.abstractmethod
+    def info(self) -> ModelInfo: ...
+
+    @abc.abstractmethod
+    def generate(self, prompt_ids: Sequence[int], params: GenerationParams) -> Iterator[SampledToken]:
+        """Yield sampled tokens continuing ``prompt_ids`` until the caller stops iterating.
+
+        The caller (core) enforces max_tokens, EOS, stop ids and stop strings and then closes
+        the iterator; the backend must release the request's state in a ``finally`` block.
+        Return early only when the context window is full.
+        """
+
+    def create_executor(self, *, max_sequences: int, block_size: int) -> BatchExecutor:
+        """The iteration-level executor over this model, for backends whose capabilities say
+        ``executor=True``; the others are driven through :meth:`generate`."""
+        raise BackendUnavailable(
+            self.name, "it has no iteration-level executor; the engine uses the request-level path"
+        )
+
+    def close(self) -> None:
+        """Free the model; the backend is unusable afterwards."""
+        return None
+
+    def __enter__(self) -> LlmBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+LogitsFn = Callable[[Sequence[int]], np.ndarray]
+
+
+def sample_stream(
+    evaluate: LogitsFn,
+    prompt_ids: Sequence[int],
+    params: GenerationParams,
+    vocab_size: int,
+    room: int,
+) -> Iterator[SampledToken]:
+    """Generate with core's sampler on top of an engine that returns logits.
+
+    ``evaluate(tokens)`` appends ``tokens`` to the request's sequence and returns the logits of
+    the last position. ``room`` is how many tokens fit after the prompt in the context window.
+    """
+    sampler = Sampler(params, vocab_size, prompt_ids)
+    logits = evaluate(prompt_ids)
+    for produced in range(room):
+        token = sampler.sample(logits)
+        yield token
+        if produced + 1 < room:
+            logits = evaluate([token.token_id])

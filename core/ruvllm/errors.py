@@ -1,0 +1,138 @@
+"""One error hierarchy for every layer of ruvllm.
+
+Each error says what was wrong and how to fix it, so that the CLI can print one line and the
+server can map it to an HTTP status without guessing. The shape follows httpx: a single root,
+a few families below it, and data on the exception rather than only in the message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RuvllmError(Exception):
+    """Root of every error ruvllm raises on purpose."""
+
+    #: HTTP status the OpenAI-compatible server answers with.
+    http_status: int = 500
+    #: OpenAI error ``type`` field.
+    error_type: str = "internal_error"
+
+
+class ConfigError(RuvllmError):
+    """A configuration file, environment variable or flag is malformed."""
+
+    http_status = 500
+    error_type = "config_error"
+
+
+class PluginError(RuvllmError):
+    """A plugin could not be found or loaded."""
+
+    http_status = 500
+    error_type = "plugin_error"
+
+
+class UnknownBackend(PluginError):
+    """No backend of that name is registered."""
+
+    http_status = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, name: str, known: list[str]):
+        self.name = name
+        self.known = sorted(known)
+        listed = ", ".join(self.known) or "none"
+        super().__init__(
+            f"unknown backend {name!r}; installed backends: {listed}. "
+            f"Install the plugin (pip install ruvllm-{name.replace('_', '-')}) or pick one "
+            f"of the installed backends (see `ruvllm backends`)."
+        )
+
+
+class BackendUnavailable(PluginError):
+    """The backend is installed but cannot run here (missing library, wrong platform...)."""
+
+    http_status = 503
+    error_type = "backend_unavailable"
+
+    def __init__(self, name: str, reason: str):
+        self.name = name
+        self.reason = reason
+        super().__init__(f"backend {name!r} is unavailable: {reason}")
+
+
+class ModelError(RuvllmError):
+    """Family of errors about locating and loading model weights."""
+
+    http_status = 500
+    error_type = "model_error"
+
+
+class ModelNotFound(ModelError):
+    """The model reference resolves to nothing (unknown alias, missing file, not cached offline)."""
+
+    http_status = 404
+    error_type = "model_not_found"
+
+
+class ModelLoadError(ModelError):
+    """The weights were found but the backend could not load them."""
+
+    def __init__(self, model: str, reason: str):
+        self.model = model
+        self.reason = reason
+        super().__init__(f"could not load model {model!r}: {reason}")
+
+
+class InvalidRequest(RuvllmError):
+    """A request parameter is out of range or malformed; names the field and what is accepted."""
+
+    http_status = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, field: str, message: str, value: Any = None):
+        self.field = field
+        self.value = value
+        super().__init__(f"{field}: {message}")
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """Prompt plus requested tokens do not fit in the model's context window."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, context_length: int):
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.context_length = context_length
+        super().__init__(
+            "prompt",
+            f"the prompt has {prompt_tokens} tokens and {max_tokens} more were requested, "
+            f"but the model's context length is {context_length}; shorten the prompt or "
+            f"lower max_tokens to at most {max(context_length - prompt_tokens, 0)}",
+            value=prompt_tokens,
+        )
+
+
+class Cancelled(RuvllmError):
+    """The request was cancelled by its caller before it finished."""
+
+    http_status = 499
+    error_type = "cancelled"
+
+
+class Overloaded(RuvllmError):
+    """The engine's queue is full; retry later."""
+
+    http_status = 503
+    error_type = "overloaded"
+
+    def __init__(self, message: str, retry_after: float = 1.0):
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class BackendError(RuvllmError):
+    """The engine underneath failed while serving a request."""
+
+    http_status = 500
+    error_type = "backend_error"

@@ -1,0 +1,74 @@
+"""The iteration-level contract: one forward pass per engine step over every running request.
+
+The ServingEngine owns sequences, KV blocks and sampling; an executor only runs the model. Each
+step it receives a mixed batch — prefill chunks of new prompts and single decode tokens of
+running requests — and returns the logits of the positions that need sampling. Reading the
+weights once per step for all sequences is where batching's throughput comes from.
+
+Two KV layouts exist:
+
+- ``paged``: the executor stores KV in physical blocks the engine assigns; each entry's
+  ``block_table`` says which block holds positions ``[i*block_size, (i+1)*block_size)``.
+  Sharing a cached prefix is sharing blocks; :meth:`BatchExecutor.copy_blocks` serves
+  copy-on-write.
+- ``per_sequence``: the engine underneath keeps KV per sequence id (llama.cpp). Block tables
+  are still given, so capacity accounting is identical, and a cached prefix is shared by
+  :meth:`BatchExecutor.copy_prefix` from the sequence that holds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Protocol, runtime_checkable
+
+import attrs
+import numpy as np
+
+KvLayout = Literal["paged", "per_sequence"]
+
+
+@attrs.frozen(kw_only=True)
+class BatchEntry:
+    """One sequence's share of a step."""
+
+    seq_id: int
+    #: New tokens to run, at positions start_pos .. start_pos + len(tokens) - 1.
+    tokens: tuple[int, ...]
+    start_pos: int
+    #: Physical block ids covering positions [0, start_pos + len(tokens)).
+    block_table: tuple[int, ...]
+    #: True when the logits after the last token are needed (a decode step, or the final
+    #: chunk of a prefill).
+    sample: bool = True
+
+
+@runtime_checkable
+class BatchExecutor(Protocol):
+    """Runs the model one step at a time for the engine."""
+
+    kv_layout: KvLayout
+    block_size: int
+    #: KV capacity in blocks of ``block_size`` tokens.
+    num_blocks: int
+    #: Most tokens one step may hold.
+    max_batch_tokens: int
+    #: Most sequences that may hold KV at once.
+    max_sequences: int
+
+    def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
+        """Run one forward pass; return float logits ``[n, vocab]``, one row per entry with
+        ``sample=True``, in batch order."""
+        ...
+
+    def free(self, seq_id: int) -> None:
+        """Forget everything about ``seq_id``; its KV may be reused at once."""
+        ...
+
+    def copy_prefix(self, src_seq_id: int, dst_seq_id: int, num_tokens: int) -> None:
+        """Give ``dst`` the KV of the first ``num_tokens`` positions of ``src``
+        (``per_sequence`` layout)."""
+        ...
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy physical block ``src`` to ``dst`` for each pair (``paged`` layout)."""
+        ...

@@ -1,0 +1,173 @@
+"""Turning sampled tokens into a request's output: the part every path shares.
+
+Both the request-level path (a backend's ``generate`` iterator) and the ServingEngine feed
+tokens through :class:`RequestOutputBuilder`, so stop handling, detokenization, usage and
+finish reasons are decided in exactly one place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+
+from ruvllm.errors import ContextLengthExceeded, InvalidRequest
+from ruvllm.stops import StopStringMatcher
+from ruvllm.tokenizer import IncrementalDetokenizer, Tokenizer
+from ruvllm.types import (
+    FinishReason,
+    GenerationParams,
+    GenerationResult,
+    SampledToken,
+    TokenLogprob,
+    TokenOutput,
+    Timings,
+    Usage,
+)
+
+
+def check_prompt(prompt_ids: Sequence[int], params: GenerationParams, context_length: int,
+                 vocab_size: int) -> None:
+    """Reject a prompt that cannot be served, before any engine state is touched."""
+    if len(prompt_ids) == 0:
+        raise InvalidRequest("prompt", "must contain at least one token; got an empty prompt")
+    bad = next((t for t in prompt_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequest("prompt", f"token id {bad} is outside the vocabulary [0, {vocab_size})", bad)
+    if len(prompt_ids) + params.max_tokens > context_length:
+        raise ContextLengthExceeded(len(prompt_ids), params.max_tokens, context_length)
+
+
+class RequestOutputBuilder:
+    """Accumulates one request's tokens and decides when and why it finishes."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int], params: GenerationParams):
+        self._tok = tokenizer
+        self.params = params
+        self.prompt_len = len(prompt_ids)
+        self._detok = IncrementalDetokenizer(tokenizer, context=prompt_ids)
+        self._stops = StopStringMatcher(params.stop)
+        self._stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            self._stop_ids.update(tokenizer.eos_ids)
+        self.token_ids: list[int] = []
+        self._text: list[str] = []
+        self._logprobs: list[TokenLogprob] = []
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: str | int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def add(self, token: SampledToken) -> TokenOutput:
+        """Record one sampled token; sets :attr:`finish_reason` when it ends the request."""
+        tid = token.token_id
+        index = len(self.token_ids)
+        self.token_ids.append(tid)
+        text = ""
+        if tid in self._stop_ids:
+            self.finish_reason, self.stop_reason = FinishReason.STOP, tid
+        else:
+            text = self._stops.feed(self._detok.push(tid))
+            if self._stops.matched is not None:
+                self.finish_reason, self.stop_reason = FinishReason.STOP, self._stops.matched
+        if self.finish_reason is None and len(self.token_ids) >= self.params.max_tokens:
+            self.finish_reason = FinishReason.LENGTH
+        if self.finish_reason is FinishReason.LENGTH:
+            text += self._stops.feed(self._detok.flush()) + self._stops.flush()
+        self._text.append(text)
+        lp = self._logprob_of(token)
+        return TokenOutput(
+            index=index, token_id=tid, text=text,
+            logprob=token.logprob, top_logprobs=lp,
+        )
+
+    def finish(self, reason: FinishReason) -> str:
+        """End early (engine ran out of context, cancellation, error); returns held-back text."""
+        self.finish_reason = reason
+        tail = ""
+        if reason is FinishReason.LENGTH:
+            tail = self._stops.feed(self._detok.flush()) + self._stops.flush()
+            self._text.append(tail)
+        return tail
+
+    def _logprob_of(self, token: SampledToken) -> tuple[TokenLogprob, ...]:
+        if token.logprob is None:
+            return ()
+        self._logprobs.append(
+            TokenLogprob(token.token_id, self._tok.token_text(token.token_id), token.logprob)
+        )
+        return tuple(TokenLogprob(i, self._tok.token_text(i), lp) for i, lp in token.top_logprobs)
+
+    def result(self, timings: Timings) -> GenerationResult:
+        assert self.finish_reason is not None, "result() before the request finished"
+        return GenerationResult(
+            text="".join(self._text),
+            token_ids=tuple(self.token_ids),
+            finish_reason=self.finish_reason,
+            usage=Usage(prompt_tokens=self.prompt_len, completion_tokens=len(self.token_ids)),
+            timings=timings,
+            logprobs=tuple(self._logprobs) if self.params.logprobs is not None else None,
+            stop_reason=self.stop_reason,
+        )
+
+
+class GenerationStream:
+    """Iterator of :class:`TokenOutput`; :attr:`result` is set once it is exhausted.
+
+    Wraps a backend's token iterator, closing it as soon as the request is finished so the
+    backend frees the request's state at once.
+    """
+
+    def __init__(self, tokens: Iterator[SampledToken], builder: RequestOutputBuilder,
+                 queued_at: float | None = None):
+        self._tokens = tokens
+        self._builder = builder
+        self._start = time.perf_counter()
+        self._queue = 0.0 if queued_at is None else self._start - queued_at
+        self._first: float | None = None
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[TokenOutput]:
+        b = self._builder
+        try:
+            for token in self._tokens:
+                if self._first is None:
+                    self._first = time.perf_counter()
+                out = b.add(token)
+                yield out
+                if b.finished:
+                    break
+            else:
+                # The backend stopped on its own: its context window is full.
+                tail = b.finish(FinishReason.LENGTH)
+                if tail:
+                    yield TokenOutput(index=len(b.token_ids), token_id=None, text=tail)
+        except GeneratorExit:
+            if not b.finished:
+                b.finish(FinishReason.CANCELLED)
+            raise
+        finally:
+            close = getattr(self._tokens, "close", None)
+            if close is not None:
+                close()
+            if b.finish_reason is None:
+                b.finish(FinishReason.ERROR)
+            self.result = b.result(self._timings())
+
+    def _timings(self) -> Timings:
+        end = time.perf_counter()
+        first = self._first if self._first is not None else end
+        return Timings(
+            queue=self._queue,
+            prefill=first - self._start,
+            decode=end - first,
+            time_to_first_token=self._queue + first - self._start,
+        )
+
+    def collect(self) -> GenerationResult:
+        """Run to the end and return the final result."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result

@@ -1,0 +1,159 @@
+"""Plugin discovery, the backend registry and backend selection.
+
+Plugins are found through the ``ruvllm`` entry-point group. Each entry point is loaded on its
+own so that one broken plugin cannot hide the others, and every failure is recorded with its
+reason: a plugin that silently vanishes is the bug users of other runtimes report most.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import sys
+import traceback
+from importlib import metadata
+
+import attrs
+import pluggy
+
+from ruvllm import hookspecs
+from ruvllm.backend import LlmBackend
+from ruvllm.errors import BackendUnavailable, UnknownBackend
+from ruvllm.models import ModelSource
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "ruvllm"
+#: Comma-separated entry-point names to load; unset loads every installed plugin.
+ALLOWLIST_ENV = "RUVLLM_PLUGINS"
+
+#: ``backend = "auto"`` tries these in order, first available one that reads the model wins.
+#: Apple Silicon: MLX runs on the Metal GPU. Elsewhere llama.cpp is the fastest CPU engine
+#: measured here; the PyTorch reference comes next; mistral.rs is slower on CPU.
+AUTO_PREFERENCE = {
+    "darwin-arm64": ("mlx", "llamacpp", "candle_like", "mistralrs"),
+    "default": ("llamacpp", "candle_like", "mlx", "mistralrs"),
+}
+
+
+def platform_key() -> str:
+    if sys.platform == "darwin" and platform.machine() == "arm64":
+        return "darwin-arm64"
+    return "default"
+
+
+@attrs.define
+class PluginFailure:
+    plugin: str
+    reason: str
+    detail: str = ""
+
+
+@attrs.define
+class BackendRegistry:
+    """Every backend class that plugins registered, plus the plugins that failed."""
+
+    pm: pluggy.PluginManager
+    backends: dict[str, type[LlmBackend]] = attrs.field(factory=dict)
+    failures: list[PluginFailure] = attrs.field(factory=list)
+    #: Backend name -> distribution that provides it.
+    providers: dict[str, str] = attrs.field(factory=dict)
+
+    def register_backend(self, cls: type[LlmBackend], provider: str = "") -> None:
+        if cls.name in self.backends and self.backends[cls.name] is not cls:
+            self.failures.append(
+                PluginFailure(provider or cls.__module__, f"backend name {cls.name!r} is already taken")
+            )
+            return
+        self.backends[cls.name] = cls
+        self.providers[cls.name] = provider
+
+    def get(self, name: str) -> type[LlmBackend]:
+        try:
+            return self.backends[name]
+        except KeyError:
+            raise UnknownBackend(name, list(self.backends)) from None
+
+    def select(self, name: str, model: ModelSource | None = None) -> type[LlmBackend]:
+        """The backend class to use: by name, or by preference when ``name == "auto"``."""
+        if name != "auto":
+            cls = self.get(name)
+            reason = cls.unavailable_reason()
+            if reason:
+                raise BackendUnavailable(name, reason)
+            return cls
+        order = AUTO_PREFERENCE[platform_key()]
+        names = list(order) + sorted(set(self.backends) - set(order))
+        skipped = []
+        for candidate in names:
+            cls = self.backends.get(candidate)
+            if cls is None:
+                skipped.append(f"{candidate}: not installed")
+                continue
+            reason = cls.unavailable_reason()
+            if reason:
+                skipped.append(f"{candidate}: {reason}")
+                continue
+            if model is not None and model.format not in cls.formats:
+                skipped.append(f"{candidate}: cannot read {model.format} models")
+                continue
+            log.info(
+                "backend auto -> %s (preference order for %s: %s%s)",
+                candidate, platform_key(), ", ".join(order),
+                "; skipped " + "; ".join(skipped) if skipped else "",
+            )
+            return cls
+        raise BackendUnavailable("auto", "no installed backend can run here: " + "; ".join(skipped))
+
+
+def _allowlist() -> set[str] | None:
+    raw = os.environ.get(ALLOWLIST_ENV)
+    if raw is None or not raw.strip():
+        return None
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def load_registry() -> BackendRegistry:
+    """Discover and register every allowed plugin; never raises for a broken plugin."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    registry = BackendRegistry(pm=pm)
+    allowed = _allowlist()
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if allowed is not None and ep.name not in allowed:
+            continue
+        dist = ep.dist.name if ep.dist is not None else ep.name
+        try:
+            plugin = ep.load()
+            pm.register(plugin, name=ep.name)
+        except Exception as exc:  # a broken plugin is recorded, not fatal
+            registry.failures.append(
+                PluginFailure(dist, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+            )
+            continue
+        _collect(registry, pm, plugin, dist)
+    return registry
+
+
+def _collect(registry: BackendRegistry, pm: pluggy.PluginManager, plugin: object, dist: str) -> None:
+    hook = pm.subset_hook_caller("ruvllm_register_backends", remove_plugins=[
+        p for p in pm.get_plugins() if p is not plugin
+    ])
+    try:
+        hook(register=lambda cls: registry.register_backend(cls, dist))
+    except Exception as exc:
+        registry.failures.append(
+            PluginFailure(dist, f"registering backends failed: {exc}", traceback.format_exc())
+        )
+
+
+_registry: BackendRegistry | None = None
+
+
+def get_registry() -> BackendRegistry:
+    """The process-wide registry, discovered on first use."""
+    global _registry
+    if _registry is None:
+        _registry = load_registry()
+    return _registry

@@ -1,0 +1,81 @@
+"""The tokenizer contract and the one incremental detokenizer every backend shares."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What ruvllm needs from a model's tokenizer.
+
+    ``decode`` must be exact on whole sequences: streaming text is built from it, so a tokenizer
+    whose ``decode`` is lossy makes streaming and non-streaming text disagree.
+    """
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def bos_id(self) -> int | None: ...
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]: ...
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text``; ``add_special`` prepends BOS where the model wants one;
+        ``parse_special`` turns special-token text (``<|im_start|>``) into its id, which chat
+        prompts need and user text must not get."""
+        ...
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
+        """Text of ``ids``; invalid or incomplete UTF-8 comes back as U+FFFD."""
+        ...
+
+    def is_special(self, token_id: int) -> bool: ...
+
+    def token_text(self, token_id: int) -> str:
+        """Display form of one token (for logprobs); may contain U+FFFD for partial bytes."""
+        ...
+
+
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas.
+
+    Decoding a token on its own is wrong twice over: a multi-byte UTF-8 character can be split
+    across tokens, and some tokenizers (SentencePiece) change a token's text depending on what
+    precedes it. So, as vLLM and TGI do, we decode a short window ending at the new token and
+    compare it with the same window without it; text is released only once it no longer ends in
+    an incomplete character. The concatenated deltas equal ``decode(all_ids)``.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = True, context: Sequence[int] = ()):
+        self._tok = tokenizer
+        self._skip = skip_special
+        self._ids: list[int] = list(context[-4:])
+        # [prefix, read) is text already emitted that new tokens are decoded after.
+        self._prefix = 0
+        self._read = len(self._ids)
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the text it made final (possibly empty)."""
+        self._ids.append(token_id)
+        prefix_text = self._tok.decode(self._ids[self._prefix : self._read], skip_special=self._skip)
+        full_text = self._tok.decode(self._ids[self._prefix :], skip_special=self._skip)
+        if full_text.endswith(REPLACEMENT) or len(full_text) <= len(prefix_text):
+            return ""
+        delta = full_text[len(prefix_text) :]
+        self._prefix = self._read
+        self._read = len(self._ids)
+        return delta
+
+    def flush(self) -> str:
+        """Text still held back at the end of generation (e.g. a dangling partial character)."""
+        prefix_text = self._tok.decode(self._ids[self._prefix : self._read], skip_special=self._skip)
+        full_text = self._tok.decode(self._ids[self._prefix :], skip_special=self._skip)
+        self._prefix = self._read = len(self._ids)
+        return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""

@@ -1,0 +1,255 @@
+"""Value types shared by every backend, the engine, the server and the CLI.
+
+Validation happens in the constructors: an out-of-range value raises
+:class:`ruvllm.errors.InvalidRequest` naming the field and the accepted range, so a bad request
+is rejected before it reaches an engine and can never corrupt its state.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from ruvllm.errors import InvalidRequest
+
+
+def _range(low: float | None, high: float | None, *, low_open: bool = False):
+    """attrs validator: value within [low, high] (or (low, high] with low_open)."""
+
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidRequest(attribute.name, f"must be a number, got {value!r}", value)
+        too_low = low is not None and (value <= low if low_open else value < low)
+        too_high = high is not None and value > high
+        if too_low or too_high:
+            lo = "-inf" if low is None else low
+            hi = "inf" if high is None else high
+            bracket = "(" if low_open else "["
+            raise InvalidRequest(
+                attribute.name, f"must be in {bracket}{lo}, {hi}], got {value!r}", value
+            )
+
+    return check
+
+
+def _int_at_least(low: int):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidRequest(attribute.name, f"must be an integer, got {value!r}", value)
+        if value < low:
+            raise InvalidRequest(attribute.name, f"must be >= {low}, got {value}", value)
+
+    return check
+
+
+def _stop_strings(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    out = tuple(value)
+    for s in out:
+        if not isinstance(s, str) or not s:
+            raise InvalidRequest("stop", f"stop strings must be non-empty strings, got {s!r}", s)
+    return out
+
+
+def _int_tuple(value: Sequence[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    out = tuple(value)
+    for t in out:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise InvalidRequest("stop_token_ids", f"must be token ids >= 0, got {t!r}", t)
+    return out
+
+
+MAX_LOGPROBS = 20
+
+
+@attrs.frozen(kw_only=True)
+class GenerationParams:
+    """What to generate: length, sampling, stopping and logprobs.
+
+    ``temperature == 0`` means greedy decoding. ``seed`` makes sampling reproducible: the same
+    seed, prompt and parameters give the same tokens on the same backend.
+    """
+
+    max_tokens: int = attrs.field(default=256, validator=_int_at_least(1))
+    temperature: float = attrs.field(default=0.0, validator=_range(0.0, 2.0))
+    top_p: float = attrs.field(default=1.0, validator=_range(0.0, 1.0, low_open=True))
+    top_k: int = attrs.field(default=0, validator=_int_at_least(0))
+    min_p: float = attrs.field(default=0.0, validator=_range(0.0, 1.0))
+    repetition_penalty: float = attrs.field(default=1.0, validator=_range(0.0, 2.0, low_open=True))
+    frequency_penalty: float = attrs.field(default=0.0, validator=_range(-2.0, 2.0))
+    presence_penalty: float = attrs.field(default=0.0, validator=_range(-2.0, 2.0))
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_stop_strings)
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
+    ignore_eos: bool = False
+    seed: int | None = attrs.field(default=None, validator=_int_at_least(0))
+    #: Number of top alternatives to report per token (0 = only the chosen token's logprob,
+    #: None = no logprobs at all).
+    logprobs: int | None = attrs.field(default=None, validator=_range(0, MAX_LOGPROBS))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
+
+
+class FinishReason(str, enum.Enum):
+    """Why a generation ended; the values are the OpenAI ``finish_reason`` strings."""
+
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens reached (or the context filled)
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@attrs.frozen
+class TokenLogprob:
+    token_id: int
+    text: str
+    logprob: float
+
+
+@attrs.frozen(kw_only=True)
+class SampledToken:
+    """One token as chosen by a backend, before core turns it into text."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class TokenOutput:
+    """One streamed step: the token and the text it completes.
+
+    ``text`` is the newly *decodable* text, which may be empty while a multi-byte character is
+    still incomplete, or while a possible stop string is held back.
+    """
+
+    index: int
+    #: None only for a final text-only flush (held-back text released at the end).
+    token_id: int | None
+    text: str
+    logprob: float | None = None
+    top_logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@attrs.frozen(kw_only=True)
+class Timings:
+    """Wall-clock phases of one request, in seconds."""
+
+    queue: float = 0.0
+    prefill: float = 0.0
+    decode: float = 0.0
+    time_to_first_token: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.queue + self.prefill + self.decode
+
+
+@attrs.frozen(kw_only=True)
+class GenerationResult:
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    #: Which stop string or token ended the request, when one did.
+    stop_reason: str | int | None = None
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens after the first, per second of decode time."""
+        n = self.usage.completion_tokens - 1
+        return n / self.timings.decode if n > 0 and self.timings.decode > 0 else 0.0
+
+
+@attrs.frozen(kw_only=True)
+class SpecialTokens:
+    bos_id: int | None
+    eos_ids: tuple[int, ...]
+    pad_id: int | None = None
+    bos_text: str = ""
+    eos_text: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class ModelInfo:
+    name: str
+    architecture: str
+    context_length: int
+    vocab_size: int
+    special_tokens: SpecialTokens
+    chat_template: str | None = None
+    path: str | None = None
+    quantization: str | None = None
+    parameters: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Capabilities:
+    """What a backend can do; tests and features gate on these, never on backend names."""
+
+    streaming: bool = True
+    #: The backend implements :class:`ruvllm.executor.BatchExecutor` (iteration-level).
+    executor: bool = False
+    #: Logprobs of sampled tokens and top alternatives.
+    logprobs: bool = False
+    #: Sampling happens in ruvllm's shared sampler (else inside the engine underneath).
+    core_sampler: bool = True
+    #: Requests may run concurrently through the request-level path.
+    concurrent_requests: bool = False
+    lora: bool = False
+    isq: bool = False
+    paged_attention: bool = False
+    embeddings: bool = False
+    device: str = "cpu"
+    #: Why a capability is absent where a user might expect it.
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen(kw_only=True)
+class Trajectory:
+    """One finished request as the SONA learning loops see it."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    #: Mean-pooled hidden state of the prompt, when the backend can produce one.
+    embedding: Any = None
+    #: User feedback in [-1, 1]; None until feedback arrives.
+    feedback: float | None = None
+    adapter: str | None = None
