@@ -76,6 +76,14 @@ class LlmBackend(abc.ABC):
         Return early only when the context window is full.
         """
 
+    def cached_tokens(self) -> int | None:
+        """Tokens of KV or prompt-cache state held between calls, or None if unknown.
+
+        An isolated backend holds 0 after every call (or a bounded amount when prefix reuse is
+        explicitly enabled); the conformance suite checks it does not grow across calls.
+        """
+        return None
+
     def create_executor(self, *, max_sequences: int, block_size: int) -> BatchExecutor:
         """The iteration-level executor over this model, for backends whose capabilities say
         ``executor=True``; the others are driven through :meth:`generate`."""

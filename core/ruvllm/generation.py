@@ -18,9 +18,9 @@ from ruvllm.types import (
     GenerationParams,
     GenerationResult,
     SampledToken,
+    Timings,
     TokenLogprob,
     TokenOutput,
-    Timings,
     Usage,
 )
 

@@ -27,6 +27,11 @@ def ruvllm_register_backends(register: Callable[[type[LlmBackend]], None]) -> No
 
 
 @hookspec
+def ruvllm_register_commands(cli: Any) -> None:
+    """Add subcommands to the ``ruvllm`` click group (``cli``), as simonw/llm plugins do."""
+
+
+@hookspec
 def ruvllm_sona_instant(trajectory: Trajectory) -> None:
     """Instant loop: called on the serving path for every finished request.
 
