@@ -1,0 +1,109 @@
+"""What the server, the CLI and the benchmark need from an engine that serves many requests.
+
+The ServingEngine (``ruvllm.engine``) implements this; the front-ends depend only on it, the
+way vLLM's API server talks to its engine client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+import attrs
+
+from ruvllm.tokenizer import Tokenizer
+from ruvllm.types import Capabilities, GenerationParams, GenerationResult, ModelInfo, TokenOutput
+
+
+@attrs.frozen(kw_only=True)
+class Histogram:
+    """Cumulative histogram in Prometheus form: ``counts[i]`` observations <= ``buckets[i]``."""
+
+    buckets: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum: float
+    count: int
+
+    def quantile(self, q: float) -> float:
+        """Upper bound of the bucket holding quantile ``q`` (0 when empty)."""
+        if self.count == 0:
+            return 0.0
+        target = q * self.count
+        for bound, c in zip(self.buckets, self.counts, strict=True):
+            if c >= target:
+                return bound
+        return float("inf")
+
+
+@attrs.frozen(kw_only=True)
+class MetricsSnapshot:
+    """A consistent view of the engine's counters at one moment."""
+
+    time_to_first_token: Histogram
+    time_per_output_token: Histogram
+    inter_token_latency: Histogram
+    e2e_latency: Histogram
+    queue_time: Histogram
+    running: int
+    waiting: int
+    kv_usage: float  # fraction of KV blocks in use, 0..1
+    prefix_cache_queries: int  # tokens looked up in the prefix cache
+    prefix_cache_hits: int  # of those, tokens found
+    preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+    requests_finished: dict[str, int]  # by finish reason
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        q = self.prefix_cache_queries
+        return self.prefix_cache_hits / q if q else 0.0
+
+
+class RequestHandle(Protocol):
+    """One submitted request: iterate for tokens, await :meth:`result` for the end."""
+
+    request_id: str
+
+    def __aiter__(self) -> AsyncIterator[TokenOutput]: ...
+
+    async def result(self) -> GenerationResult: ...
+
+    def cancel(self) -> None:
+        """Stop the request and free its KV blocks; ``result()`` then says ``cancelled``."""
+        ...
+
+
+class AsyncEngine(Protocol):
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    def backend_name(self) -> str: ...
+
+    #: "executor" (iteration-level continuous batching) or "request" (request-level path).
+    path: str
+
+    async def submit(
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerationParams,
+        *,
+        request_id: str | None = None,
+        priority: int = 0,
+        timeout: float | None = None,
+        cache_salt: str | None = None,
+    ) -> RequestHandle:
+        """Queue a request; raises ``InvalidRequest`` / ``ContextLengthExceeded`` at once for a
+        bad one and ``Overloaded`` when the queue is full."""
+        ...
+
+    def metrics(self) -> MetricsSnapshot: ...
+
+    async def shutdown(self) -> None: ...
