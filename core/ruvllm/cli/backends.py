@@ -1,0 +1,67 @@
+"""``ruvllm backends``: every discovered plugin, whether it can run here, and why not."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ruvllm.cli.app import main
+from ruvllm.plugins import AUTO_PREFERENCE, get_registry, platform_key
+
+
+def _report() -> dict:
+    reg = get_registry()
+    rows = []
+    for name in sorted(reg.backends):
+        cls = reg.backends[name]
+        reason = cls.unavailable_reason()
+        caps = cls.capabilities().as_dict() if reason is None else None
+        rows.append({
+            "name": name,
+            "distribution": reg.providers.get(name, ""),
+            "version": cls.version(),
+            "available": reason is None,
+            "reason": reason,
+            "formats": list(cls.formats),
+            "capabilities": caps,
+        })
+    failures = [{"plugin": f.plugin, "reason": f.reason} for f in reg.failures]
+    return {"auto_order": list(AUTO_PREFERENCE[platform_key()]), "backends": rows, "failures": failures}
+
+
+def _capability_text(caps: dict | None) -> str:
+    if caps is None:
+        return "-"
+    flags = [k for k, v in caps.items() if v is True]
+    text = f"device={caps['device']}; " + ", ".join(flags)
+    if caps.get("notes"):
+        text += "\n" + "\n".join(f"note: {n}" for n in caps["notes"])
+    return text
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def backends(as_json: bool) -> None:
+    """List installed backends, their capabilities, and plugins that failed to load."""
+    report = _report()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    console = Console()
+    table = Table(title="ruvllm backends", show_lines=True)
+    for col in ("backend", "version", "status", "formats", "capabilities"):
+        table.add_column(col)
+    for row in report["backends"]:
+        status = "[green]available[/]" if row["available"] else f"[red]unavailable[/]: {row['reason']}"
+        version = row["version"] or "?"
+        table.add_row(row["name"], f"{version}\n({row['distribution']})", status,
+                      ", ".join(row["formats"]), _capability_text(row["capabilities"]))
+    console.print(table)
+    console.print(f"auto preference here: {' > '.join(report['auto_order'])}")
+    for f in report["failures"]:
+        console.print(f"[red]plugin {f['plugin']} failed to load[/]: {f['reason']}")
+    if not report["backends"]:
+        console.print("no backends installed: pip install ruvllm-llamacpp (or another plugin)")
