@@ -57,6 +57,7 @@ def config_from(ctx: click.Context, *, backend: str | None = None, model: str | 
 
 
 backend_option = click.option("--backend", "-b", help="Backend name, or auto (default from config).")
-model_option = click.option("--model", "-m", help="Model alias, owner/repo or local path (default: the embedded model).")
+model_option = click.option("--model", "-m",
+                            help="Model alias, owner/repo or local path (default: the embedded model).")
 options_option = click.option("--option", "-o", "options", multiple=True, metavar="KEY=VALUE",
                               help="Backend option, e.g. -o n_threads=2 (repeatable).")

@@ -35,7 +35,8 @@ def sampling_options(f):
 @model_option
 @options_option
 @sampling_options
-@click.option("--chat/--raw", default=False, help="Wrap the prompt as a user message in the model's chat template.")
+@click.option("--chat/--raw", default=False,
+              help="Wrap the prompt as a user message in the model's chat template.")
 @click.option("--system", help="System message (with --chat).")
 @click.option("--stats/--no-stats", default=True, help="Print tokens, timings and tok/s to stderr.")
 @click.pass_context
@@ -61,7 +62,7 @@ def generate(ctx: click.Context, prompt: str, backend: str | None, model: str | 
             t = result.timings
             click.echo(
                 f"[{llm.backend_name} | {llm.model.name}] {result.usage.prompt_tokens} prompt + "
-                f"{result.usage.completion_tokens} generated tokens, finish={result.finish_reason.value}, "
-                f"TTFT {t.time_to_first_token * 1000:.0f} ms, decode {result.decode_tokens_per_second:.1f} tok/s",
+                f"{result.usage.completion_tokens} generated tokens, "
+                f"finish={result.finish_reason.value}, TTFT {t.time_to_first_token * 1000:.0f} ms, decode {result.decode_tokens_per_second:.1f} tok/s",
                 err=True,
             )
