@@ -63,6 +63,7 @@ def generate(ctx: click.Context, prompt: str, backend: str | None, model: str | 
             click.echo(
                 f"[{llm.backend_name} | {llm.model.name}] {result.usage.prompt_tokens} prompt + "
                 f"{result.usage.completion_tokens} generated tokens, "
-                f"finish={result.finish_reason.value}, TTFT {t.time_to_first_token * 1000:.0f} ms, decode {result.decode_tokens_per_second:.1f} tok/s",
+                f"finish={result.finish_reason.value}, TTFT {t.time_to_first_token * 1000:.0f} ms, "
+                f"decode {result.decode_tokens_per_second:.1f} tok/s",
                 err=True,
             )
