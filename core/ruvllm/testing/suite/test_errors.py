@@ -1,0 +1,113 @@
+"""Bad input: a typed error naming the field, and a backend that is unharmed afterwards.
+
+Each test checks the backend's greedy output after the error against the output from before
+it: a rejected request must leave no trace (the ancestor's server corrupted its engine state
+on errors and answered later requests wrongly).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ruvllm.errors import ContextLengthExceeded, InvalidRequest, UnknownBackend
+from ruvllm.llm import LLM
+from ruvllm.models import ModelSource
+from ruvllm.testing.support import PROMPT_A, SHORT, describe
+from ruvllm.types import GenerationResult
+
+#: (field, bad value) pairs; each must be rejected with InvalidRequest naming the field.
+OUT_OF_RANGE: list[tuple[str, Any]] = [
+    ("temperature", -1.0),
+    ("temperature", 2.5),
+    ("top_p", 0.0),
+    ("top_p", 1.5),
+    ("top_k", -1),
+    ("min_p", 2.0),
+    ("max_tokens", 0),
+    ("max_tokens", -5),
+    ("logprobs", 100),
+    ("repetition_penalty", 0.0),
+    ("frequency_penalty", 3.0),
+    ("seed", -1),
+    ("stop", [""]),
+    ("stop_token_ids", [-1]),
+]
+
+
+@pytest.fixture(scope="session")
+def reference(ruvllm_llm: LLM) -> GenerationResult:
+    """PROMPT_A's greedy output before any bad request of this module."""
+    return ruvllm_llm.generate(PROMPT_A, max_tokens=SHORT)
+
+
+def assert_still_healthy(llm: LLM, reference: GenerationResult) -> None:
+    after = llm.generate(PROMPT_A, max_tokens=SHORT)
+    assert after.token_ids == reference.token_ids, (
+        f"greedy output changed after a rejected request: {describe(reference)} -> {describe(after)}"
+    )
+
+
+class TestBadInput:
+    @pytest.mark.parametrize("prompt", ["", []], ids=["empty-text", "empty-ids"])
+    def test_empty_prompt(self, ruvllm_llm: LLM, reference: GenerationResult, prompt: Any) -> None:
+        with pytest.raises(InvalidRequest) as err:
+            ruvllm_llm.generate(prompt, max_tokens=SHORT)
+        assert err.value.field == "prompt"
+        assert_still_healthy(ruvllm_llm, reference)
+
+    def test_prompt_longer_than_context(self, ruvllm_llm: LLM, reference: GenerationResult) -> None:
+        """A prompt of context_length + 1 tokens: ContextLengthExceeded carrying the numbers."""
+        llm = ruvllm_llm
+        ctx = llm.info.context_length
+        filler = llm.tokenizer.encode(" hello", add_special=False)[-1]
+        ids = [filler] * (ctx + 1)
+        with pytest.raises(ContextLengthExceeded) as err:
+            llm.generate(ids, max_tokens=SHORT)
+        e = err.value
+        assert (e.prompt_tokens, e.max_tokens, e.context_length) == (ctx + 1, SHORT, ctx)
+        assert str(ctx + 1) in str(e) and str(ctx) in str(e)
+        assert e.field == "prompt"
+        assert_still_healthy(llm, reference)
+
+    def test_prompt_plus_max_tokens_over_context(self, ruvllm_llm: LLM,
+                                                  reference: GenerationResult) -> None:
+        """A prompt that fits but leaves no room for max_tokens is rejected up front."""
+        llm = ruvllm_llm
+        ctx = llm.info.context_length
+        ids = llm.encode(PROMPT_A)
+        with pytest.raises(ContextLengthExceeded) as err:
+            llm.generate(ids, max_tokens=ctx)
+        assert err.value.prompt_tokens == len(ids) and err.value.context_length == ctx
+        assert_still_healthy(llm, reference)
+
+    def test_token_id_outside_vocabulary(self, ruvllm_llm: LLM, reference: GenerationResult) -> None:
+        llm = ruvllm_llm
+        ids = [*llm.encode(PROMPT_A), llm.tokenizer.vocab_size]
+        with pytest.raises(InvalidRequest) as err:
+            llm.generate(ids, max_tokens=SHORT)
+        assert err.value.field == "prompt"
+        assert_still_healthy(llm, reference)
+
+    @pytest.mark.parametrize(("field", "value"), OUT_OF_RANGE,
+                             ids=[f"{f}={v!r}" for f, v in OUT_OF_RANGE])
+    def test_out_of_range_parameter(self, ruvllm_llm: LLM, reference: GenerationResult,
+                                    field: str, value: Any) -> None:
+        """InvalidRequest whose ``field`` (and message) names the offending parameter."""
+        with pytest.raises(InvalidRequest) as err:
+            ruvllm_llm.generate(PROMPT_A, **{"max_tokens": SHORT, field: value})
+        assert err.value.field == field
+        assert field in str(err.value)
+        assert_still_healthy(ruvllm_llm, reference)
+
+    def test_unknown_backend(self, ruvllm_llm: LLM, ruvllm_model_source: ModelSource,
+                             reference: GenerationResult) -> None:
+        """Asking for a backend nobody registered names it and lists the installed ones."""
+        missing = "no-such-backend-" + ruvllm_llm.backend_name
+        with pytest.raises(UnknownBackend) as err:
+            LLM(ruvllm_model_source, backend=missing)
+        assert err.value.name == missing
+        assert ruvllm_llm.backend_name in err.value.known
+        assert missing in str(err.value)
+        assert_still_healthy(ruvllm_llm, reference)

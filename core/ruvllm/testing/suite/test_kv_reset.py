@@ -1,0 +1,118 @@
+"""Request isolation: no state from one ``generate()`` call may reach a later one.
+
+ruvllm's ancestor had a backend whose ``clear_kv_cache()`` reset only the position: the first
+request worked and every later one ran on top of the previous requests' KV. Each test here
+makes a backend with that bug give a different greedy output (or a growing cache), so the bug
+cannot pass conformance.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from ruvllm.llm import LLM
+from ruvllm.testing.support import (
+    LONG_PROMPT_TOKENS,
+    MANY_CALLS,
+    MEDIUM,
+    PROMPT_A,
+    PROMPT_C,
+    RSS_GROWTH_LIMIT_MIB,
+    SHORT,
+    describe,
+    long_prompt,
+    rss_bytes,
+)
+from ruvllm.types import GenerationResult
+
+
+@attrs.frozen
+class ManyCalls:
+    """What the state-growth tests assert on: one run of MANY_CALLS identical requests."""
+
+    results: tuple[GenerationResult, ...]
+    cached_tokens: tuple[int | None, ...]
+    rss: tuple[int | None, ...]
+
+
+@pytest.fixture(scope="session")
+def many_calls(ruvllm_llm: LLM) -> ManyCalls:
+    """Run PROMPT_A greedily MANY_CALLS times in a row, once per backend, recording the
+    backend's cache size and the process's memory after each call."""
+    results, cached, rss = [], [], []
+    for _ in range(MANY_CALLS):
+        results.append(ruvllm_llm.generate(PROMPT_A, max_tokens=SHORT, temperature=0.0))
+        cached.append(ruvllm_llm.backend.cached_tokens())
+        rss.append(rss_bytes())
+    return ManyCalls(tuple(results), tuple(cached), tuple(rss))
+
+
+class TestKvReset:
+    def test_output_unchanged_after_long_prompt(self, ruvllm_llm: LLM) -> None:
+        """Greedy A, then a long prompt B (hundreds of tokens), then A again: A's output is the
+        same token for token. A backend that keeps B's KV continues A after B instead."""
+        llm = ruvllm_llm
+        prompt_b = long_prompt(llm.tokenizer, llm.info.context_length)
+        before = llm.generate(PROMPT_A, max_tokens=MEDIUM)
+        long_run = llm.generate(prompt_b, max_tokens=SHORT)
+        after = llm.generate(PROMPT_A, max_tokens=MEDIUM)
+        assert long_run.usage.prompt_tokens >= min(LONG_PROMPT_TOKENS, llm.info.context_length // 2)
+        assert after.token_ids == before.token_ids, (
+            f"prompt A's greedy output changed after a {long_run.usage.prompt_tokens}-token prompt: "
+            f"state leaked between generate() calls.\n before: {describe(before)}\n after:  {describe(after)}"
+        )
+        assert after.text == before.text
+
+    def test_alternating_prompts_repeat_exactly(self, ruvllm_llm: LLM) -> None:
+        """A, C, A, C: every A equals the first A and every C equals the first C."""
+        llm = ruvllm_llm
+        runs = [llm.generate(p, max_tokens=SHORT) for p in (PROMPT_A, PROMPT_C, PROMPT_A, PROMPT_C)]
+        assert runs[2].token_ids == runs[0].token_ids, (
+            f"A changed after C ran: {describe(runs[0])} -> {describe(runs[2])}"
+        )
+        assert runs[3].token_ids == runs[1].token_ids, (
+            f"C changed after A ran again: {describe(runs[1])} -> {describe(runs[3])}"
+        )
+
+    def test_abandoned_stream_leaves_no_state(self, ruvllm_llm: LLM) -> None:
+        """A stream closed after two tokens (a client that disconnects) must release its
+        state: the next request gives the same output as a fresh one."""
+        llm = ruvllm_llm
+        before = llm.generate(PROMPT_A, max_tokens=SHORT)
+        stream = iter(llm.stream(PROMPT_C, max_tokens=MEDIUM, ignore_eos=True))
+        next(stream)
+        next(stream)
+        stream.close()
+        after = llm.generate(PROMPT_A, max_tokens=SHORT)
+        assert after.token_ids == before.token_ids, (
+            f"an abandoned stream changed the next request: {describe(before)} -> {describe(after)}"
+        )
+
+    def test_many_calls_identical_output(self, many_calls: ManyCalls) -> None:
+        """Call 1 and call 50 (and every call between) give the same greedy output."""
+        first = many_calls.results[0]
+        for i, result in enumerate(many_calls.results[1:], start=2):
+            assert result.token_ids == first.token_ids, (
+                f"call {i} of {MANY_CALLS} differs from call 1: {describe(first)} -> {describe(result)}"
+            )
+
+    def test_many_calls_cached_tokens_bounded(self, ruvllm_llm: LLM, many_calls: ManyCalls) -> None:
+        """The state a backend holds between calls does not grow from call to call."""
+        readings = many_calls.cached_tokens
+        if readings[0] is None:
+            pytest.skip(f"{ruvllm_llm.backend_name} cannot report cached_tokens() (it returns None)")
+        assert all(r is not None and r <= readings[0] for r in readings), (
+            f"cached_tokens() grew across {MANY_CALLS} identical calls: {list(readings)}"
+        )
+
+    def test_many_calls_rss_bounded(self, many_calls: ManyCalls) -> None:
+        """Resident memory grows by less than RSS_GROWTH_LIMIT_MIB from call 1 to call 50."""
+        start, end = many_calls.rss[0], many_calls.rss[-1]
+        if start is None or end is None:
+            pytest.skip("resident memory cannot be read on this platform (no /proc, no psutil)")
+        growth_mib = (end - start) / 2**20
+        assert growth_mib < RSS_GROWTH_LIMIT_MIB, (
+            f"RSS grew by {growth_mib:.1f} MiB over {MANY_CALLS - 1} identical calls "
+            f"(limit {RSS_GROWTH_LIMIT_MIB} MiB)"
+        )
