@@ -43,6 +43,8 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
         raise InvalidRequest("messages", "must contain at least one message")
     out = []
     for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise InvalidRequest(f"messages[{i}]", f"must be an object with role and content; got {m!r}")
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
             raise InvalidRequest(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}; got {role!r}")

@@ -8,6 +8,14 @@ cache_dir = "~/.cache/ruvllm"
 
 [backends.llamacpp]       # options passed to that backend only
 n_threads = 2
+
+[server]                  # `ruvllm serve` (flags override these)
+host = "127.0.0.1"        # loopback unless told otherwise
+port = 8000
+api_key = ""              # or RUVLLM_API_KEY; empty = no authentication
+max_body_bytes = 1048576  # larger request bodies get 413
+max_tokens_limit = 4096   # largest max_tokens a request may ask for
+max_n = 16                # largest `n` (choices per request)
 ```
 """
 
@@ -33,6 +41,35 @@ CONFIG_ENV = "RUVLLM_CONFIG"
 ENV_KEYS = {"backend": "RUVLLM_BACKEND", "model": "RUVLLM_MODEL", "cache_dir": "RUVLLM_CACHE_DIR"}
 
 
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """``[server]``: safe defaults for the OpenAI-compatible server (loopback, bounded requests)."""
+
+    host: str = "127.0.0.1"
+    port: int = attrs.field(default=8000, validator=attrs.validators.and_(
+        attrs.validators.instance_of(int), attrs.validators.ge(0), attrs.validators.le(65535)))
+    api_key: str | None = None
+    max_body_bytes: int = attrs.field(default=1 << 20, validator=attrs.validators.ge(1))
+    max_tokens_limit: int = attrs.field(default=4096, validator=attrs.validators.ge(1))
+    max_n: int = attrs.field(default=16, validator=attrs.validators.ge(1))
+
+
+def _server_config(value: Any) -> ServerConfig:
+    if isinstance(value, ServerConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError("[server] must be a table of options")
+    known = {f.name for f in attrs.fields(ServerConfig)}
+    unknown = set(value) - known
+    if unknown:
+        raise ConfigError(f"[server]: unknown key(s) {', '.join(sorted(unknown))}; "
+                          f"known keys: {', '.join(sorted(known))}")
+    try:
+        return ServerConfig(**{k: (v or None) if k == "api_key" else v for k, v in value.items()})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[server]: {exc}") from None
+
+
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "ruvllm"
@@ -45,6 +82,8 @@ class Config:
     cache_dir: Path = attrs.field(factory=default_cache_dir, converter=lambda p: Path(p).expanduser())
     #: Per-backend options: ``{"llamacpp": {"n_threads": 2}}``.
     backends: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    #: ``[server]`` table for ``ruvllm serve``.
+    server: ServerConfig = attrs.field(factory=ServerConfig, converter=_server_config)
     #: The file the values came from, if any (for messages).
     source: Path | None = None
 
@@ -114,8 +153,16 @@ def load_config(
         if env.get(var):
             values[key] = env[var]
     for key, value in (overrides or {}).items():
+        if key not in _TOP_KEYS:
+            raise ConfigError(
+                f"unknown setting {key!r}; known settings: {', '.join(sorted(_TOP_KEYS))}"
+            )
         if value is not None:
             values[key] = value
+    for key in ("backend", "model"):
+        if key in values and not isinstance(values[key], str):
+            where = f"config file {source}" if source is not None else "configuration"
+            raise ConfigError(f"{where}: {key} must be a string, got {values[key]!r}")
     backends = {k: dict(v) for k, v in values.pop("backends", {}).items()}
     if backend_options:
         backends["*"] = dict(backend_options)

@@ -73,8 +73,10 @@ class RequestOutputBuilder:
                 self.finish_reason, self.stop_reason = FinishReason.STOP, self._stops.matched
         if self.finish_reason is None and len(self.token_ids) >= self.params.max_tokens:
             self.finish_reason = FinishReason.LENGTH
-        if self.finish_reason is FinishReason.LENGTH:
-            text += self._stops.feed(self._detok.flush()) + self._stops.flush()
+        if self.finish_reason is not None and self._stops.matched is None:
+            # Ended by length or by a stop/EOS token: text held back as a possible stop-string
+            # prefix (or a dangling partial character) is part of the output, so release it.
+            text += self._flush_tail()
         self._text.append(text)
         lp = self._logprob_of(token)
         return TokenOutput(
@@ -87,9 +89,21 @@ class RequestOutputBuilder:
         self.finish_reason = reason
         tail = ""
         if reason is FinishReason.LENGTH:
-            tail = self._stops.feed(self._detok.flush()) + self._stops.flush()
+            tail = self._flush_tail()
             self._text.append(tail)
         return tail
+
+    def _flush_tail(self) -> str:
+        """Release what the detokenizer and the stop matcher still hold.
+
+        The released text can itself complete a stop string (its last characters were held
+        back); then the request ends on that stop and the text after it is dropped.
+        """
+        tail = self._stops.feed(self._detok.flush())
+        if self._stops.matched is not None:
+            self.finish_reason, self.stop_reason = FinishReason.STOP, self._stops.matched
+            return tail
+        return tail + self._stops.flush()
 
     def _logprob_of(self, token: SampledToken) -> tuple[TokenLogprob, ...]:
         if token.logprob is None:

@@ -82,6 +82,12 @@ class BackendRegistry:
             reason = cls.unavailable_reason()
             if reason:
                 raise BackendUnavailable(name, reason)
+            if model is not None and model.format not in cls.formats:
+                # Fail here with the reason rather than deep inside the engine's loader.
+                raise BackendUnavailable(
+                    name, f"it cannot read {model.format} models (it reads: {', '.join(cls.formats)}); "
+                    f"pick another backend or a model in one of those formats"
+                )
             return cls
         order = AUTO_PREFERENCE[platform_key()]
         names = list(order) + sorted(set(self.backends) - set(order))

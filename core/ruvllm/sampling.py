@@ -45,10 +45,7 @@ class Sampler:
         raw = np.asarray(logits, dtype=np.float32)
         p = self.params
         scores = self._penalised(raw) if self._counts is not None else raw
-        if p.greedy:
-            token = int(np.argmax(scores))
-        else:
-            token = self._draw(scores / np.float32(p.temperature))
+        token = int(np.argmax(scores)) if p.greedy else self._draw(scores / np.float32(p.temperature))
         self._record(token)
         return self._with_logprobs(token, raw)
 
@@ -76,14 +73,19 @@ class Sampler:
             candidates = None
         cand_scores = scores if candidates is None else scores[candidates]
         probs = np.exp(cand_scores - cand_scores.max())
-        probs /= probs.sum()
         if p.min_p > 0.0:
-            probs = np.where(probs >= p.min_p * probs.max(), probs, 0.0)
+            # The best candidate has probability weight exp(0) = 1 after the shift above.
+            probs[probs < p.min_p] = 0.0
+        # ``order`` maps positions in the cdf back to candidate positions (None: identity).
+        order = None
         if p.top_p < 1.0:
-            probs = _nucleus(probs, p.top_p)
-        cdf = np.cumsum(probs, dtype=np.float64)
+            order, cdf = _nucleus(probs, p.top_p)
+        else:
+            cdf = np.cumsum(probs, dtype=np.float64)
         idx = int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right"))
-        idx = min(idx, len(probs) - 1)
+        idx = min(idx, len(cdf) - 1)
+        if order is not None:
+            idx = int(order[idx])
         return int(idx if candidates is None else candidates[idx])
 
     def _record(self, token: int) -> None:
@@ -98,6 +100,8 @@ class Sampler:
             return SampledToken(token_id=token)
         lp = log_softmax(raw)
         top: tuple[tuple[int, float], ...] = ()
+        # A vocabulary smaller than the request (tiny test models) reports every token.
+        n = min(n, len(lp))
         if n > 0:
             best = np.argpartition(lp, -n)[-n:]
             best = best[np.argsort(-lp[best])]
@@ -105,18 +109,25 @@ class Sampler:
         return SampledToken(token_id=token, logprob=float(lp[token]), top_logprobs=top)
 
 
-def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """Zero every probability outside the smallest set whose mass reaches ``top_p``."""
-    total = probs.sum()
-    probe = min(_NUCLEUS_PROBE, len(probs))
-    head = np.argpartition(probs, -probe)[-probe:]
-    head = head[np.argsort(-probs[head])]
-    cum = np.cumsum(probs[head]) / total
-    if cum[-1] < top_p and probe < len(probs):
-        head = np.argsort(-probs)
-        cum = np.cumsum(probs[head]) / total
-    keep = int(np.searchsorted(cum, top_p) + 1)
-    out = np.zeros_like(probs)
-    kept = head[:keep]
-    out[kept] = probs[kept]
-    return out
+def _nucleus(probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest set of tokens whose probability mass reaches ``top_p``.
+
+    Returns their indices in ``probs`` (which may be unnormalised), most probable first, and
+    the cumulative distribution over them, which the draw reuses. Real next-token distributions
+    put that mass on a few tokens, so the set is looked for among the top 1024, then the top
+    8192 candidates (a partial partition each); the whole vocabulary is sorted only when the
+    nucleus is wider still (a nearly flat distribution).
+    """
+    # float64 sums: a float32 running sum over ~50k small probabilities drifts by ~1e-3, which
+    # moves the nucleus boundary by dozens of tokens.
+    total = float(probs.sum(dtype=np.float64))
+    n = len(probs)
+    for probe in (_NUCLEUS_PROBE, 8 * _NUCLEUS_PROBE, n):
+        probe = min(probe, n)
+        head = np.argpartition(probs, -probe)[-probe:] if probe < n else np.arange(n)
+        head = head[np.argsort(-probs[head])]
+        cum = np.cumsum(probs[head], dtype=np.float64) / total
+        if cum[-1] >= top_p or probe == n:
+            break
+    keep = min(int(np.searchsorted(cum, top_p)) + 1, len(head))
+    return head[:keep], cum[:keep]

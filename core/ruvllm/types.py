@@ -8,7 +8,8 @@ is rejected before it reaches an engine and can never corrupt its state.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -24,6 +25,9 @@ def _range(low: float | None, high: float | None, *, low_open: bool = False):
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InvalidRequest(attribute.name, f"must be a number, got {value!r}", value)
+        if math.isnan(value):
+            # NaN compares false with every bound, so it would slip through the checks below.
+            raise InvalidRequest(attribute.name, "must be a number, got NaN", value)
         too_low = low is not None and (value <= low if low_open else value < low)
         too_high = high is not None and value > high
         if too_low or too_high:
@@ -37,16 +41,28 @@ def _range(low: float | None, high: float | None, *, low_open: bool = False):
     return check
 
 
-def _int_at_least(low: int):
+def _int_at_least(low: int, high: int | None = None):
+    """attrs validator: an integer (not a bool) in [low, high] (high None: unbounded)."""
+
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value is None:
             return
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidRequest(attribute.name, f"must be an integer, got {value!r}", value)
+        if high is not None and not low <= value <= high:
+            raise InvalidRequest(attribute.name, f"must be an integer in [{low}, {high}], got {value}", value)
         if value < low:
             raise InvalidRequest(attribute.name, f"must be >= {low}, got {value}", value)
 
     return check
+
+
+def _as_sequence(field: str, value: Any, what: str) -> tuple[Any, ...]:
+    """The items of a list or other iterable; anything else (a number, a dict...) is a typed
+    error naming the field rather than a bare TypeError."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise InvalidRequest(field, f"must be {what}, got {value!r}", value)
+    return tuple(value)
 
 
 def _stop_strings(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -54,7 +70,7 @@ def _stop_strings(value: str | Sequence[str] | None) -> tuple[str, ...]:
         return ()
     if isinstance(value, str):
         value = [value]
-    out = tuple(value)
+    out = _as_sequence("stop", value, "a string or a list of strings")
     for s in out:
         if not isinstance(s, str) or not s:
             raise InvalidRequest("stop", f"stop strings must be non-empty strings, got {s!r}", s)
@@ -64,7 +80,7 @@ def _stop_strings(value: str | Sequence[str] | None) -> tuple[str, ...]:
 def _int_tuple(value: Sequence[int] | None) -> tuple[int, ...]:
     if value is None:
         return ()
-    out = tuple(value)
+    out = _as_sequence("stop_token_ids", value, "a list of token ids")
     for t in out:
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise InvalidRequest("stop_token_ids", f"must be token ids >= 0, got {t!r}", t)
@@ -96,7 +112,7 @@ class GenerationParams:
     seed: int | None = attrs.field(default=None, validator=_int_at_least(0))
     #: Number of top alternatives to report per token (0 = only the chosen token's logprob,
     #: None = no logprobs at all).
-    logprobs: int | None = attrs.field(default=None, validator=_range(0, MAX_LOGPROBS))
+    logprobs: int | None = attrs.field(default=None, validator=_int_at_least(0, MAX_LOGPROBS))
 
     @property
     def greedy(self) -> bool:

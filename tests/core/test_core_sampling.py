@@ -1,0 +1,274 @@
+"""The shared sampler: greedy, seeds, top-k/top-p/min-p, temperature, penalties and logprobs.
+
+Distribution checks draw a few thousand samples with a fixed seed from a small crafted logits
+vector and compare the empirical frequencies with the exact target distribution through a
+chi-square statistic; with a fixed seed the outcome is deterministic, and the thresholds are
+the 0.1 % critical values, so a correct sampler passes with a wide margin while a sampler that
+ignores the filter (or the temperature) fails by orders of magnitude.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from ruvllm.sampling import Sampler, _nucleus, log_softmax
+from ruvllm.types import GenerationParams
+
+#: chi-square critical values at p = 0.001 by degrees of freedom.
+CHI2_CRIT = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52}
+
+PROBS = np.array([0.5, 0.3, 0.15, 0.05])
+LOGITS = np.log(PROBS).astype(np.float32)
+
+
+def draws(params: GenerationParams, logits: np.ndarray, n: int) -> np.ndarray:
+    sampler = Sampler(params, len(logits))
+    return np.array([sampler.sample(logits).token_id for _ in range(n)])
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def chi_square(samples: np.ndarray, expected_probs: np.ndarray) -> float:
+    """Statistic over the tokens with non-zero expected probability."""
+    support = np.flatnonzero(expected_probs > 0)
+    counts = np.bincount(samples, minlength=len(expected_probs))[support]
+    expected = expected_probs[support] * len(samples)
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def entropy(samples: np.ndarray, vocab: int) -> float:
+    p = np.bincount(samples, minlength=vocab) / len(samples)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
+# -- greedy and seeds ---------------------------------------------------------------------------
+def test_greedy_is_argmax():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        logits = rng.normal(size=300).astype(np.float32)
+        assert Sampler(GenerationParams(), 300).sample(logits).token_id == int(np.argmax(logits))
+
+
+def test_greedy_accepts_other_float_dtypes():
+    logits = np.array([0.1, 3.0, -1.0], dtype=np.float16)
+    assert Sampler(GenerationParams(), 3).sample(logits).token_id == 1
+
+
+def test_same_seed_same_tokens():
+    logits = np.zeros(1000, dtype=np.float32)
+    p = GenerationParams(temperature=1.0, seed=1234)
+    assert list(draws(p, logits, 64)) == list(draws(p, logits, 64))
+
+
+def test_different_seeds_differ():
+    logits = np.zeros(1000, dtype=np.float32)
+    a = draws(GenerationParams(temperature=1.0, seed=1), logits, 64)
+    b = draws(GenerationParams(temperature=1.0, seed=2), logits, 64)
+    assert list(a) != list(b)
+
+
+def test_top_k_1_is_greedy_even_when_hot():
+    rng = np.random.default_rng(1)
+    for seed in range(30):
+        logits = rng.normal(size=500).astype(np.float32)
+        s = Sampler(GenerationParams(temperature=2.0, top_k=1, seed=seed), 500)
+        assert s.sample(logits).token_id == int(np.argmax(logits))
+
+
+# -- filters ------------------------------------------------------------------------------------
+def test_top_k_restricts_support_and_keeps_proportions():
+    logits = np.array([0.0, 2.0, -1.0, 1.5, 1.0, -3.0, 0.5, 1.2], dtype=np.float32)
+    samples = draws(GenerationParams(temperature=1.0, top_k=3, seed=3), logits, 4000)
+    top3 = set(np.argsort(-logits)[:3].tolist())  # {1, 3, 7}
+    assert set(samples.tolist()) == top3
+    target = np.where(np.isin(np.arange(8), list(top3)), softmax(logits), 0.0)
+    target /= target.sum()
+    assert chi_square(samples, target) < CHI2_CRIT[2]
+
+
+@pytest.mark.parametrize(
+    ("top_p", "nucleus"),
+    [(0.4, {0}), (0.75, {0, 1}), (0.85, {0, 1, 2}), (0.99, {0, 1, 2, 3})],
+)
+def test_top_p_keeps_the_smallest_nucleus(top_p, nucleus):
+    samples = draws(GenerationParams(temperature=1.0, top_p=top_p, seed=5), LOGITS, 3000)
+    assert set(samples.tolist()) == nucleus
+    target = np.where(np.isin(np.arange(4), list(nucleus)), PROBS, 0.0)
+    target /= target.sum()
+    if len(nucleus) > 1:
+        assert chi_square(samples, target) < CHI2_CRIT[len(nucleus) - 1]
+
+
+def test_top_p_nucleus_wider_than_the_probe_on_a_50k_vocab():
+    vocab = 50_000
+    # Strictly decreasing, nearly flat: the nucleus for 0.9 holds ~45k tokens, far more than the
+    # 1024 candidates the fast path looks at first.
+    logits = (-1e-5 * np.arange(vocab)).astype(np.float32)
+    probs = softmax(logits.astype(np.float64))
+    k = int(np.searchsorted(np.cumsum(probs), 0.9) + 1)
+    assert k > 40_000
+    kept, cdf = _nucleus(softmax(logits).astype(np.float32), 0.9)
+    assert abs(len(kept) - k) <= 1
+    assert sorted(kept.tolist()) == list(range(len(kept)))  # the most probable tokens, in order
+    assert cdf[-1] >= 0.9 and cdf[-2] < 0.9  # smallest set: one token fewer misses the mass
+
+    samples = draws(GenerationParams(temperature=1.0, top_p=0.9, seed=11), logits, 300)
+    assert samples.max() <= k
+    assert samples.max() > 0.95 * k  # the whole nucleus is reachable, not just the probe
+    assert np.count_nonzero(samples >= 1024) > 250
+
+
+def test_top_p_on_flat_50k_logits_keeps_ninety_percent_of_tokens():
+    kept, cdf = _nucleus(np.full(50_000, 1 / 50_000, dtype=np.float32), 0.9)
+    assert abs(len(kept) - 45_000) <= 1 and len(set(kept.tolist())) == len(kept)
+    assert cdf[-1] == pytest.approx(0.9, abs=1e-4)
+    samples = draws(GenerationParams(temperature=1.0, top_p=0.9, seed=2), np.zeros(50_000, np.float32), 300)
+    assert len(set(samples.tolist())) > 280  # nearly every draw is a different token
+
+
+@pytest.mark.parametrize(("min_p", "support"), [(0.2, {0, 1, 2}), (0.5, {0, 1}), (0.9, {0})])
+def test_min_p_drops_tokens_below_a_fraction_of_the_best(min_p, support):
+    samples = draws(GenerationParams(temperature=1.0, min_p=min_p, seed=8), LOGITS, 3000)
+    assert set(samples.tolist()) == support
+    target = np.where(np.isin(np.arange(4), list(support)), PROBS, 0.0)
+    target /= target.sum()
+    if len(support) > 1:
+        assert chi_square(samples, target) < CHI2_CRIT[len(support) - 1]
+
+
+def test_filters_compose():
+    logits = np.array([3.0, 2.9, 2.8, 0.0, -1.0, 2.7], dtype=np.float32)
+    # top_k keeps {0, 1, 2, 5}; top_p then keeps the smallest prefix of those reaching 0.5.
+    samples = draws(GenerationParams(temperature=1.0, top_k=4, top_p=0.5, seed=4), logits, 2000)
+    assert set(samples.tolist()) == {0, 1}
+
+
+# -- temperature --------------------------------------------------------------------------------
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1.7])
+def test_temperature_scales_the_distribution(temperature):
+    logits = np.array([2.0, 1.0, 0.0, -1.0, 0.5], dtype=np.float32)
+    samples = draws(GenerationParams(temperature=temperature, seed=21), logits, 5000)
+    target = softmax(logits / temperature)
+    assert chi_square(samples, target) < CHI2_CRIT[4]
+    # The untempered distribution is rejected when the temperature is far from 1.
+    if temperature != 1.0:
+        assert chi_square(samples, softmax(logits)) > 3 * CHI2_CRIT[4]
+
+
+def test_higher_temperature_means_higher_entropy():
+    logits = np.array([2.0, 1.0, 0.0, -1.0, 0.5], dtype=np.float32)
+    h = [entropy(draws(GenerationParams(temperature=t, seed=9), logits, 4000), 5) for t in (0.3, 1.0, 2.0)]
+    assert h[0] < h[1] < h[2]
+
+
+# -- penalties ----------------------------------------------------------------------------------
+def test_repetition_penalty_applies_to_prompt_tokens():
+    logits = np.array([2.0, 1.9, 0.5], dtype=np.float32)
+    assert Sampler(GenerationParams(), 3, prompt_ids=[0]).sample(logits).token_id == 0
+    penalised = Sampler(GenerationParams(repetition_penalty=1.2), 3, prompt_ids=[0])
+    assert penalised.sample(logits).token_id == 1  # 2.0 / 1.2 < 1.9
+
+
+def test_repetition_penalty_multiplies_negative_logits():
+    logits = np.array([-1.0, -1.1, -5.0], dtype=np.float32)
+    s = Sampler(GenerationParams(repetition_penalty=1.2), 3, prompt_ids=[0])
+    assert s.sample(logits).token_id == 1  # -1.0 * 1.2 = -1.2 < -1.1
+
+
+def test_repetition_penalty_applies_to_generated_tokens():
+    logits = np.array([2.0, 1.9, 0.5], dtype=np.float32)
+    s = Sampler(GenerationParams(repetition_penalty=1.2), 3)
+    assert [s.sample(logits).token_id for _ in range(3)] == [0, 1, 0]  # 2.0/1.2 > 1.9/1.2
+
+
+def test_frequency_penalty_grows_with_count():
+    logits = np.array([1.0, 0.5, 0.0], dtype=np.float32)
+    s = Sampler(GenerationParams(frequency_penalty=0.3), 3)
+    # 1.0, then 1.0 - 0.3 = 0.7 > 0.5, then 1.0 - 0.6 = 0.4 < 0.5
+    assert [s.sample(logits).token_id for _ in range(3)] == [0, 0, 1]
+
+
+def test_presence_penalty_is_flat():
+    logits = np.array([1.0, 0.5, 0.0], dtype=np.float32)
+    s = Sampler(GenerationParams(presence_penalty=0.3), 3)
+    assert [s.sample(logits).token_id for _ in range(4)] == [0, 0, 0, 0]
+    s = Sampler(GenerationParams(presence_penalty=0.6), 3)
+    assert [s.sample(logits).token_id for _ in range(3)] == [0, 1, 0]  # 0.4 < 0.5, then 0.4 > -0.1
+
+
+def test_negative_presence_penalty_encourages_repeats():
+    logits = np.array([1.0, 1.1, 0.0], dtype=np.float32)
+    s = Sampler(GenerationParams(presence_penalty=-0.5), 3)
+    first = s.sample(logits).token_id
+    assert first == 1
+    assert [s.sample(logits).token_id for _ in range(3)] == [1, 1, 1]
+
+
+def test_frequency_and_presence_ignore_the_prompt():
+    logits = np.array([1.0, 0.5, 0.0], dtype=np.float32)
+    s = Sampler(GenerationParams(frequency_penalty=2.0, presence_penalty=2.0), 3, prompt_ids=[0, 0, 0])
+    assert s.sample(logits).token_id == 0
+
+
+def test_penalties_tolerate_logits_wider_than_the_vocab():
+    # Engines often pad the logits row beyond the tokenizer's vocabulary.
+    logits = np.array([2.0, 1.9, 0.5, -9.0, -9.0], dtype=np.float32)
+    s = Sampler(GenerationParams(repetition_penalty=1.5), vocab_size=3, prompt_ids=[0, 7])
+    assert s.sample(logits).token_id == 1
+
+
+# -- logprobs -----------------------------------------------------------------------------------
+def test_chosen_logprob_is_log_softmax_of_the_raw_logits():
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=200).astype(np.float32)
+    ref = np.log(softmax(logits.astype(np.float64)))
+    params = GenerationParams(temperature=0.7, top_k=20, repetition_penalty=1.3, logprobs=5, seed=1)
+    s = Sampler(params, 200, prompt_ids=[int(np.argmax(logits))])
+    for _ in range(10):
+        tok = s.sample(logits)
+        assert tok.logprob == pytest.approx(ref[tok.token_id], abs=1e-5)
+        assert len(tok.top_logprobs) == 5
+        ids = [i for i, _ in tok.top_logprobs]
+        lps = [lp for _, lp in tok.top_logprobs]
+        assert lps == sorted(lps, reverse=True)
+        assert ids == list(np.argsort(-ref)[:5])
+        assert lps == pytest.approx(list(ref[ids]), abs=1e-5)
+
+
+def test_logprobs_zero_gives_only_the_chosen_token():
+    tok = Sampler(GenerationParams(logprobs=0), 4).sample(LOGITS)
+    assert tok.token_id == 0
+    assert tok.logprob == pytest.approx(np.log(0.5), abs=1e-6)
+    assert tok.top_logprobs == ()
+
+
+def test_no_logprobs_when_not_requested():
+    tok = Sampler(GenerationParams(), 4).sample(LOGITS)
+    assert tok.logprob is None and tok.top_logprobs == ()
+
+
+def test_logprobs_wider_than_a_tiny_vocab_report_every_token():
+    tok = Sampler(GenerationParams(logprobs=5), 3).sample(np.array([0.0, 1.0, 2.0], np.float32))
+    assert [i for i, _ in tok.top_logprobs] == [2, 1, 0]
+
+
+def test_log_softmax_is_stable_for_large_logits():
+    lp = log_softmax(np.array([1000.0, 1000.0], dtype=np.float32))
+    assert np.allclose(lp, np.log(0.5))
+
+
+def test_one_nucleus_sample_on_a_real_vocab_size_runs():
+    """A smoke run at SmolLM2's vocabulary size; speed is measured in benchmarks/sampler_bench.py."""
+    logits = np.random.default_rng(0).normal(size=49_152).astype(np.float32) * 3
+    s = Sampler(GenerationParams(temperature=0.8, top_p=0.9, seed=0, logprobs=5), 49_152)
+    t0 = time.perf_counter()
+    tok = s.sample(logits)
+    elapsed_us = (time.perf_counter() - t0) * 1e6
+    print(f"one top_p=0.9 sample on a 49152 vocab: {elapsed_us:.0f} us")
+    assert 0 <= tok.token_id < 49_152
