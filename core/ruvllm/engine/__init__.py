@@ -1,0 +1,32 @@
+"""The ServingEngine: continuous batching over an iteration-level executor.
+
+``ServingEngine(backend, EngineOptions(...))`` or ``ServingEngine.from_config(config)``; see
+docs/engine.md for the architecture (queue -> scheduler -> executor step -> sampler -> outputs).
+"""
+
+from ruvllm.engine.block_manager import BlockManager, PrefixHit
+from ruvllm.engine.engine import EngineClosed, ServingEngine
+from ruvllm.engine.handles import RequestHandle, SyncRequestHandle
+from ruvllm.engine.live import RequestTimedOut
+from ruvllm.engine.options import EngineOptionError, EngineOptions
+from ruvllm.engine.request import Priority, RequestState, SchedRequest
+from ruvllm.engine.scheduler import Policy, Scheduler, SchedulerConfig, StepPlan
+
+__all__ = [
+    "BlockManager",
+    "EngineClosed",
+    "EngineOptionError",
+    "EngineOptions",
+    "Policy",
+    "PrefixHit",
+    "Priority",
+    "RequestHandle",
+    "RequestState",
+    "RequestTimedOut",
+    "SchedRequest",
+    "Scheduler",
+    "SchedulerConfig",
+    "ServingEngine",
+    "StepPlan",
+    "SyncRequestHandle",
+]

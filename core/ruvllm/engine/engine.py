@@ -1,0 +1,386 @@
+"""ServingEngine: many concurrent requests, one model thread, one forward pass per step.
+
+Callers (asyncio handlers, scripts) never call the backend. They post messages to a thread-safe
+inbox; the model thread drains it between steps, runs the step, and pushes outputs back through
+each request's sink. Every backend call (load, executor creation, each forward pass,
+detokenization) happens on that one thread, which is what llama.cpp's OpenMP build needs for
+full speed, and no lock is held by a request handler while a forward pass runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from ruvllm.backend import LlmBackend
+from ruvllm.config import Config, merged_options
+from ruvllm.engine.executor_core import ExecutorCore
+from ruvllm.engine.handles import AsyncSink, RequestHandle, Sink, SyncRequestHandle, SyncSink
+from ruvllm.engine.live import LiveRequest
+from ruvllm.engine.metrics import EngineMetrics
+from ruvllm.engine.options import EngineOptionError, EngineOptions
+from ruvllm.engine.request import SchedRequest
+from ruvllm.engine.request_level import RequestLevelCore
+from ruvllm.errors import InvalidRequest, Overloaded, RuvllmError
+from ruvllm.generation import RequestOutputBuilder, check_prompt
+from ruvllm.sampling import Sampler
+from ruvllm.serving import MetricsSnapshot
+from ruvllm.tokenizer import Tokenizer
+from ruvllm.types import Capabilities, GenerationParams, GenerationResult, ModelInfo
+
+log = logging.getLogger(__name__)
+
+BackendSource = LlmBackend | Callable[[], LlmBackend]
+_STOP = ("stop",)
+
+
+class EngineClosed(RuvllmError):
+    """The engine was shut down; create a new one."""
+
+    http_status = 503
+    error_type = "engine_closed"
+
+
+class ServingEngine:
+    """Implements :class:`ruvllm.serving.AsyncEngine`.
+
+    ``backend`` is a loaded backend or a zero-argument factory; with a factory the model is
+    loaded on the model thread itself and closed by :meth:`shutdown` (``owns_backend``).
+    """
+
+    def __init__(self, backend: BackendSource, options: EngineOptions | None = None, *,
+                 owns_backend: bool | None = None):
+        self.options = options or EngineOptions()
+        self._owns_backend = (not isinstance(backend, LlmBackend)) if owns_backend is None else owns_backend
+        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._metrics = EngineMetrics()
+        # Guards the admission counters only; never held while the model runs.
+        self._lock = threading.Lock()
+        self._queued = 0
+        self._active: set[str] = set()
+        self._closed = False
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, args=(backend,), name="ruvllm-model", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._startup_error is not None:
+            self._thread.join()
+            raise self._startup_error
+
+    @classmethod
+    def from_config(cls, config: Config | None = None, *, model: str | None = None,
+                    backend: str | None = None, options: EngineOptions | Mapping[str, Any] | None = None,
+                    registry: Any = None) -> ServingEngine:
+        """Resolve the model and backend as :class:`ruvllm.LLM` does and load it on the model
+        thread; engine options come from ``options``, else the config's ``[engine]`` table."""
+        from ruvllm.config import load_config
+        from ruvllm.plugins import get_registry
+        from ruvllm.registry import resolve
+
+        config = config or load_config()
+        registry = registry or get_registry()
+        source = resolve(model or config.model, config.cache_dir)
+        backend_cls = registry.select(backend or config.backend, source)
+        backend_opts = merged_options(config, backend_cls.name)
+        if options is None:
+            options = EngineOptions.from_mapping(getattr(config, "engine", {}) or {})
+        elif not isinstance(options, EngineOptions):
+            options = EngineOptions.from_mapping(options)
+        return cls(lambda: backend_cls.load(source, backend_opts), options, owns_backend=True)
+
+    # ----------------------------------------------------------------- AsyncEngine properties
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._backend.tokenizer
+
+    @property
+    def info(self) -> ModelInfo:
+        """The backend's model info, with ``context_length`` lowered to what the engine's KV
+        capacity lets one request use."""
+        return self._info
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    @property
+    def backend_name(self) -> str:
+        return self._backend.name
+
+    @property
+    def backend(self) -> LlmBackend:
+        return self._backend
+
+    # ----------------------------------------------------------------- submission
+
+    async def submit(self, prompt_ids: Sequence[int], params: GenerationParams, *,
+                     request_id: str | None = None, priority: int = 0, timeout: float | None = None,
+                     cache_salt: str | None = None) -> RequestHandle:
+        sink = AsyncSink(asyncio.get_running_loop())
+        rid = self._enqueue(prompt_ids, params, sink, request_id, priority, timeout, cache_salt)
+        return RequestHandle(rid, sink, self._cancel)
+
+    def submit_sync(self, prompt_ids: Sequence[int], params: GenerationParams, *,
+                    request_id: str | None = None, priority: int = 0, timeout: float | None = None,
+                    cache_salt: str | None = None) -> SyncRequestHandle:
+        """:meth:`submit` for plain threads: the handle iterates and waits without asyncio."""
+        sink = SyncSink()
+        rid = self._enqueue(prompt_ids, params, sink, request_id, priority, timeout, cache_salt)
+        return SyncRequestHandle(rid, sink, self._cancel)
+
+    def generate_sync(self, prompts: Sequence[str | Sequence[int]], params: GenerationParams | None = None,
+                      *, priority: int = 0) -> list[GenerationResult]:
+        """Submit every prompt at once (they are batched together) and wait for all results."""
+        params = params or GenerationParams()
+        handles = [
+            self.submit_sync(self.encode(p) if isinstance(p, str) else p, params, priority=priority)
+            for p in prompts
+        ]
+        return [h.result() for h in handles]
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Tokenize on the model thread (the backend's tokenizer is the model's)."""
+        if not text:
+            raise InvalidRequest("prompt", "must not be empty")
+        return self.call(lambda: self._backend.tokenizer.encode(
+            text, add_special=add_special, parse_special=parse_special))
+
+    async def encode_async(self, text: str, *, add_special: bool = True,
+                           parse_special: bool = False) -> list[int]:
+        if not text:
+            raise InvalidRequest("prompt", "must not be empty")
+        fut = self.call_future(lambda: self._backend.tokenizer.encode(
+            text, add_special=add_special, parse_special=parse_special))
+        return await asyncio.wrap_future(fut)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the model thread between steps and return its result."""
+        return self.call_future(fn).result()
+
+    def call_future(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        if threading.current_thread() is self._thread:
+            fut.set_result(fn())
+            return fut
+        self._check_open()
+        self._inbox.put(("call", fn, fut))
+        return fut
+
+    def _enqueue(self, prompt_ids: Sequence[int], params: GenerationParams, sink: Sink,
+                 request_id: str | None, priority: int, timeout: float | None, cache_salt: str | None) -> str:
+        self._check_open()
+        if not isinstance(params, GenerationParams):
+            raise InvalidRequest("params", f"must be GenerationParams, got {type(params).__name__}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidRequest("priority", f"must be an integer (higher runs first), got {priority!r}",
+                                 priority)
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise InvalidRequest("timeout", f"must be a number of seconds > 0, got {timeout!r}", timeout)
+        prompt = [int(t) for t in prompt_ids]
+        check_prompt(prompt, params, self._info.context_length, self._info.vocab_size)
+        rid = request_id or uuid.uuid4().hex
+        with self._lock:
+            if rid in self._active:
+                raise InvalidRequest("request_id", f"{rid!r} is already in flight; use a unique id", rid)
+            if self._queued >= self.options.max_queue:
+                raise Overloaded(
+                    f"the engine's queue is full ({self.options.max_queue} waiting requests); retry "
+                    "later or raise [engine] max_queue", retry_after=1.0,
+                )
+            self._queued += 1
+            self._active.add(rid)
+        sched = SchedRequest(rid, prompt, params.max_tokens, priority=priority, arrival=time.monotonic(),
+                             cache_salt=cache_salt)
+        sampler = Sampler(params, self._info.vocab_size, prompt) if self.path == "executor" else None
+        live = LiveRequest(sched, params, RequestOutputBuilder(self._backend.tokenizer, prompt, params),
+                           sampler, _Tracked(sink, self, rid), arrival=time.perf_counter(),
+                           timeout=timeout if timeout is not None else self.options.request_timeout)
+        self._inbox.put(("add", live))
+        return rid
+
+    def _cancel(self, request_id: str) -> None:
+        if not self._closed:
+            self._inbox.put(("cancel", request_id))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosed("the engine is shut down; create a new ServingEngine")
+
+    def _left_queue(self) -> None:
+        with self._lock:
+            self._queued -= 1
+
+    def _released(self, request_id: str) -> None:
+        with self._lock:
+            self._active.discard(request_id)
+
+    # ----------------------------------------------------------------- metrics and shutdown
+
+    def metrics(self) -> MetricsSnapshot:
+        core = self._core
+        queries, hits = core.prefix_counters()
+        return self._metrics.snapshot(
+            running=core.num_running, waiting=max(self._queued, 0) + core.num_requeued,
+            kv_usage=core.kv_usage(), prefix_queries=queries, prefix_hits=hits,
+            preemptions=core.preemptions(),
+        )
+
+    async def shutdown(self) -> None:
+        """Cancel what is still running, stop the model thread (closing an owned backend)."""
+        if self._stop():
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+    def close(self) -> None:
+        """:meth:`shutdown` for plain threads."""
+        if self._stop():
+            self._thread.join()
+
+    def _stop(self) -> bool:
+        if self._closed:
+            return False
+        self._closed = True
+        self._inbox.put(_STOP)
+        return True
+
+    def __enter__(self) -> ServingEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- the model thread
+
+    def _main(self, source: BackendSource) -> None:
+        try:
+            self._setup(source)
+        except BaseException as exc:
+            self._startup_error = exc
+            backend = getattr(self, "_backend", None)
+            if backend is not None and self._owns_backend:
+                backend.close()
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._loop()
+        finally:
+            self._teardown()
+
+    def _setup(self, source: BackendSource) -> None:
+        backend = source if isinstance(source, LlmBackend) else source()
+        self._backend = backend
+        caps = backend.capabilities()
+        want = self.options.path
+        if want == "executor" and not caps.executor:
+            raise EngineOptionError("path", f"backend {backend.name!r} has no executor; use auto or request")
+        if want != "request" and caps.executor:
+            executor = backend.create_executor(max_sequences=self.options.max_num_seqs,
+                                               block_size=self.options.block_size)
+            self._core: ExecutorCore | RequestLevelCore = ExecutorCore(executor, self.options, self._metrics)
+        else:
+            self._core = RequestLevelCore(backend, self.options, self._metrics)
+        self.path = self._core.path
+        self._caps = caps
+        info = backend.info
+        room = min(info.context_length, self._core.max_request_tokens())
+        self._info = attrs.evolve(info, context_length=room)
+        log.info("serving %s on %s through the %s path", info.name, backend.name, self.path)
+
+    def _loop(self) -> None:
+        core = self._core
+        idle_wait = None
+        while True:
+            try:
+                msg = self._inbox.get(timeout=self._wait_time(idle_wait)) if not core.has_work or idle_wait \
+                    else self._inbox.get_nowait()
+            except queue.Empty:
+                msg = None
+            while msg is not None:
+                if msg is _STOP:
+                    return
+                self._handle(msg)
+                try:
+                    msg = self._inbox.get_nowait()
+                except queue.Empty:
+                    msg = None
+            core.expire(time.perf_counter())
+            idle_wait = None
+            if core.has_work and not core.step():
+                idle_wait = 0.005  # blocked (e.g. waiting for blocks): do not spin
+
+    def _wait_time(self, idle_wait: float | None) -> float | None:
+        deadlines = [lv.deadline for lv in self._lives() if lv.deadline is not None]
+        wait = idle_wait
+        if deadlines:
+            until = max(min(deadlines) - time.perf_counter(), 0.0)
+            wait = until if wait is None else min(wait, until)
+        return wait
+
+    def _lives(self) -> list[LiveRequest]:
+        core = self._core
+        if isinstance(core, ExecutorCore):
+            return list(core.live.values())
+        return core.waiting + [lv for lv, _ in core.in_flight.values()]
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "add":
+            self._core.add(msg[1])
+        elif kind == "cancel":
+            self._core.cancel(msg[1])
+        elif kind == "call":
+            fn, fut = msg[1], msg[2]
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:
+                    fut.set_exception(exc)
+
+    def _teardown(self) -> None:
+        try:
+            self._core.shutdown()
+        finally:
+            # Requests posted after the stop message still get an answer.
+            while True:
+                try:
+                    msg = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if msg[0] == "add":
+                    msg[1].sink.push((), None, EngineClosed("the engine shut down before the request ran"))
+                elif msg[0] == "call":
+                    msg[2].set_exception(EngineClosed("the engine shut down"))
+            if self._owns_backend:
+                self._backend.close()
+
+
+class _Tracked(Sink):
+    """Wraps a caller's sink to keep the engine's admission counters right."""
+
+    def __init__(self, inner: Sink, engine: ServingEngine, request_id: str):
+        self.inner = inner
+        self.engine = engine
+        self.request_id = request_id
+        self._queued = True
+
+    def left_queue(self) -> None:
+        if self._queued:
+            self._queued = False
+            self.engine._left_queue()
+
+    def push(self, outputs, result=None, error=None) -> None:
+        if result is not None or error is not None:
+            self.left_queue()
+            self.engine._released(self.request_id)
+        self.inner.push(outputs, result, error)

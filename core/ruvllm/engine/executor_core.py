@@ -1,0 +1,159 @@
+"""The executor path: schedule -> one forward pass over the mixed batch -> sample -> outputs.
+
+Runs only on the model thread. Each :meth:`ExecutorCore.step` is one iteration of continuous
+batching: every running request contributes its next token (or prefill chunk) to a single
+``BatchExecutor.execute`` call, so the weights are read once for all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ruvllm.engine.block_manager import BlockManager
+from ruvllm.engine.live import LiveRequest, RequestTimedOut
+from ruvllm.engine.metrics import EngineMetrics
+from ruvllm.engine.options import EngineOptions
+from ruvllm.engine.request import RequestState
+from ruvllm.engine.scheduler import Scheduler
+from ruvllm.errors import BackendError
+from ruvllm.executor import BatchEntry, BatchExecutor
+from ruvllm.types import FinishReason
+
+log = logging.getLogger(__name__)
+
+
+class ExecutorCore:
+    path = "executor"
+
+    def __init__(self, executor: BatchExecutor, options: EngineOptions, metrics: EngineMetrics):
+        self.executor = executor
+        self.metrics = metrics
+        prefix = options.enable_prefix_caching
+        if prefix and executor.kv_layout == "per_sequence" and not hasattr(executor, "retain"):
+            # A per-sequence engine (llama.cpp) can only share a prefix by copying it from a
+            # sequence that still holds it; without the executor's support for keeping a
+            # finished donor's KV alive, a cache hit would point at freed KV.
+            log.info("prefix caching off: the %s executor cannot keep cached prefixes alive",
+                     type(executor).__name__)
+            prefix = False
+        num_blocks = min(options.num_blocks or executor.num_blocks, executor.num_blocks)
+        self.blocks = BlockManager(num_blocks, executor.block_size, enable_prefix_caching=prefix,
+                                   watermark=options.watermark)
+        config = options.scheduler_config(
+            max_num_seqs=min(options.max_num_seqs, executor.max_sequences),
+            max_batch_tokens=min(options.max_batch_tokens, executor.max_batch_tokens),
+        )
+        self.scheduler = Scheduler(config, self.blocks)
+        self.live: dict[str, LiveRequest] = {}
+
+    # ----------------------------------------------------------------- limits
+
+    def max_request_tokens(self) -> int:
+        """Longest prompt + output one request may have (KV capacity, per-sequence limit)."""
+        usable_blocks = self.blocks.num_blocks - self.blocks.watermark_blocks
+        cap = usable_blocks * self.blocks.block_size
+        per_seq = getattr(self.executor, "max_seq_len", None)
+        return min(cap, per_seq) if per_seq else cap
+
+    # ----------------------------------------------------------------- requests
+
+    def add(self, live: LiveRequest) -> None:
+        self.live[live.request_id] = live
+        self.scheduler.add(live.sched)
+
+    def cancel(self, request_id: str) -> None:
+        live = self.live.get(request_id)
+        if live is not None:
+            self._end(live, FinishReason.CANCELLED)
+
+    def expire(self, now: float) -> None:
+        for live in [lv for lv in self.live.values() if lv.deadline is not None and lv.deadline <= now]:
+            self._end(live, FinishReason.CANCELLED, RequestTimedOut(live.request_id, live.timeout or 0.0))
+
+    def shutdown(self) -> None:
+        for live in list(self.live.values()):
+            self._end(live, FinishReason.CANCELLED)
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_requeued(self) -> int:
+        return sum(1 for r in list(self.scheduler.waiting) if r.state is RequestState.PREEMPTED)
+
+    # ----------------------------------------------------------------- the step
+
+    def step(self) -> bool:
+        """Run one iteration; False when nothing could be scheduled."""
+        plan = self.scheduler.schedule()
+        self._free_released()
+        if not plan:
+            return False
+        if plan.copies:
+            self.executor.copy_blocks(plan.copies)
+        now = time.perf_counter()
+        entries = []
+        for chunk in plan.chunks:
+            req = chunk.request
+            self.live[req.request_id].mark_started(now, self.metrics)
+            entries.append(BatchEntry(
+                seq_id=req.slot, tokens=chunk.tokens, start_pos=chunk.start_pos,  # type: ignore[arg-type]
+                block_table=self.blocks.block_table(req.slot), sample=chunk.sample,  # type: ignore[arg-type]
+            ))
+        try:
+            logits = self.executor.execute(entries)
+        except Exception as exc:  # the backend failed: fail this step's requests, keep serving
+            log.exception("executor step failed")
+            for chunk in plan.chunks:
+                live = self.live.get(chunk.request.request_id)
+                if live is not None:
+                    self._end(live, FinishReason.ERROR, BackendError(f"the model step failed: {exc}"))
+            return True
+        self.scheduler.update(plan)
+        now = time.perf_counter()
+        row = 0
+        for chunk in plan.chunks:
+            if not chunk.sample:
+                continue
+            req = chunk.request
+            live = self.live[req.request_id]
+            token = live.sampler.sample(logits[row])  # type: ignore[union-attr]
+            row += 1
+            live.add_token(token, now, self.metrics)
+            req.token_ids.append(token.token_id)
+            if live.builder.finished:
+                self._end(live, live.builder.finish_reason, now=now)  # type: ignore[arg-type]
+            else:
+                live.flush()
+        return True
+
+    def _end(self, live: LiveRequest, reason: FinishReason, error: BaseException | None = None,
+             now: float | None = None) -> None:
+        self.live.pop(live.request_id, None)
+        self.scheduler.finish(live.sched)
+        self._free_released()
+        live.end(reason, self.metrics, error=error, now=now)
+
+    def _free_released(self) -> None:
+        for slot in self.scheduler.take_released_slots():
+            self.executor.free(slot)
+
+    # ----------------------------------------------------------------- metrics
+
+    def kv_usage(self) -> float:
+        return self.blocks.usage
+
+    def prefix_counters(self) -> tuple[int, int]:
+        return self.scheduler.prefix_queries, self.scheduler.prefix_hits
+
+    def preemptions(self) -> int:
+        return self.scheduler.num_preemptions

@@ -1,0 +1,250 @@
+"""Which tokens of which requests run in the next forward pass.
+
+The shape is vLLM v1's: there is no separate "prefill phase" and "decode phase". Every request
+has ``token_ids`` and ``num_computed``; each step the scheduler hands out a token budget, first
+to running requests (a decode needs 1 token, an unfinished prompt the next chunk of it), then to
+waiting requests in policy order. A long prompt is therefore prefilled in chunks across steps
+while other requests keep decoding (chunked prefill), and a step never exceeds the budget.
+
+When KV blocks run out, a running request is preempted by recompute: its blocks are freed and
+it goes back to the waiting queue keeping its output, to be prefilled again later.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+
+import attrs
+
+from ruvllm.engine.block_manager import NO_HIT, BlockManager
+from ruvllm.engine.request import RequestState, SchedRequest
+from ruvllm.errors import InvalidRequest
+
+
+class Policy(str, enum.Enum):
+    FCFS = "fcfs"
+    PRIORITY = "priority"
+    #: Shortest job first: smallest prompt + max_tokens first.
+    SJF = "sjf"
+
+
+@attrs.frozen(kw_only=True)
+class SchedulerConfig:
+    #: Most tokens one step may hold (prefill chunks plus decode tokens).
+    max_batch_tokens: int = 512
+    #: Most requests holding KV (running) at once.
+    max_num_seqs: int = 16
+    policy: Policy = attrs.field(default=Policy.FCFS, converter=Policy)
+    #: Seconds of waiting worth one priority level (priority policy) or a halving of the
+    #: estimated job size (SJF): what guarantees a low-priority or long request is served.
+    aging_interval: float = 5.0
+    #: Largest prefill chunk of one request per step (0 = the whole budget). Smaller chunks
+    #: keep running requests' inter-token latency low while a long prompt is prefilled.
+    max_prefill_chunk: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("max_batch_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if value < 1:
+                raise InvalidRequest(name, f"must be >= 1, got {value}", value)
+        if self.aging_interval <= 0:
+            raise InvalidRequest("aging_interval", "must be > 0 seconds", self.aging_interval)
+        if self.max_prefill_chunk < 0:
+            raise InvalidRequest("max_prefill_chunk", "must be >= 0 (0 = no cap)", self.max_prefill_chunk)
+
+
+@attrs.frozen
+class ScheduledChunk:
+    """Tokens of one request to run this step (maps to one :class:`BatchEntry`)."""
+
+    request: SchedRequest
+    start_pos: int
+    tokens: tuple[int, ...]
+    #: The chunk ends at the last known token: sample the next one from its logits.
+    sample: bool
+
+
+@attrs.define
+class StepPlan:
+    """What one step does (the seed crate's IterationPlan)."""
+
+    chunks: list[ScheduledChunk] = attrs.field(factory=list)
+    preempted: list[SchedRequest] = attrs.field(factory=list)
+    #: Copy-on-write block copies to run before the forward pass (paged layout).
+    copies: list[tuple[int, int]] = attrs.field(factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.chunks)
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks)
+
+
+class Scheduler:
+    """Owns the waiting and running queues and the block manager's view of each request."""
+
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, *,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.blocks = blocks
+        self.clock = clock
+        self.waiting: list[SchedRequest] = []
+        self.running: list[SchedRequest] = []
+        self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
+        #: Slots released since the engine last asked: the executor must forget their KV.
+        self._released: list[int] = []
+        self._next_seq_no = 0
+        # Counters for metrics.
+        self.num_preemptions = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # ---------------------------------------------------------------- queue operations
+
+    def add(self, req: SchedRequest) -> None:
+        req.seq_no = self._next_seq_no
+        self._next_seq_no += 1
+        req.state = RequestState.WAITING
+        self.waiting.append(req)
+
+    def finish(self, req: SchedRequest) -> None:
+        """Remove ``req`` wherever it is and return all its blocks (completion, cancel, error)."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self._release(req)
+        req.state = RequestState.FINISHED
+
+    def take_released_slots(self) -> list[int]:
+        out, self._released = self._released, []
+        return out
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---------------------------------------------------------------- the step
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.config.max_batch_tokens
+        scheduled: set[int] = set()
+        for req in list(self.running):
+            if budget == 0:
+                break
+            if req.state is not RequestState.RUNNING:
+                continue  # preempted earlier in this loop
+            n = self._chunk_len(req, budget)
+            if n == 0:
+                continue
+            while True:
+                pairs = self.blocks.extend(req.slot, req.num_computed + n)  # type: ignore[arg-type]
+                if pairs is not None:
+                    break
+                victim = self._pick_victim(req, scheduled)
+                self._preempt(victim)
+                plan.preempted.append(victim)
+                if victim is req:
+                    break
+            if req.state is not RequestState.RUNNING:
+                continue
+            plan.copies.extend(pairs)
+            self._add_chunk(plan, req, n)
+            scheduled.add(id(req))
+            budget -= n
+        if not plan.preempted:
+            budget = self._admit(plan, budget)
+        return plan
+
+    def _admit(self, plan: StepPlan, budget: int) -> int:
+        now = self.clock()
+        while self.waiting and budget > 0 and self._free_slots:
+            req = min(self.waiting, key=lambda r: self._waiting_key(r, now))
+            hit = NO_HIT
+            if req.num_computed == 0:
+                hit = self.blocks.lookup_prefix(req.token_ids, req.cache_salt)
+            n = min(len(req.token_ids) - hit.num_tokens, budget)
+            if self.config.max_prefill_chunk:
+                n = min(n, self.config.max_prefill_chunk)
+            if not self.blocks.can_admit(hit.num_tokens + n, hit):
+                break  # the head waits for blocks; skipping it could starve large requests
+            slot = self._free_slots.pop()
+            pairs = self.blocks.allocate(slot, hit.num_tokens + n, hit)
+            assert pairs is not None
+            self.waiting.remove(req)
+            req.slot = slot
+            req.state = RequestState.RUNNING
+            req.num_computed = hit.num_tokens
+            req.num_cached_tokens = hit.num_tokens
+            self.prefix_queries += len(req.token_ids)
+            self.prefix_hits += hit.num_tokens
+            if req.first_scheduled is None:
+                req.first_scheduled = now
+            self.running.append(req)
+            plan.copies.extend(pairs)
+            self._add_chunk(plan, req, n)
+            budget -= n
+        return budget
+
+    def update(self, plan: StepPlan) -> None:
+        """Record that ``plan`` ran: its tokens now have KV (and full blocks become cacheable)."""
+        for chunk in plan.chunks:
+            req = chunk.request
+            if req.state is not RequestState.RUNNING:
+                continue
+            req.num_computed = chunk.start_pos + len(chunk.tokens)
+            self.blocks.cache_blocks(req.slot, req.token_ids, req.num_computed, req.cache_salt)  # type: ignore[arg-type]
+
+    # ---------------------------------------------------------------- policy
+
+    def _waiting_key(self, req: SchedRequest, now: float) -> tuple[float, int]:
+        """Smaller is served first; ``seq_no`` breaks ties so the order is total."""
+        policy = self.config.policy
+        waited = max(now - req.arrival, 0.0) / self.config.aging_interval
+        if policy is Policy.PRIORITY:
+            return (-(req.priority + waited), req.seq_no)
+        if policy is Policy.SJF:
+            return ((req.num_prompt + req.max_tokens) / (2.0 ** waited), req.seq_no)
+        return (0.0, req.seq_no)
+
+    def _pick_victim(self, req: SchedRequest, scheduled: set[int]) -> SchedRequest:
+        """The running request to preempt: never one already scheduled this step (its chunk is
+        in the plan); among the rest the least important, else the latest admitted."""
+        candidates = [r for r in self.running if id(r) not in scheduled]
+        if self.config.policy is Policy.PRIORITY:
+            return min(candidates, key=lambda r: (r.priority, -r.seq_no))
+        return candidates[-1]
+
+    # ---------------------------------------------------------------- helpers
+
+    def _chunk_len(self, req: SchedRequest, budget: int) -> int:
+        n = min(req.num_pending, budget)
+        if self.config.max_prefill_chunk and req.num_pending > 1:
+            n = min(n, self.config.max_prefill_chunk)
+        return n
+
+    def _add_chunk(self, plan: StepPlan, req: SchedRequest, n: int) -> None:
+        start = req.num_computed
+        end = start + n
+        tokens = tuple(req.token_ids[start:end])
+        plan.chunks.append(ScheduledChunk(req, start, tokens, end == len(req.token_ids)))
+
+    def _preempt(self, req: SchedRequest) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.num_computed = 0
+        req.num_preemptions += 1
+        req.state = RequestState.PREEMPTED
+        self.waiting.append(req)
+        self.num_preemptions += 1
+
+    def _release(self, req: SchedRequest) -> None:
+        if req.slot is not None:
+            self.blocks.free(req.slot)
+            self._free_slots.append(req.slot)
+            self._released.append(req.slot)
+            req.slot = None
