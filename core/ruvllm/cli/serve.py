@@ -1,0 +1,46 @@
+"""``ruvllm serve [MODEL]``: the OpenAI-compatible server on the batching engine."""
+
+from __future__ import annotations
+
+import click
+
+from ruvllm.cli.app import backend_option, config_from, main, options_option
+from ruvllm.config import parse_option
+
+
+@main.command()
+@click.argument("model", required=False)
+@backend_option
+@options_option
+@click.option("--host", help="Interface to bind (default 127.0.0.1; 0.0.0.0 exposes it to the network).")
+@click.option("--port", "-p", type=int, help="Port (default 8000).")
+@click.option("--api-key", envvar="RUVLLM_API_KEY",
+              help="Require 'Authorization: Bearer KEY' (or $RUVLLM_API_KEY).")
+@click.option("--served-model-name", help="Model id clients use (default: the model's name).")
+@click.option("--max-concurrent", type=int, help="Most requests running at once (engine max_num_seqs).")
+@click.option("--max-context", type=int,
+              help="Cap on prompt + max_tokens of one request (default: the model's).")
+@click.option("--max-tokens-limit", type=int, help="Largest max_tokens a request may ask for (default 4096).")
+@click.option("--max-body-bytes", type=int, help="Largest request body; bigger ones get 413 (default 1 MiB).")
+@click.option("--engine-option", "-e", "engine_opts", multiple=True, metavar="KEY=VALUE",
+              help="ServingEngine option, e.g. -e max_batch_tokens=1024 (repeatable; see docs/engine.md).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@click.pass_context
+def serve(ctx: click.Context, model: str | None, backend: str | None, options: tuple[str, ...],
+          host: str | None, port: int | None, api_key: str | None, served_model_name: str | None,
+          max_concurrent: int | None, max_context: int | None, max_tokens_limit: int | None,
+          max_body_bytes: int | None, engine_opts: tuple[str, ...], log_level: str) -> None:
+    """Serve MODEL (default: the embedded model) over an OpenAI-compatible HTTP API."""
+    from ruvllm.server.runner import serve as run_server
+    from ruvllm.server.runner import with_server_overrides
+
+    config = config_from(ctx, backend=backend, model=model, options=options)
+    config = with_server_overrides(config, host=host, port=port, api_key=api_key,
+                                   max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes)
+    engine_options = dict(getattr(config, "engine", None) or {})
+    engine_options.update(parse_option(o) for o in engine_opts)
+    if max_concurrent is not None:
+        engine_options["max_num_seqs"] = max_concurrent
+    run_server(config, served_name=served_model_name, engine_options=engine_options or None,
+               log_level=log_level, max_context=max_context)

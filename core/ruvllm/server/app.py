@@ -1,0 +1,279 @@
+"""The OpenAI-compatible HTTP API over an :class:`ruvllm.serving.AsyncEngine`.
+
+Handlers only translate: OpenAI JSON -> prompt ids and GenerationParams (``params``), engine
+outputs -> OpenAI JSON (``responses``). Every choice of every request is its own engine request,
+submitted before the first one is awaited so that the engine can batch them. Submission errors
+(bad parameters, context too long, queue full) come back with their real status codes because
+nothing is streamed before every choice has been accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import attrs
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest, ModelNotFound, RuvllmError
+from ruvllm.server import responses
+from ruvllm.server.errors import install_error_handlers, ruvllm_error_body
+from ruvllm.server.limits import RequestLimitsMiddleware
+from ruvllm.server.metrics import CONTENT_TYPE, render_metrics
+from ruvllm.server.params import (
+    Limits,
+    chat_prompt_ids,
+    completion_prompts,
+    generation_params,
+    seeded,
+)
+from ruvllm.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from ruvllm.server.sse import DONE, SSEResponse, sse_event
+from ruvllm.serving import AsyncEngine, RequestHandle
+from ruvllm.types import FinishReason, GenerationParams, GenerationResult, TokenOutput
+
+
+@attrs.frozen(kw_only=True)
+class ServerSettings:
+    #: The id clients pass as ``model`` (and see in ``/v1/models``).
+    model_name: str
+    #: Other names accepted for the same model (the reference the user typed, ``default``).
+    aliases: tuple[str, ...] = ()
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+    limits: Limits = attrs.field(factory=Limits)
+
+
+@attrs.define
+class _Choice:
+    index: int
+    handle: RequestHandle
+    prompt_index: int
+    finished: bool = False
+
+
+class _ClientGone(Exception):
+    """The client disconnected while a non-streaming request was running."""
+
+
+def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
+    """The FastAPI app; it owns ``engine`` and shuts it down when the server stops."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await engine.shutdown()
+
+    app = FastAPI(title="ruvllm", description="OpenAI-compatible API served by ruvllm",
+                  lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(RequestLimitsMiddleware, max_body_bytes=settings.max_body_bytes,
+                       api_key=settings.api_key)
+    install_error_handlers(app)
+    accepted = {settings.model_name, *settings.aliases}
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name not in accepted:
+            raise ModelNotFound(f"model {name!r} is not served here; this server serves "
+                                f"{settings.model_name!r} (see GET /v1/models)")
+
+    context_length = settings.limits.context_length(engine.info.context_length)
+
+    def room_after(ids: Sequence[int]) -> int:
+        return context_length - len(ids)
+
+    def check_context(ids: Sequence[int], params: GenerationParams) -> None:
+        if len(ids) + params.max_tokens > context_length:
+            raise ContextLengthExceeded(len(ids), params.max_tokens, context_length)
+
+    async def submit_all(jobs: list[tuple[int, int, list[int], GenerationParams]],
+                         kind: str) -> list[_Choice]:
+        """Submit every choice; if one is refused, cancel those already accepted."""
+        base = f"{kind}-{uuid.uuid4().hex[:24]}"
+        choices: list[_Choice] = []
+        try:
+            for index, prompt_index, ids, params in jobs:
+                handle = await engine.submit(ids, params, request_id=f"{base}-{index}")
+                choices.append(_Choice(index=index, handle=handle, prompt_index=prompt_index))
+        except BaseException:
+            for c in choices:
+                c.handle.cancel()
+            raise
+        return choices
+
+    async def collect(choice: _Choice) -> tuple[list[TokenOutput], GenerationResult]:
+        outputs = [out async for out in choice.handle]
+        result = await choice.handle.result()
+        choice.finished = True
+        if result.finish_reason is FinishReason.ERROR:
+            raise BackendError(f"request {choice.handle.request_id} failed in the engine")
+        return outputs, result
+
+    async def gather_watching(request: Request,
+                              choices: list[_Choice]) -> list[tuple[list[TokenOutput], GenerationResult]]:
+        """All choices' outputs; cancels every request if the client goes away first."""
+        work = asyncio.ensure_future(asyncio.gather(*(collect(c) for c in choices)))
+
+        async def client_gone() -> None:
+            while not await request.is_disconnected():
+                await asyncio.sleep(0.25)
+
+        watcher = asyncio.ensure_future(client_gone())
+        try:
+            done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if work in done:
+                return work.result()
+            raise _ClientGone
+        finally:
+            watcher.cancel()
+            if not work.done():
+                work.cancel()
+            for c in choices:
+                if not c.finished:
+                    c.handle.cancel()
+
+    async def stream_events(choices: list[_Choice], fmt: responses.ChunkFormatter,
+                            include_usage: bool, prompt_tokens: int) -> AsyncIterator[str]:
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(c: _Choice) -> None:
+            try:
+                async for out in c.handle:
+                    await queue.put((c, out))
+                await queue.put((c, await c.handle.result()))
+            except Exception as exc:  # handed to the consumer, which reports it in the stream
+                await queue.put((c, exc))
+
+        tasks = [asyncio.ensure_future(pump(c)) for c in choices]
+        try:
+            for c in choices:
+                first = fmt.opening(c.index)
+                if first is not None:
+                    yield sse_event(first)
+            remaining, completion_tokens = len(choices), 0
+            while remaining:
+                c, item = await queue.get()
+                if isinstance(item, TokenOutput):
+                    chunk = fmt.token(c.index, item)
+                    if chunk is not None:
+                        yield sse_event(chunk)
+                    continue
+                c.finished = True
+                remaining -= 1
+                if isinstance(item, GenerationResult) and item.finish_reason is not FinishReason.ERROR:
+                    completion_tokens += item.usage.completion_tokens
+                    yield sse_event(fmt.finish(c.index, item.finish_reason.value))
+                    continue
+                exc = item if isinstance(item, RuvllmError) else BackendError(
+                    f"request {c.handle.request_id} failed: {item}")
+                yield sse_event(ruvllm_error_body(exc)[1])
+                break
+            else:
+                if include_usage:
+                    yield sse_event(fmt.usage(prompt_tokens, completion_tokens))
+            yield DONE
+        finally:
+            for t in tasks:
+                t.cancel()
+            for c in choices:
+                if not c.finished:
+                    c.handle.cancel()
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": settings.model_name, "backend": engine.backend_name,
+                "engine_path": engine.path}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return responses.model_list(settings.model_name, engine)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        check_model(model_id)
+        return responses.model_card(settings.model_name, engine)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        text = render_metrics(engine.metrics(), model_name=settings.model_name, backend=engine.backend_name)
+        return PlainTextResponse(text, media_type=CONTENT_TYPE)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidRequest("prompt", "give exactly one of prompt or messages")
+        if body.messages is not None:
+            ids = chat_prompt_ids(engine, body.messages)
+        else:
+            ids = engine.tokenizer.encode(body.prompt or "", add_special=body.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": engine.info.context_length}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        check_model(body.model)
+        vocab = engine.tokenizer.vocab_size
+        bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequest("tokens", f"token id {bad} is outside the vocabulary [0, {vocab})", bad)
+        return {"prompt": engine.tokenizer.decode(body.tokens, skip_special=False)}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        check_model(body.model)
+        ids = chat_prompt_ids(engine, body.messages)
+        params = generation_params(body, limits=settings.limits, room=room_after(ids),
+                                   logprobs_supported=engine.capabilities.logprobs)
+        check_context(ids, params)
+        jobs = [(i, 0, ids, seeded(params, i)) for i in range(body.n)]
+        choices = await submit_all(jobs, "chatcmpl")
+        fmt = responses.ChatFormatter(choices[0].handle.request_id.rsplit("-", 1)[0],
+                                      settings.model_name, engine.tokenizer, params.logprobs)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return SSEResponse(stream_events(choices, fmt, include_usage, len(ids)))
+        try:
+            outcomes = await gather_watching(request, choices)
+        except _ClientGone:
+            return Response(status_code=499)
+        return JSONResponse(fmt.complete(outcomes, [len(ids)]))
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        check_model(body.model)
+        prompts = completion_prompts(engine, body.prompt)
+        if body.echo and body.logprobs is not None:
+            raise InvalidRequest("echo", "echo with logprobs (prompt logprobs) is not supported")
+        jobs = []
+        params = None
+        for p_index, ids in enumerate(prompts):
+            params = generation_params(body, limits=settings.limits, room=room_after(ids),
+                                       logprobs_supported=engine.capabilities.logprobs)
+            check_context(ids, params)
+            for j in range(body.n):
+                jobs.append((p_index * body.n + j, p_index, ids, seeded(params, j)))
+        choices = await submit_all(jobs, "cmpl")
+        echoes = [engine.tokenizer.decode(ids) if body.echo else "" for ids in prompts]
+        fmt = responses.CompletionFormatter(
+            choices[0].handle.request_id.rsplit("-", 1)[0], settings.model_name, engine.tokenizer,
+            params.logprobs if params else None,
+            echo={c.index: echoes[c.prompt_index] for c in choices} if body.echo else {})
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return SSEResponse(stream_events(choices, fmt, include_usage, prompt_tokens))
+        try:
+            outcomes = await gather_watching(request, choices)
+        except _ClientGone:
+            return Response(status_code=499)
+        return JSONResponse(fmt.complete(outcomes, [len(ids) for ids in prompts]))
+
+    return app

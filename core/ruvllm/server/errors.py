@@ -1,0 +1,91 @@
+"""Every failure leaves the server in OpenAI's error shape with the status from ruvllm.errors.
+
+``{"error": {"message", "type", "param", "code"}}`` is what OpenAI clients parse; the status
+code is what they branch on (the ``openai`` package raises ``BadRequestError`` for 400,
+``AuthenticationError`` for 401...). Nothing answers an error with 200.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ruvllm.errors import ContextLengthExceeded, InvalidRequest, Overloaded, RuvllmError
+
+log = logging.getLogger(__name__)
+
+_STATUS_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded",
+}
+
+
+def error_body(message: str, type_: str, *, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, type_: str | None = None, *, param: str | None = None,
+                   code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = error_body(message, type_ or _STATUS_TYPES.get(status, "server_error"), param=param, code=code)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def ruvllm_error_body(exc: RuvllmError) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, body, headers) for a ruvllm error."""
+    param = exc.field if isinstance(exc, InvalidRequest) else None
+    code = "context_length_exceeded" if isinstance(exc, ContextLengthExceeded) else exc.error_type
+    headers = {}
+    if isinstance(exc, Overloaded):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    return exc.http_status, error_body(str(exc), exc.error_type, param=param, code=code), headers
+
+
+def _validation_field(err: dict[str, Any]) -> str:
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    # Drop pydantic's union branch labels ("str", "list[int]") so the field reads as the API's.
+    parts = [p for p in loc if not any(ch in p for ch in "[]") and p not in ("str", "int")]
+    field = ""
+    for p in parts:
+        field += f"[{p}]" if p.isdigit() else (f".{p}" if field else p)
+    return field or "body"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RuvllmError)
+    async def _ruvllm(request: Request, exc: RuvllmError) -> JSONResponse:
+        status, body, headers = ruvllm_error_body(exc)
+        if status >= 500:
+            log.error("request failed: %s", exc)
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request body"}
+        field = _validation_field(first)
+        msg = first.get("msg", "invalid value")
+        if first.get("type") == "json_invalid":
+            return error_response(400, f"the request body is not valid JSON: {msg}", param="body",
+                                  code="invalid_json")
+        return error_response(400, f"{field}: {msg}", param=field, code="invalid_value")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error serving %s", request.url.path)
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")

@@ -1,0 +1,72 @@
+"""ASGI middleware that refuses oversized bodies and missing API keys before any parsing.
+
+Checking here, not in the route, means a 100 MB body is never read into memory and an
+unauthenticated client learns nothing about the model or the request schema.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Iterable
+
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ruvllm.server.errors import error_body
+
+#: Paths anyone may read: liveness probes and the Prometheus scraper.
+PUBLIC_PATHS = ("/health", "/metrics")
+
+
+async def _send_error(send, status: int, message: str, type_: str, code: str,
+                      headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    body = json.dumps(error_body(message, type_, code=code)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RequestLimitsMiddleware:
+    def __init__(self, app, *, max_body_bytes: int, api_key: str | None):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.api_key = api_key
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or ())
+        if self.api_key and scope["path"] not in PUBLIC_PATHS and not self._authorized(headers):
+            await _send_error(send, 401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                              "authentication_error", "invalid_api_key",
+                              [(b"www-authenticate", b"Bearer")])
+            return
+        declared = headers.get(b"content-length")
+        too_large = (f"request body is larger than this server's limit of {self.max_body_bytes} bytes "
+                     "([server] max_body_bytes)")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await _send_error(send, 413, too_large, "invalid_request_error", "request_too_large")
+            return
+        received = 0
+
+        async def counting_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    # A chunked body without Content-Length: raised inside the route while it
+                    # reads the body, so FastAPI's handlers answer 413 in the usual shape.
+                    raise StarletteHTTPException(413, too_large)
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer":
+            token = headers.get(b"x-api-key", b"").decode("latin-1")
+        return bool(token) and hmac.compare_digest(token.strip().encode(), self.api_key.encode())

@@ -1,0 +1,161 @@
+"""From an OpenAI request body to what the engine takes: prompt ids and GenerationParams.
+
+Every refusal is an :class:`ruvllm.errors.InvalidRequest` naming the OpenAI field, so the
+client sees ``400`` with ``param`` set rather than a quietly ignored option.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from ruvllm.chat import render_chat
+from ruvllm.errors import InvalidRequest
+from ruvllm.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from ruvllm.serving import AsyncEngine
+from ruvllm.types import MAX_LOGPROBS, GenerationParams
+
+#: Legacy completions cap ``logprobs`` at 5; chat's ``top_logprobs`` at 20.
+MAX_COMPLETION_LOGPROBS = 5
+
+
+@attrs.frozen(kw_only=True)
+class Limits:
+    """Per-request bounds the operator sets (``[server]`` in the config)."""
+
+    max_tokens: int = 4096
+    max_n: int = 16
+    #: Cap on prompt + max_tokens of one request, below the model's context (None = the model's).
+    max_context: int | None = None
+
+    def context_length(self, model_context: int) -> int:
+        return min(model_context, self.max_context) if self.max_context else model_context
+
+
+def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Plain dicts for the chat template; content parts are joined when they are all text."""
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if content is None:
+            content = ""
+        elif isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise InvalidRequest(f"messages[{i}].content[{j}]",
+                                         f"only text parts are supported; got type {part.get('type')!r}")
+                texts.append(part["text"])
+            content = "".join(texts)
+        d: dict[str, Any] = {"role": m.role, "content": content}
+        if m.name:
+            d["name"] = m.name
+        out.append(d)
+    return out
+
+
+def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage]) -> list[int]:
+    """Token ids of ``messages`` in the model's own chat template (as ``LLM.chat_prompt``)."""
+    st = engine.info.special_tokens
+    text = render_chat(engine.info.chat_template, message_dicts(messages),
+                       bos_token=st.bos_text, eos_token=st.eos_text)
+    return engine.tokenizer.encode(text, add_special=False, parse_special=True)
+
+
+def completion_prompts(engine: AsyncEngine, prompt: Any) -> list[list[int]]:
+    """Each prompt of a completions request as token ids (a string, ids, or a list of either)."""
+    if isinstance(prompt, str):
+        prompts: list[Any] = [prompt]
+    elif prompt and all(isinstance(t, int) for t in prompt):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt)
+    if not prompts:
+        raise InvalidRequest("prompt", "must not be empty")
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            if not p:
+                raise InvalidRequest("prompt", "must not be an empty string")
+            out.append(engine.tokenizer.encode(p, add_special=True))
+        else:
+            out.append(list(p))
+    return out
+
+
+def _refuse(field: str, why: str) -> None:
+    raise InvalidRequest(field, why)
+
+
+def _check_common(req: ChatCompletionRequest | CompletionRequest, limits: Limits) -> None:
+    if not 1 <= req.n <= limits.max_n:
+        _refuse("n", f"must be between 1 and {limits.max_n} on this server; got {req.n}")
+    if req.logit_bias:
+        _refuse("logit_bias", "is not supported by ruvllm; remove it")
+    if req.best_of not in (None, 1):
+        _refuse("best_of", "is not supported by ruvllm; use n for several completions")
+    if req.stream_options is not None and not req.stream:
+        _refuse("stream_options", "is only allowed when stream is true")
+
+
+def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits: Limits,
+                      room: int, logprobs_supported: bool) -> GenerationParams:
+    """GenerationParams for one choice; ``room`` is how many tokens fit after the prompt."""
+    _check_common(req, limits)
+    lp_field = "logprobs"
+    if isinstance(req, ChatCompletionRequest):
+        if req.tools:
+            _refuse("tools", "tool calling is not supported by ruvllm; remove tools")
+        if req.response_format and req.response_format.get("type") not in (None, "text"):
+            _refuse("response_format", "only {\"type\": \"text\"} is supported")
+        max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        logprobs: int | None = None
+        if req.top_logprobs is not None and not req.logprobs:
+            _refuse("top_logprobs", "needs logprobs: true")
+        if req.logprobs:
+            logprobs = req.top_logprobs or 0
+            if not 0 <= logprobs <= MAX_LOGPROBS:
+                _refuse("top_logprobs", f"must be between 0 and {MAX_LOGPROBS}; got {logprobs}")
+            lp_field = "top_logprobs" if req.top_logprobs else "logprobs"
+    else:
+        if req.suffix:
+            _refuse("suffix", "is not supported by ruvllm (no fill-in-the-middle); remove it")
+        max_field, max_tokens = "max_tokens", req.max_tokens
+        logprobs = req.logprobs
+        if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
+            _refuse("logprobs", f"must be between 0 and {MAX_COMPLETION_LOGPROBS}; got {logprobs}")
+    if logprobs is not None and not logprobs_supported:
+        _refuse(lp_field, "this model's backend cannot report logprobs (see `ruvllm backends`)")
+    if max_tokens is None:
+        max_tokens = max(1, min(limits.max_tokens, room))
+    elif max_tokens < 1:
+        _refuse(max_field, f"must be at least 1; got {max_tokens}")
+    elif max_tokens > limits.max_tokens:
+        _refuse(max_field, f"must be at most {limits.max_tokens} on this server; got {max_tokens}")
+    values: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "stop": req.stop,
+        "seed": req.seed,
+        "logprobs": logprobs,
+        "ignore_eos": req.ignore_eos,
+        "stop_token_ids": req.stop_token_ids,
+    }
+    for name in ("top_k", "min_p", "repetition_penalty"):
+        value = getattr(req, name)
+        if value is not None:
+            values[name] = value
+    return GenerationParams(**values)
+
+
+def seeded(params: GenerationParams, index: int) -> GenerationParams:
+    """Params for choice ``index`` of ``n``: a fixed seed is offset so choices differ but repeat."""
+    if params.seed is None or index == 0:
+        return params
+    return attrs.evolve(params, seed=params.seed + index)

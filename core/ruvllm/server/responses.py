@@ -1,0 +1,168 @@
+"""Engine outputs in OpenAI's JSON shapes (chat.completion, text_completion and their chunks).
+
+Usage is the engine's own token count: prompt tokens once per distinct prompt, completion
+tokens summed over every choice, as OpenAI bills them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ruvllm.serving import AsyncEngine
+from ruvllm.tokenizer import Tokenizer
+from ruvllm.types import GenerationResult, TokenOutput
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def model_card(name: str, engine: AsyncEngine) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "ruvllm",
+            "root": engine.info.path or name, "max_model_len": engine.info.context_length,
+            "backend": engine.backend_name}
+
+
+def model_list(name: str, engine: AsyncEngine) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(name, engine)]}
+
+
+class ChunkFormatter(Protocol):
+    def opening(self, index: int) -> dict[str, Any] | None: ...
+
+    def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None: ...
+
+    def finish(self, index: int, reason: str) -> dict[str, Any]: ...
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]: ...
+
+    def complete(self, outcomes: Sequence[tuple[list[TokenOutput], GenerationResult]],
+                 prompt_lengths: Sequence[int]) -> dict[str, Any]: ...
+
+
+class _Base:
+    object_name = ""
+    chunk_name = ""
+
+    def __init__(self, response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None):
+        self.id = response_id
+        self.model = model
+        self.tok = tokenizer
+        self.logprobs = logprobs
+        self.created = int(time.time())
+        self._include_usage_null = False
+
+    def _envelope(self, name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": name, "created": self.created, "model": self.model,
+                "system_fingerprint": None, "choices": choices}
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        out = self._envelope(self.chunk_name, [])
+        out["usage"] = usage(prompt_tokens, completion_tokens)
+        return out
+
+    def _token_text(self, out: TokenOutput) -> str:
+        return self.tok.token_text(out.token_id) if out.token_id is not None else out.text
+
+
+class ChatFormatter(_Base):
+    object_name = "chat.completion"
+    chunk_name = "chat.completion.chunk"
+
+    def _lp_entry(self, out: TokenOutput) -> dict[str, Any]:
+        text = self._token_text(out)
+        return {"token": text, "logprob": out.logprob, "bytes": list(text.encode()),
+                "top_logprobs": [{"token": t.text, "logprob": t.logprob, "bytes": list(t.text.encode())}
+                                 for t in out.top_logprobs[: self.logprobs or 0]]}
+
+    def _chunk(self, index: int, delta: dict[str, Any], finish: str | None,
+               logprobs: Any = None) -> dict[str, Any]:
+        return self._envelope(self.chunk_name, [{"index": index, "delta": delta, "logprobs": logprobs,
+                                                 "finish_reason": finish}])
+
+    def opening(self, index: int) -> dict[str, Any]:
+        return self._chunk(index, {"role": "assistant", "content": ""}, None)
+
+    def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
+        has_lp = self.logprobs is not None and out.token_id is not None and out.logprob is not None
+        if not out.text and not has_lp:
+            return None
+        lp = {"content": [self._lp_entry(out)]} if has_lp else None
+        return self._chunk(index, {"content": out.text}, None, lp)
+
+    def finish(self, index: int, reason: str) -> dict[str, Any]:
+        return self._chunk(index, {}, reason)
+
+    def complete(self, outcomes, prompt_lengths) -> dict[str, Any]:
+        choices = []
+        for index, (outputs, result) in enumerate(outcomes):
+            lp = None
+            if self.logprobs is not None:
+                lp = {"content": [self._lp_entry(o) for o in outputs
+                                  if o.token_id is not None and o.logprob is not None]}
+            choices.append({"index": index, "message": {"role": "assistant", "content": result.text},
+                            "logprobs": lp, "finish_reason": result.finish_reason.value})
+        out = self._envelope(self.object_name, choices)
+        out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for _, r in outcomes))
+        return out
+
+
+class CompletionFormatter(_Base):
+    object_name = "text_completion"
+    chunk_name = "text_completion"
+
+    def __init__(self, response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None,
+                 echo: dict[int, str] | None = None):
+        super().__init__(response_id, model, tokenizer, logprobs)
+        self.echo = echo or {}
+        self._offsets: dict[int, int] = {}
+
+    def _legacy_lp(self, outputs: Sequence[TokenOutput], start: int) -> dict[str, Any]:
+        tokens, token_lps, tops, offsets = [], [], [], []
+        offset = start
+        for o in outputs:
+            if o.token_id is None or o.logprob is None:
+                offset += len(o.text)
+                continue
+            tokens.append(self._token_text(o))
+            token_lps.append(o.logprob)
+            tops.append({t.text: t.logprob for t in o.top_logprobs[: self.logprobs or 0]}
+                        if self.logprobs else None)
+            offsets.append(offset)
+            offset += len(o.text)
+        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
+                "text_offset": offsets}
+
+    def _chunk(self, index: int, text: str, finish: str | None, logprobs: Any = None) -> dict[str, Any]:
+        return self._envelope(self.chunk_name, [{"index": index, "text": text, "logprobs": logprobs,
+                                                 "finish_reason": finish}])
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        echo = self.echo.get(index)
+        self._offsets[index] = len(echo or "")
+        return self._chunk(index, echo, None) if echo else None
+
+    def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
+        has_lp = self.logprobs is not None and out.token_id is not None and out.logprob is not None
+        if not out.text and not has_lp:
+            return None
+        start = self._offsets.get(index, 0)
+        self._offsets[index] = start + len(out.text)
+        return self._chunk(index, out.text, None, self._legacy_lp([out], start) if has_lp else None)
+
+    def finish(self, index: int, reason: str) -> dict[str, Any]:
+        return self._chunk(index, "", reason)
+
+    def complete(self, outcomes, prompt_lengths) -> dict[str, Any]:
+        choices = []
+        for index, (outputs, result) in enumerate(outcomes):
+            echo = self.echo.get(index, "")
+            lp = self._legacy_lp(outputs, len(echo)) if self.logprobs is not None else None
+            choices.append({"index": index, "text": echo + result.text, "logprobs": lp,
+                            "finish_reason": result.finish_reason.value})
+        out = self._envelope(self.object_name, choices)
+        out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for _, r in outcomes))
+        return out
