@@ -1,0 +1,155 @@
+"""Chat prompts rendered from the model's own Jinja template, and typed errors for bad messages."""
+
+from __future__ import annotations
+
+import pytest
+from ruvllm.chat import CHATML, render_chat, validate_messages
+from ruvllm.errors import InvalidRequest
+
+#: SmolLM2-135M-Instruct's template, as stored in the embedded GGUF (tokenizer.chat_template).
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+
+#: A Mistral/Llama-2 style template: BOS/EOS text and raise_exception on bad role order.
+INST_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}"
+    "{% endfor %}"
+)
+
+
+def test_smollm2_template_adds_its_default_system_prompt():
+    out = render_chat(SMOLLM2_TEMPLATE, [{"role": "user", "content": "Hi!"}])
+    assert out == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        "<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_smollm2_template_with_a_system_message_and_no_generation_prompt():
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    out = render_chat(SMOLLM2_TEMPLATE, msgs, add_generation_prompt=False)
+    assert out == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n4<|im_end|>\n"
+    )
+
+
+def gguf_metadata_string(path, wanted: str) -> str | None:
+    """One string value from a GGUF file's key/value header (a small reader: the gguf package's
+    full reader also maps every tensor and takes seconds)."""
+    import struct
+
+    scalar = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+    with open(path, "rb") as fh:
+        def read(fmt):
+            return struct.unpack("<" + fmt, fh.read(struct.calcsize("<" + fmt)))[0]
+
+        def string():
+            return fh.read(read("Q"))
+
+        def skip(vtype):
+            if vtype == 8:
+                string()
+            elif vtype == 9:
+                item, count = read("I"), read("Q")
+                if item in scalar:
+                    fh.seek(scalar[item] * count, 1)
+                else:
+                    for _ in range(count):
+                        skip(item)
+            else:
+                fh.seek(scalar[vtype], 1)
+
+        assert fh.read(4) == b"GGUF"
+        read("I")  # version
+        read("Q")  # tensor count
+        for _ in range(read("Q")):
+            key, vtype = string().decode(), read("I")
+            if key == wanted and vtype == 8:
+                return string().decode()
+            skip(vtype)
+    return None
+
+
+def test_the_literal_matches_the_embedded_gguf():
+    from ruvllm.registry import embedded_model_path
+
+    assert gguf_metadata_string(embedded_model_path(), "tokenizer.chat_template") == SMOLLM2_TEMPLATE
+
+
+def test_bos_and_eos_tokens_reach_the_template():
+    msgs = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ]
+    out = render_chat(INST_TEMPLATE, msgs, bos_token="<s>", eos_token="</s>")
+    assert out == "<s>[INST] a [/INST]b</s>[INST] c [/INST]"
+
+
+def test_raise_exception_in_the_template_is_an_invalid_request():
+    msgs = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(InvalidRequest) as info:
+        render_chat(INST_TEMPLATE, msgs, bos_token="<s>")
+    assert info.value.field == "messages"
+    assert "roles must alternate" in str(info.value)
+
+
+@pytest.mark.parametrize("role", ["admin", None, "USER", 3])
+def test_invalid_role_names_the_message(role):
+    msgs = [{"role": "user", "content": "ok"}, {"role": role, "content": "x"}]
+    with pytest.raises(InvalidRequest) as info:
+        render_chat(SMOLLM2_TEMPLATE, msgs)
+    assert info.value.field == "messages[1].role"
+    assert "system, user, assistant, tool" in str(info.value)
+
+
+def test_non_string_content_names_the_message():
+    with pytest.raises(InvalidRequest) as info:
+        validate_messages([{"role": "user", "content": ["parts"]}])
+    assert info.value.field == "messages[0].content"
+
+
+def test_message_that_is_not_an_object():
+    with pytest.raises(InvalidRequest) as info:
+        validate_messages([{"role": "user", "content": "a"}, "just text"])
+    assert info.value.field == "messages[1]"
+
+
+def test_no_messages():
+    with pytest.raises(InvalidRequest) as info:
+        render_chat(None, [])
+    assert info.value.field == "messages"
+
+
+def test_no_template_falls_back_to_chatml():
+    assert render_chat(None, [{"role": "user", "content": "x"}]) == render_chat(
+        CHATML, [{"role": "user", "content": "x"}]
+    ) == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_broken_template_is_an_invalid_request_not_a_crash():
+    with pytest.raises(InvalidRequest):
+        render_chat("{% for m in messages %}{{ m['content'] }", [{"role": "user", "content": "x"}])
+
+
+def test_template_cannot_mutate_the_callers_messages():
+    msgs = [{"role": "user", "content": "x"}]
+    with pytest.raises(InvalidRequest):
+        render_chat("{{ messages.append({'role': 'system'}) }}", msgs)
+    assert msgs == [{"role": "user", "content": "x"}]
