@@ -1,0 +1,77 @@
+"""The MLX backend's options (``[backends.mlx]`` in ruvllm.toml or ``--option KEY=VALUE``).
+
+Defaults depend on the device because the two devices reward opposite choices: on the Metal
+GPU MLX's quantized matmul kernels read 4-bit weights and win; on a Linux CPU the ``mlx[cpu]``
+wheel's quantized matmul and its half-precision GEMM are both slower than fp32 matmul on
+dequantized weights (measured; see docs/backends/mlx.md), so the CPU default dequantizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from ruvllm.errors import ConfigError
+
+WEIGHT_MODES = ("auto", "quantized", "dequantized")
+KV_CACHE_MODES = ("float", "quantized")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def _one_of(choices: tuple[Any, ...]):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value not in choices:
+            raise ConfigError(
+                f"mlx option {attribute.name}={value!r} is not accepted; "
+                f"use one of {', '.join(map(repr, choices))}"
+            )
+
+    return check
+
+
+def _positive_int(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"mlx option {attribute.name}={value!r} must be a positive integer")
+
+
+@attrs.frozen(kw_only=True)
+class MlxOptions:
+    #: "quantized" keeps packed weights and runs ``mx.quantized_matmul``; "dequantized"
+    #: expands them once at load to ``dtype``; "auto" picks per device (Metal: quantized).
+    weights: str = attrs.field(default="auto", validator=_one_of(WEIGHT_MODES))
+    #: Activation / dequantized-weight dtype; "auto" = float16 on Metal, float32 on CPU.
+    dtype: str = attrs.field(default="auto", validator=_one_of(DTYPES))
+    #: "quantized" stores cached K/V with ``mx.quantize`` (affine, ``kv_bits``/``kv_group_size``).
+    kv_cache: str = attrs.field(default="float", validator=_one_of(KV_CACHE_MODES))
+    kv_bits: int = attrs.field(default=8, validator=_one_of((4, 8)))
+    kv_group_size: int = attrs.field(default=32, validator=_one_of((32, 64)))
+    #: Bits for quantizing an unquantized Hugging Face checkpoint when weights="quantized".
+    quantize_bits: int = attrs.field(default=4, validator=_one_of((4, 8)))
+    quantize_group_size: int = attrs.field(default=32, validator=_one_of((32, 64)))
+    #: Cap the context window below the model's (memory); None keeps the model's.
+    context_length: int | None = attrs.field(default=None, validator=_positive_int)
+    #: Compile the per-layer dense blocks with ``mx.compile``.
+    compile: bool = attrs.field(default=False, validator=_one_of((True, False)))
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> MlxOptions:
+        known = {f.name for f in attrs.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown mlx option(s) {', '.join(unknown)}; known options: {', '.join(sorted(known))}"
+            )
+        return cls(**dict(options))
+
+    def resolved_weights(self, metal: bool) -> str:
+        if self.weights != "auto":
+            return self.weights
+        return "quantized" if metal else "dequantized"
+
+    def resolved_dtype(self, metal: bool) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "float16" if metal else "float32"
