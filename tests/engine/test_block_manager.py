@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from ruvllm.engine.block_manager import BlockManager
 from ruvllm.errors import InvalidRequest
 

@@ -1,0 +1,179 @@
+"""The llama.cpp :class:`~ruvllm.executor.BatchExecutor`: many sequences, one ``llama_decode``.
+
+One llama.cpp context with ``n_seq_max`` sequences is created over the backend's already
+loaded model. Each engine step becomes ONE ``llama_batch`` holding the new tokens of every
+scheduled sequence (prefill chunks and single decode tokens mixed), each token tagged with its
+sequence id and position; logits are requested only for the last token of an entry that needs
+sampling, so llama.cpp computes the output projection only there.
+
+KV layout is ``per_sequence``: llama.cpp keeps KV per sequence id, and with ``kv_unified =
+false`` every sequence gets its own stream of ``n_ctx_seq`` cells. That is also why it stays
+false: with the unified KV buffer, greedy output of a sequence diverged from the single-stream
+output at batch >= 4 on this build (DESIGN-NOTES), while split streams matched for every token.
+The engine's block tables are still used for capacity accounting.
+
+Every call must come from the engine's model thread (llama.cpp's OpenMP pool is bound to it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from ruvllm.errors import BackendError, InvalidRequest
+from ruvllm.executor import BatchEntry
+
+_DECODE_ERRORS = {1: "no free KV slot", 2: "aborted", -1: "invalid batch"}
+
+
+class LlamaCppExecutor:
+    kv_layout = "per_sequence"
+
+    def __init__(self, llama_cpp: ModuleType, model: Any, *, owner: Any = None, max_sequences: int,
+                 block_size: int, n_ctx_seq: int, max_batch_tokens: int, n_threads: int, n_vocab: int,
+                 flash_attn: bool = False):
+        if max_sequences < 1:
+            raise InvalidRequest("max_sequences", f"must be >= 1, got {max_sequences}", max_sequences)
+        if block_size < 1 or n_ctx_seq < block_size:
+            raise InvalidRequest("block_size", f"must be in [1, {n_ctx_seq}], got {block_size}", block_size)
+        self._lib = llama_cpp
+        # The backend that owns the model: kept referenced so the model outlives this context.
+        self._owner = owner
+        self.block_size = block_size
+        self.max_sequences = max_sequences
+        #: Whole blocks only, so the engine never plans a position past a stream's last cell.
+        self.max_seq_len = (n_ctx_seq // block_size) * block_size
+        self.num_blocks = max_sequences * (n_ctx_seq // block_size)
+        self.max_batch_tokens = max_batch_tokens
+        self.n_vocab = n_vocab
+
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx_seq * max_sequences
+        cparams.n_batch = max_batch_tokens
+        cparams.n_ubatch = max_batch_tokens
+        cparams.n_seq_max = max_sequences
+        cparams.kv_unified = False
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        cparams.embeddings = False
+        cparams.no_perf = True
+        cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise BackendError(
+                f"llama.cpp could not create a context of {max_sequences} sequences x {n_ctx_seq} "
+                "tokens; lower [engine] max_num_seqs or [backends.llamacpp] n_ctx"
+            )
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        self._batch = llama_cpp.llama_batch_init(max_batch_tokens, 0, 1)
+        b = self._batch
+        # NumPy views over the batch's C arrays: filling a step is a few slice assignments.
+        self._tok = np.ctypeslib.as_array(b.token, shape=(max_batch_tokens,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(max_batch_tokens,))
+        self._want = np.ctypeslib.as_array(b.logits, shape=(max_batch_tokens,))
+        np.ctypeslib.as_array(b.n_seq_id, shape=(max_batch_tokens,))[:] = 1
+        self._seq_ptrs = [b.seq_id[i] for i in range(max_batch_tokens)]
+        self._cur_seq = [-1] * max_batch_tokens
+        self._closed = False
+
+    # ------------------------------------------------------------------ the step
+
+    def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
+        self._check_open()
+        n = 0
+        n_out = 0
+        tok, pos, want, seq_ptrs, cur = self._tok, self._pos, self._want, self._seq_ptrs, self._cur_seq
+        total = sum(len(e.tokens) for e in batch)
+        if total == 0 or total > self.max_batch_tokens:
+            raise BackendError(f"a step holds {total} tokens; the executor takes 1..{self.max_batch_tokens}")
+        for e in batch:
+            k = len(e.tokens)
+            if not 0 <= e.seq_id < self.max_sequences:
+                raise BackendError(f"sequence id {e.seq_id} is outside [0, {self.max_sequences})")
+            if e.start_pos + k > self.max_seq_len:
+                raise BackendError(f"sequence {e.seq_id} would exceed its {self.max_seq_len} KV cells")
+            if k == 1:
+                tok[n] = e.tokens[0]
+                pos[n] = e.start_pos
+            else:
+                tok[n:n + k] = e.tokens
+                pos[n:n + k] = np.arange(e.start_pos, e.start_pos + k, dtype=pos.dtype)
+            want[n:n + k] = 0
+            for i in range(n, n + k):
+                if cur[i] != e.seq_id:  # the pointer writes are the slow part: skip unchanged ones
+                    seq_ptrs[i][0] = e.seq_id
+                    cur[i] = e.seq_id
+            n += k
+            if e.sample:
+                want[n - 1] = 1
+                n_out += 1
+        self._batch.n_tokens = n
+        rc = self._lib.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise BackendError(
+                f"llama_decode failed with code {rc} ({_DECODE_ERRORS.get(rc, 'fatal')}) on a step "
+                f"of {n} tokens over {len(batch)} sequences"
+            )
+        if n_out == 0:
+            return np.zeros((0, self.n_vocab), dtype=np.float32)
+        # Output rows come back in batch order for exactly the tokens that asked for logits.
+        ptr = self._lib.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy()
+
+    # ------------------------------------------------------------------ KV management
+
+    def free(self, seq_id: int) -> None:
+        self._check_open()
+        self._lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+
+    def copy_prefix(self, src_seq_id: int, dst_seq_id: int, num_tokens: int) -> None:
+        """Give ``dst`` the first ``num_tokens`` positions of ``src``.
+
+        With split KV streams llama.cpp copies a sequence across streams only whole (the copy
+        runs at the next decode), so the whole of ``src`` is copied and the tail past
+        ``num_tokens`` removed from ``dst``.
+        """
+        self._check_open()
+        self._lib.llama_memory_seq_rm(self._mem, dst_seq_id, -1, -1)
+        self._lib.llama_memory_seq_cp(self._mem, src_seq_id, dst_seq_id, -1, -1)
+        if not self._lib.llama_memory_seq_rm(self._mem, dst_seq_id, num_tokens, -1):
+            raise BackendError(f"llama.cpp could not trim sequence {dst_seq_id} to {num_tokens} tokens")
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        if pairs:
+            raise BackendError("the llama.cpp executor keeps KV per sequence (kv_layout "
+                               "'per_sequence'); it has no physical blocks to copy")
+
+    def seq_len(self, seq_id: int) -> int:
+        """Positions llama.cpp holds for ``seq_id`` (for tests and diagnostics)."""
+        return int(self._lib.llama_memory_seq_pos_max(self._mem, seq_id)) + 1
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Free the context (call before the backend's close(), which frees the model)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._lib.llama_batch_free(self._batch)
+        self._lib.llama_free(self._ctx)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendError("the llama.cpp executor is closed")
+
+
+def create_executor(backend: Any, *, max_sequences: int, block_size: int) -> LlamaCppExecutor:
+    """An executor over ``backend``'s loaded model: each sequence gets the backend's ``n_ctx``
+    cells, and a step holds up to ``n_batch`` tokens."""
+    return LlamaCppExecutor(
+        backend.llama_cpp, backend.model_handle, owner=backend,
+        max_sequences=max_sequences, block_size=block_size,
+        n_ctx_seq=backend.n_ctx, max_batch_tokens=backend.n_batch,
+        n_threads=backend.options.n_threads, n_vocab=backend.tokenizer.vocab_size,
+        flash_attn=backend.options.flash_attn,
+    )
