@@ -184,8 +184,18 @@ def fetch(repo: str, filename: str | None, cache_dir: Path, *, revision: str | N
             f"run `ruvllm download {ref}` while online (without HF_HUB_OFFLINE), "
             f"or pass a local path"
         ) from None
-    except (RepositoryNotFoundError, RevisionNotFoundError, EntryNotFoundError) as exc:
-        raise ModelNotFound(f"{ref}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+    except RepositoryNotFoundError:
+        raise ModelNotFound(
+            f"{ref}: no repository {repo!r} on the hub (if it is private or gated, log in with "
+            f"`hf auth login` and accept its terms)"
+        ) from None
+    except RevisionNotFoundError:
+        raise ModelNotFound(f"{ref}: repository {repo!r} has no revision {revision!r}") from None
+    except EntryNotFoundError:
+        raise ModelNotFound(
+            f"{ref}: repository {repo!r} has no file {filename!r}; the file names are listed on its "
+            f"hub page"
+        ) from None
     except HFValidationError as exc:
         raise ModelNotFound(f"{ref!r} is not a valid Hugging Face repo id: {exc}") from None
 
