@@ -1,0 +1,179 @@
+"""``candle_like``: the pure-PyTorch reference backend.
+
+Request level: every ``generate`` call builds a fresh per-request KV cache (contiguous 16-bit,
+or the two-tier hot/cold cache), prefills the prompt in chunks and decodes through core's
+:func:`~ruvllm.backend.sample_stream`; the cache is dropped in ``finally``. Iteration level:
+:meth:`create_executor` gives a paged :class:`~ruvllm_candle_like.executor.PagedExecutor`
+that the ServingEngine drives one batched forward per step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from ruvllm.backend import LlmBackend, sample_stream
+from ruvllm.errors import BackendError, ModelLoadError, RuvllmError
+from ruvllm.executor import BatchExecutor
+from ruvllm.models import ModelSource
+from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken, SpecialTokens
+
+from ruvllm_candle_like.kv_contiguous import ContiguousCache
+from ruvllm_candle_like.kv_two_tier import TwoTierCache, TwoTierSettings
+from ruvllm_candle_like.loading import LoadedModel, load
+from ruvllm_candle_like.options import BackendOptions
+from ruvllm_candle_like.tokenizer import CandleTokenizer
+
+RequestCache = ContiguousCache | TwoTierCache
+
+
+class CandleLikeBackend(LlmBackend):
+    name: ClassVar[str] = "candle_like"
+    formats: ClassVar[tuple[str, ...]] = ("gguf", "hf")
+
+    def __init__(self, loaded: LoadedModel, options: BackendOptions, source: ModelSource):
+        self._loaded = loaded
+        self.options = options
+        self.model = loaded.model
+        self.device = loaded.model.device
+        self.dtype = loaded.model.dtype
+        self.kv_dtype = options.resolve_kv_dtype(self.dtype)
+        self._source = source
+        self._live_tokens = 0
+        self._lock = threading.Lock()
+        cfg = loaded.config
+        tok = loaded.tokenizer
+        self._info = ModelInfo(
+            name=source.name,
+            architecture=cfg.model_type,
+            context_length=loaded.model.max_positions,
+            vocab_size=cfg.vocab_size,
+            special_tokens=SpecialTokens(
+                bos_id=tok.bos_id, eos_ids=tok.eos_ids,
+                bos_text=tok.text_of(tok.bos_id) if tok.bos_id is not None else "",
+                eos_text=tok.text_of(tok.eos_ids[0]) if tok.eos_ids else "",
+            ),
+            chat_template=loaded.chat_template,
+            path=str(source.path),
+            quantization=loaded.quantization,
+            parameters=loaded.model.parameter_count(),
+        )
+
+    # -- discovery -----------------------------------------------------------------------
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        for module in ("torch", "gguf", "tokenizers", "safetensors"):
+            try:
+                __import__(module)
+            except ImportError as exc:
+                return f"the {module!r} package cannot be imported ({exc}); pip install ruvllm-candle-like"
+        return None
+
+    @classmethod
+    def version(cls) -> str | None:
+        return f"torch {torch.__version__}"
+
+    @classmethod
+    def capabilities(cls) -> Capabilities:
+        device = "cpu"
+        if torch.cuda.is_available():
+            device = "cuda"
+        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            device = "mps"
+        return Capabilities(
+            streaming=True, executor=True, logprobs=True, core_sampler=True,
+            concurrent_requests=False, paged_attention=True, device=device,
+            notes=("LoRA is not wired into this backend yet: lora=False",),
+        )
+
+    @classmethod
+    def load(cls, model: ModelSource, options: Mapping[str, Any]) -> CandleLikeBackend:
+        opts = BackendOptions.parse(options)
+        device = opts.resolve_device()
+        dtype = opts.resolve_dtype(device)
+        if opts.n_threads is not None and device.type == "cpu":
+            torch.set_num_threads(opts.n_threads)
+        try:
+            loaded = load(model, dtype=dtype, device=device, context_length=opts.context_length)
+        except RuvllmError:
+            raise
+        except Exception as exc:  # torch/safetensors errors become a load error with the reason
+            raise ModelLoadError(str(model.path), f"{type(exc).__name__}: {exc}") from exc
+        return cls(loaded, opts, model)
+
+    # -- request level -------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> CandleTokenizer:
+        return self._loaded.tokenizer
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    def cached_tokens(self) -> int:
+        return self._live_tokens
+
+    def new_cache(self, capacity: int) -> RequestCache:
+        """A fresh per-request cache of the configured kind."""
+        cfg = self._loaded.config
+        if self.options.kv_cache == "two_tier":
+            settings = TwoTierSettings.from_options(self.options, cfg, self.model.max_positions)
+            return TwoTierCache(cfg, settings, compute_dtype=self.dtype, device=self.device)
+        return ContiguousCache(cfg, capacity, kv_dtype=self.kv_dtype, compute_dtype=self.dtype,
+                               device=self.device)
+
+    @torch.inference_mode()
+    def step(self, cache: RequestCache, tokens: Sequence[int]) -> torch.Tensor:
+        """Append ``tokens`` to ``cache`` and return the float32 logits of the last one."""
+        chunk = self.options.prefill_chunk
+        logits = None
+        for i in range(0, len(tokens), chunk):
+            part = tokens[i : i + chunk]
+            n = len(part)
+            cache.begin(n)
+            ids = torch.tensor(part, dtype=torch.long, device=self.device)
+            pos = torch.arange(cache.position, cache.position + n, device=self.device)
+            last = torch.tensor([n - 1], device=self.device)
+            logits = self.model.forward(ids, pos, cache, last)
+            cache.advance()
+        assert logits is not None
+        return logits[0]
+
+    def generate(self, prompt_ids: Sequence[int], params: GenerationParams) -> Iterator[SampledToken]:
+        ctx = self.model.max_positions
+        room = ctx - len(prompt_ids)
+        if room <= 0:
+            return
+        cache = self.new_cache(len(prompt_ids) + min(params.max_tokens, room))
+
+        def evaluate(tokens: Sequence[int]) -> np.ndarray:
+            try:
+                logits = self.step(cache, tokens)
+            except RuntimeError as exc:
+                raise BackendError(f"candle_like forward failed: {exc}") from exc
+            self._live_tokens = cache.length
+            return logits.cpu().numpy()
+
+        try:
+            yield from sample_stream(evaluate, prompt_ids, params, self._loaded.config.vocab_size, room)
+        finally:
+            # The cache dies with this generator frame: nothing survives the call.
+            self._live_tokens = 0
+
+    # -- iteration level -----------------------------------------------------------------
+
+    def create_executor(self, *, max_sequences: int, block_size: int) -> BatchExecutor:
+        from ruvllm_candle_like.executor import PagedExecutor
+
+        return PagedExecutor(self.model, max_sequences=max_sequences, block_size=block_size,
+                             num_tokens=self.options.kv_cache_tokens,
+                             max_batch_tokens=self.options.max_batch_tokens, kv_dtype=self.kv_dtype)
+
+    def close(self) -> None:
+        self._loaded = None  # type: ignore[assignment]
+        self.model = None  # type: ignore[assignment]

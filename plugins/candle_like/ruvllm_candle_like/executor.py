@@ -1,0 +1,218 @@
+"""The iteration-level executor: ONE forward pass per engine step over a mixed batch.
+
+KV lives in a paged pool per layer, ``[num_blocks * block_size, Hkv, D]``, addressed through the
+block tables the engine hands over: position ``p`` of a sequence is slot
+``block_table[p // block_size] * block_size + p % block_size``. A step flattens every entry's
+new tokens (prefill chunks and decode tokens alike) into one token list, so every projection
+and MLP matmul reads the weights once for the whole batch. Attention is the only per-sequence
+part:
+
+- decode entries (one new token each) are attended together in one batched
+  ``scaled_dot_product_attention`` over their gathered, padded KV with a validity mask;
+- prefill chunks are attended one by one over their gathered past with a causal mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+import torch
+from ruvllm.errors import BackendError, InvalidRequest
+from ruvllm.executor import BatchEntry
+
+from ruvllm_candle_like.attention_ops import attend_decode_batch, attend_sequence
+from ruvllm_candle_like.model import Transformer
+
+
+@attrs.frozen
+class _Prefill:
+    rows: slice
+    gather: torch.Tensor  # slots of positions 0 .. start+T-1
+    start: int
+
+
+class _StepAttention:
+    """The per-step plan the model's forward calls back into for each layer."""
+
+    def __init__(self, ex: PagedExecutor, slots: torch.Tensor, decode_rows: torch.Tensor | None,
+                 decode_gather: torch.Tensor | None, decode_valid: torch.Tensor | None,
+                 prefills: list[_Prefill], all_decode_in_order: bool):
+        self.ex = ex
+        self.slots = slots
+        self.decode_rows = decode_rows
+        self.decode_gather = decode_gather
+        self.decode_valid = decode_valid
+        self.prefills = prefills
+        self.all_decode_in_order = all_decode_in_order
+
+    def _read(self, pool: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        out = pool.index_select(0, index)
+        return out if out.dtype == self.ex.compute_dtype else out.to(self.ex.compute_dtype)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ex = self.ex
+        k_pool, v_pool = ex.k[layer], ex.v[layer]
+        k_pool.index_copy_(0, self.slots, k.to(ex.kv_dtype))
+        v_pool.index_copy_(0, self.slots, v.to(ex.kv_dtype))
+        t, h, d = q.shape
+        h_kv = k.shape[1]
+        if self.decode_gather is not None:
+            b, length = self.decode_gather.shape
+            flat = self.decode_gather.reshape(-1)
+            keys = self._read(k_pool, flat).view(b, length, h_kv, d).transpose(1, 2)
+            values = self._read(v_pool, flat).view(b, length, h_kv, d).transpose(1, 2)
+            if self.all_decode_in_order:
+                return attend_decode_batch(q, keys, values, self.decode_valid)
+            out = q.new_empty((t, h * d))
+            out[self.decode_rows] = attend_decode_batch(q[self.decode_rows], keys, values, self.decode_valid)
+        else:
+            out = q.new_empty((t, h * d))
+        for p in self.prefills:
+            keys = self._read(k_pool, p.gather).transpose(0, 1)
+            values = self._read(v_pool, p.gather).transpose(0, 1)
+            out[p.rows] = attend_sequence(q[p.rows], keys, values, p.start)
+        return out
+
+
+class PagedExecutor:
+    """:class:`ruvllm.executor.BatchExecutor` over a :class:`Transformer` with a paged KV pool."""
+
+    kv_layout = "paged"
+
+    def __init__(self, model: Transformer, *, max_sequences: int, block_size: int, num_tokens: int,
+                 max_batch_tokens: int, kv_dtype: torch.dtype):
+        if block_size < 1:
+            raise InvalidRequest("block_size", f"must be >= 1; got {block_size}")
+        if max_sequences < 1:
+            raise InvalidRequest("max_sequences", f"must be >= 1; got {max_sequences}")
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = max(num_tokens // block_size, 1)
+        self.max_batch_tokens = max_batch_tokens
+        self.max_sequences = max_sequences
+        self.kv_dtype = kv_dtype
+        self.compute_dtype = model.dtype
+        self.device = model.device
+        cfg = model.cfg
+        shape = (self.num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
+        # Zeros, not empty: padded gather positions are masked out, but NaN garbage in V would
+        # still poison the output (0 * NaN = NaN).
+        self.k = [torch.zeros(shape, dtype=kv_dtype, device=self.device) for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros(shape, dtype=kv_dtype, device=self.device) for _ in range(cfg.num_layers)]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
+    def _slots(self, table: Sequence[int], start: int, stop: int) -> np.ndarray:
+        pos = np.arange(start, stop)
+        blocks = np.asarray(table, dtype=np.int64)[pos // self.block_size]
+        return blocks * self.block_size + pos % self.block_size
+
+    def _check(self, batch: Sequence[BatchEntry]) -> None:
+        if not batch:
+            raise InvalidRequest("batch", "must contain at least one entry")
+        if len(batch) > self.max_sequences:
+            raise InvalidRequest("batch", f"has {len(batch)} entries; at most {self.max_sequences}")
+        total = sum(len(e.tokens) for e in batch)
+        if total > self.max_batch_tokens:
+            raise InvalidRequest("batch", f"has {total} tokens; at most {self.max_batch_tokens} per step")
+        vocab = self.model.cfg.vocab_size
+        for e in batch:
+            if not e.tokens:
+                raise InvalidRequest("tokens", f"sequence {e.seq_id}: an entry needs at least one token")
+            end = e.start_pos + len(e.tokens)
+            if end > self.model.max_positions:
+                raise InvalidRequest("start_pos", f"sequence {e.seq_id}: position {end - 1} is past the "
+                                     f"context length {self.model.max_positions}")
+            if len(e.block_table) * self.block_size < end:
+                raise InvalidRequest("block_table", f"sequence {e.seq_id}: {len(e.block_table)} blocks "
+                                     f"cannot hold {end} positions of {self.block_size}")
+            if any(not 0 <= b < self.num_blocks for b in e.block_table):
+                raise InvalidRequest("block_table", f"sequence {e.seq_id}: block ids must be in "
+                                     f"[0, {self.num_blocks})")
+            if any(not 0 <= t < vocab for t in e.tokens):
+                raise InvalidRequest("tokens", f"sequence {e.seq_id}: token ids must be in [0, {vocab})")
+
+    @torch.inference_mode()
+    def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
+        self._check(batch)
+        dev = self.device
+        tokens: list[int] = []
+        positions: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        logit_rows: list[int] = []
+        decode_rows: list[int] = []
+        decode_lengths: list[int] = []
+        decode_tables: list[Sequence[int]] = []
+        prefills: list[_Prefill] = []
+        row = 0
+        for e in batch:
+            n = len(e.tokens)
+            end = e.start_pos + n
+            tokens.extend(e.tokens)
+            positions.append(np.arange(e.start_pos, end))
+            slots.append(self._slots(e.block_table, e.start_pos, end))
+            if n == 1:
+                decode_rows.append(row)
+                decode_lengths.append(end)
+                decode_tables.append(e.block_table)
+            else:
+                gather = torch.from_numpy(self._slots(e.block_table, 0, end)).to(dev)
+                prefills.append(_Prefill(slice(row, row + n), gather, e.start_pos))
+            row += n
+            if e.sample:
+                logit_rows.append(row - 1)
+        decode_gather = decode_valid = decode_rows_t = None
+        if decode_rows:
+            longest = max(decode_lengths)
+            gather = np.zeros((len(decode_rows), longest), dtype=np.int64)
+            for i, (table, length) in enumerate(zip(decode_tables, decode_lengths, strict=True)):
+                gather[i, :length] = self._slots(table, 0, length)
+            decode_gather = torch.from_numpy(gather).to(dev)
+            lengths = torch.tensor(decode_lengths, device=dev)
+            if min(decode_lengths) < longest:
+                decode_valid = torch.arange(longest, device=dev)[None, :] < lengths[:, None]
+            decode_rows_t = torch.tensor(decode_rows, device=dev)
+        plan = _StepAttention(
+            self, torch.from_numpy(np.concatenate(slots)).to(dev), decode_rows_t, decode_gather,
+            decode_valid, prefills, all_decode_in_order=not prefills,
+        )
+        if not logit_rows:
+            # Nothing to sample (e.g. only non-final prefill chunks): run for the KV only.
+            self.model.forward(torch.tensor(tokens, device=dev),
+                               torch.from_numpy(np.concatenate(positions)).to(dev), plan,
+                               torch.tensor([0], device=dev))
+            return np.zeros((0, self.model.cfg.vocab_size), dtype=np.float32)
+        try:
+            logits = self.model.forward(
+                torch.tensor(tokens, device=dev), torch.from_numpy(np.concatenate(positions)).to(dev),
+                plan, torch.tensor(logit_rows, device=dev),
+            )
+        except RuntimeError as exc:
+            raise BackendError(f"candle_like batched forward failed: {exc}") from exc
+        return logits.cpu().numpy()
+
+    def free(self, seq_id: int) -> None:
+        """Nothing to release: a sequence's KV lives in blocks the engine owns and reuses."""
+        return None
+
+    def copy_prefix(self, src_seq_id: int, dst_seq_id: int, num_tokens: int) -> None:
+        raise BackendError(
+            "candle_like's executor uses the paged layout: share a prefix by sharing its blocks "
+            "(and copy_blocks for copy-on-write), not copy_prefix"
+        )
+
+    @torch.inference_mode()
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        for s, d in pairs:
+            if not (0 <= s < self.num_blocks and 0 <= d < self.num_blocks):
+                raise InvalidRequest("pairs", f"block ids must be in [0, {self.num_blocks}); got ({s}, {d})")
+        src = torch.tensor([p[0] for p in pairs], device=self.device)
+        dst = torch.tensor([p[1] for p in pairs], device=self.device)
+        for pool in (*self.k, *self.v):
+            view = pool.view(self.num_blocks, self.block_size, *pool.shape[1:])
+            view[dst] = view[src]

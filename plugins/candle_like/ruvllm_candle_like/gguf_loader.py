@@ -1,0 +1,247 @@
+"""Read a GGUF file into Hugging Face-named float tensors, a config and tokenizer metadata.
+
+Every quantisation the ``gguf`` package can dequantise (Q4_0, Q4_1, Q8_0, the K-quants, F16,
+F32...) is expanded to float32 here; the model then runs in the configured dtype. llama.cpp's
+converter permutes the rows of ``attn_q``/``attn_k`` of Llama-architecture models so that its
+interleaved ("normal") RoPE applies; we undo that permutation so one model implementation with
+the Hugging Face (half-split) RoPE layout serves GGUF and HF weights alike. Qwen2 uses the
+NeoX (half-split) layout in llama.cpp too, so its rows are stored unpermuted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+from ruvllm.errors import ModelLoadError
+
+from ruvllm_candle_like.config import GGUF_ARCHITECTURES, ModelConfig
+
+#: Architectures whose q/k rows llama.cpp's converter permuted.
+PERMUTED_ARCHITECTURES = ("llama", "mistral")
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+#: Tensors llama.cpp stores that carry no weights we need.
+_IGNORED = {"rope_freqs.weight"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face parameter name of a GGUF tensor, or None for tensors we do not use."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.match(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def gguf_name(hf: str) -> str:
+    """Inverse of :func:`hf_name` (used when tests write GGUF files)."""
+    for g, h in _GLOBAL_NAMES.items():
+        if h == hf:
+            return g
+    m = re.match(r"^model\.layers\.(\d+)\.(.+)$", hf)
+    if m:
+        for g, h in _LAYER_NAMES.items():
+            if h == m.group(2):
+                return f"blk.{m.group(1)}.{g}"
+    raise KeyError(hf)
+
+
+def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's ``permute`` (convert_hf_to_gguf.py) of q/k projection rows (or biases).
+
+    The converter maps each head's rows ``[x0..x_{d/2-1}, y0..y_{d/2-1}]`` (HF half-split
+    RoPE pairs) to ``[x0, y0, x1, y1, ...]`` (interleaved pairs)."""
+    shape = w.shape
+    return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter permutation (HF half-split -> interleaved), for writing GGUF."""
+    shape = w.shape
+    return w.reshape(n_head, 2, shape[0] // n_head // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+@attrs.frozen(kw_only=True)
+class GgufTokenizerData:
+    """The ``tokenizer.ggml.*`` metadata, enough to rebuild the tokenizer."""
+
+    model: str  # "gpt2" (byte-level BPE) or "llama" (SentencePiece)
+    pre: str
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+    scores: list[float] | None
+    bos_id: int | None
+    eos_id: int | None
+    eot_id: int | None
+    unk_id: int | None
+    pad_id: int | None
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+    chat_template: str | None
+
+
+@attrs.frozen(kw_only=True)
+class GgufModel:
+    config: ModelConfig
+    tokenizer: GgufTokenizerData
+    #: Descriptive name from ``general.name``.
+    name: str
+    #: Most common weight quantisation (e.g. "Q4_1").
+    quantization: str
+    #: GGUF ``general.architecture``.
+    architecture: str
+    #: Frequency divisors of Llama 3.1-style RoPE scaling (``rope_freqs.weight``), if present.
+    rope_freqs: np.ndarray | None
+    path: Path
+
+    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+        """(Hugging Face name, float32 array) for every weight, q/k rows un-permuted."""
+        yield from _read_tensors(self)
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def read_gguf(path: str | Path) -> GgufModel:
+    """Parse metadata (cheap: tensors are memory-mapped and read later by :meth:`tensors`)."""
+    import gguf
+
+    path = Path(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as exc:  # the gguf package raises ValueError/OSError on bad files
+        raise ModelLoadError(str(path), f"not a readable GGUF file: {exc}") from exc
+    arch = _field(reader, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            str(path),
+            f"GGUF architecture {arch!r} is not supported; candle_like runs "
+            f"{', '.join(sorted(GGUF_ARCHITECTURES))}",
+        )
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    if not tokens:
+        raise ModelLoadError(str(path), "the GGUF has no tokenizer.ggml.tokens; "
+                             "re-convert it with a tokenizer")
+
+    def a(key: str, default: Any = None) -> Any:
+        return _field(reader, f"{arch}.{key}", default)
+
+    names = {t.name for t in reader.tensors}
+    n_embd = int(a("embedding_length"))
+    n_head = int(a("attention.head_count"))
+    scaling = None
+    stype = a("rope.scaling.type")
+    if stype == "linear":
+        scaling = {"rope_type": "linear", "factor": float(a("rope.scaling.factor"))}
+    elif stype not in (None, "none"):
+        raise ModelLoadError(str(path), f"RoPE scaling type {stype!r} is not supported (linear only)")
+    rope_freqs = None
+    if "rope_freqs.weight" in names:
+        t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+        rope_freqs = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    cfg = ModelConfig(
+        model_type=GGUF_ARCHITECTURES[arch],
+        vocab_size=int(a("vocab_size", len(tokens))),
+        hidden_size=n_embd,
+        intermediate_size=int(a("feed_forward_length")),
+        num_layers=int(a("block_count")),
+        num_heads=n_head,
+        num_kv_heads=int(a("attention.head_count_kv", n_head)),
+        head_dim=int(a("attention.key_length", n_embd // n_head)),
+        rms_norm_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(a("rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        max_position_embeddings=int(a("context_length", 2048)),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        bos_token_id=bos,
+        eos_token_id=eos,
+    )
+    scores = _field(reader, "tokenizer.ggml.scores")
+    tok = GgufTokenizerData(
+        model=_field(reader, "tokenizer.ggml.model", "gpt2"),
+        pre=_field(reader, "tokenizer.ggml.pre", "default"),
+        tokens=list(tokens),
+        token_types=[int(t) for t in _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))],
+        merges=list(_field(reader, "tokenizer.ggml.merges", []) or []),
+        scores=[float(s) for s in scores] if scores is not None else None,
+        bos_id=bos,
+        eos_id=eos,
+        eot_id=_field(reader, "tokenizer.ggml.eot_token_id"),
+        unk_id=_field(reader, "tokenizer.ggml.unknown_token_id"),
+        pad_id=_field(reader, "tokenizer.ggml.padding_token_id"),
+        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", True)),
+        add_eos=bool(_field(reader, "tokenizer.ggml.add_eos_token", False)),
+        add_space_prefix=bool(_field(reader, "tokenizer.ggml.add_space_prefix", True)),
+        chat_template=_field(reader, "tokenizer.chat_template"),
+    )
+    from collections import Counter
+
+    quant = Counter(t.tensor_type.name for t in reader.tensors if t.name.endswith("_proj.weight")
+                    or ".attn_" in t.name or ".ffn_" in t.name).most_common(1)
+    return GgufModel(
+        config=cfg, tokenizer=tok, name=str(_field(reader, "general.name", path.stem)),
+        quantization=quant[0][0] if quant else "F32", architecture=arch, rope_freqs=rope_freqs,
+        path=path,
+    )
+
+
+def _read_tensors(model: GgufModel) -> Iterator[tuple[str, np.ndarray]]:
+    import gguf
+
+    reader = gguf.GGUFReader(model.path)
+    cfg = model.config
+    permuted = model.architecture in PERMUTED_ARCHITECTURES
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            if t.name in _IGNORED:
+                continue
+            raise ModelLoadError(str(model.path), f"unexpected tensor {t.name!r} in the GGUF")
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as exc:
+            raise ModelLoadError(
+                str(model.path), f"tensor {t.name} uses {t.tensor_type.name}, which cannot be "
+                f"dequantised by the gguf package installed ({exc})"
+            ) from None
+        # GGUF shapes are reversed (ne0 first); dequantize already returns rows x cols.
+        arr = np.asarray(arr, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
+        if permuted and ".self_attn.q_proj." in name:
+            arr = unpermute_rows(arr, cfg.num_heads)
+        elif permuted and ".self_attn.k_proj." in name:
+            arr = unpermute_rows(arr, cfg.num_kv_heads)
+        yield name, arr

@@ -1,0 +1,85 @@
+"""Load a model (weights, config, tokenizer, chat template) from a GGUF file or an HF directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+import numpy as np
+import torch
+from ruvllm.errors import ModelLoadError
+from ruvllm.models import ModelSource
+
+from ruvllm_candle_like.config import ModelConfig
+from ruvllm_candle_like.gguf_loader import read_gguf
+from ruvllm_candle_like.model import Transformer, to_torch_weights
+from ruvllm_candle_like.tokenizer import CandleTokenizer, from_gguf, from_hf_dir
+
+
+@attrs.define(kw_only=True)
+class LoadedModel:
+    config: ModelConfig
+    model: Transformer
+    tokenizer: CandleTokenizer
+    chat_template: str | None
+    name: str
+    quantization: str | None
+    rope_freqs: np.ndarray | None = None
+
+
+def _eos_list(value: int | list[int] | None) -> list[int]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, int) else [int(v) for v in value]
+
+
+def read_hf_config(path: Path) -> ModelConfig:
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise ModelLoadError(str(path), "no config.json in the directory")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(str(cfg_path), f"config.json is not valid JSON: {exc}") from None
+    return ModelConfig.from_hf(raw, str(cfg_path))
+
+
+def hf_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's ``*.safetensors`` files, as float32."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(str(path), "no *.safetensors files in the directory")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        for name, t in load_file(str(f)).items():
+            out[name] = t.float()
+    return out
+
+
+def load(source: ModelSource, *, dtype: torch.dtype, device: torch.device,
+         context_length: int | None = None) -> LoadedModel:
+    path = Path(source.path)
+    if not path.exists():
+        raise ModelLoadError(str(path), "the path does not exist")
+    if source.format == "gguf":
+        g = read_gguf(path)
+        cfg = g.config
+        eos = [*_eos_list(cfg.eos_token_id)]
+        if g.tokenizer.eot_id is not None:
+            eos.append(g.tokenizer.eot_id)
+        tok = from_gguf(g.tokenizer, cfg.vocab_size, eos)
+        weights = to_torch_weights(g.tensors())
+        ctx = context_length or cfg.max_position_embeddings
+        model = Transformer(cfg, weights, dtype=dtype, device=device, max_positions=ctx,
+                            rope_freqs=g.rope_freqs)
+        return LoadedModel(config=cfg, model=model, tokenizer=tok, chat_template=g.tokenizer.chat_template,
+                           name=g.name, quantization=g.quantization, rope_freqs=g.rope_freqs)
+    cfg = read_hf_config(path)
+    tok, template = from_hf_dir(path, cfg.vocab_size, cfg.eos_token_id, cfg.bos_token_id)
+    ctx = context_length or cfg.max_position_embeddings
+    model = Transformer(cfg, hf_weights(path), dtype=dtype, device=device, max_positions=ctx)
+    return LoadedModel(config=cfg, model=model, tokenizer=tok, chat_template=template,
+                       name=source.name, quantization=None)

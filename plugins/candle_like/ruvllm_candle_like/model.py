@@ -1,0 +1,193 @@
+"""A compact, single-file Llama-family transformer (Llama, SmolLM2, TinyLlama, Llama 3,
+Mistral, Qwen2), in the spirit of gpt-fast.
+
+The forward pass runs over a flat list of tokens (one or many sequences, prefill chunks and
+decode tokens mixed) at explicit positions. Attention, the only part that needs to know which
+sequence a token belongs to and where its past KV lives, is delegated to an
+:class:`Attention` object, so one model serves the contiguous per-request cache, the paged
+executor and the two-tier cache.
+
+Weights are kept in Hugging Face layout, with q/k/v and gate/up fused into one matrix each:
+fewer, larger matmuls mean less per-step Python overhead at batch 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from ruvllm.errors import ModelLoadError
+
+from ruvllm_candle_like.config import ModelConfig
+
+
+class Attention(Protocol):
+    """Stores a step's new K/V and attends over the sequences' whole past."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``q`` [T, H, D], ``k``/``v`` [T, Hkv, D] (RoPE applied) -> output [T, H*D]."""
+        ...
+
+
+def rope_inv_freq(cfg: ModelConfig, rope_freqs: np.ndarray | None = None) -> torch.Tensor:
+    """Inverse frequencies of RoPE, with the scaling the config asks for."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    scaling = dict(cfg.rope_scaling or {})
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if rope_freqs is not None:
+        # llama.cpp's Llama 3.1 GGUFs carry the per-frequency divisors precomputed.
+        inv = inv / torch.as_tensor(rope_freqs, dtype=torch.float64)
+    elif kind == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old = float(scaling.get("original_max_position_embeddings", 8192))
+        low_wavelen, high_wavelen = old / low, old / high
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = torch.where(is_mid, mid, scaled)
+    elif kind not in (None, "default", "linear"):
+        raise ModelLoadError("config", f"rope_scaling type {kind!r} is not supported (linear, llama3)")
+    return inv.float()
+
+
+class RotaryTable:
+    """cos/sin for every position up to the context length, in float32 (looked up by index)."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int, device: torch.device,
+                 rope_freqs: np.ndarray | None = None):
+        inv = rope_inv_freq(cfg, rope_freqs)
+        pos = torch.arange(max_positions, dtype=torch.float64)
+        scaling = dict(cfg.rope_scaling or {})
+        if scaling.get("rope_type", scaling.get("type")) == "linear":
+            pos = pos / float(scaling["factor"])
+        ang = torch.outer(pos, inv.double())
+        ang = torch.cat([ang, ang], dim=-1)
+        self.cos = ang.cos().float().to(device)
+        self.sin = ang.sin().float().to(device)
+
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, D] for ``positions`` [T]."""
+        return (self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Half-split ("rotate_half") RoPE, as Hugging Face's Llama applies it."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Layer:
+    __slots__ = ("down", "gate_up", "ln1", "ln2", "o", "qkv", "qkv_bias")
+
+    def __init__(self) -> None:
+        self.ln1: torch.Tensor
+        self.qkv: torch.Tensor
+        self.qkv_bias: torch.Tensor | None = None
+        self.o: torch.Tensor
+        self.ln2: torch.Tensor
+        self.gate_up: torch.Tensor
+        self.down: torch.Tensor
+
+
+class Transformer:
+    """Weights plus a functional forward pass; no nn.Module machinery on the hot path."""
+
+    def __init__(self, cfg: ModelConfig, weights: Mapping[str, torch.Tensor], *, dtype: torch.dtype,
+                 device: torch.device, max_positions: int, rope_freqs: np.ndarray | None = None):
+        self.cfg = cfg
+        self.dtype = dtype
+        self.device = device
+        self.max_positions = max_positions
+        self.rope = RotaryTable(cfg, max_positions, device, rope_freqs)
+
+        def get(name: str) -> torch.Tensor:
+            if name not in weights:
+                raise ModelLoadError("weights", f"missing tensor {name!r}")
+            return weights[name].to(device=device, dtype=dtype)
+
+        self.embed = get("model.embed_tokens.weight")
+        if self.embed.shape != (cfg.vocab_size, cfg.hidden_size):
+            raise ModelLoadError(
+                "weights", f"embedding shape {tuple(self.embed.shape)} does not match the config's "
+                f"({cfg.vocab_size}, {cfg.hidden_size})"
+            )
+        self.norm = get("model.norm.weight")
+        if cfg.tie_word_embeddings or "lm_head.weight" not in weights:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = get("lm_head.weight")
+        self.layers: list[Layer] = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            layer = Layer()
+            layer.ln1 = get(p + "input_layernorm.weight")
+            layer.ln2 = get(p + "post_attention_layernorm.weight")
+            layer.qkv = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0).contiguous()
+            if cfg.attention_bias:
+                layer.qkv_bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]).contiguous()
+            layer.o = get(p + "self_attn.o_proj.weight")
+            layer.gate_up = torch.cat(
+                [get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], dim=0
+            ).contiguous()
+            layer.down = get(p + "mlp.down_proj.weight")
+            self.layers.append(layer)
+        expected = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        if self.layers and self.layers[0].qkv.shape[0] != expected:
+            raise ModelLoadError("weights", "q/k/v projection shapes do not match the config's heads")
+
+    def parameter_count(self) -> int:
+        n = self.embed.numel() + self.norm.numel()
+        if self.lm_head is not self.embed:
+            n += self.lm_head.numel()
+        for layer in self.layers:
+            n += sum(t.numel() for t in (layer.ln1, layer.ln2, layer.qkv, layer.o, layer.gate_up, layer.down))
+        return n
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attention: Attention,
+                logit_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (float32) of the rows ``logit_rows`` (all rows when None).
+
+        ``tokens`` and ``positions`` are flat [T] int64 tensors on the model's device.
+        """
+        cfg = self.cfg
+        h_q, h_kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_end, k_end = h_q * d, (h_q + h_kv) * d
+        eps = cfg.rms_norm_eps
+        n = tokens.shape[0]
+        cos, sin = self.rope.lookup(positions, self.dtype)
+        x = F.embedding(tokens, self.embed)
+        hidden = x.shape[-1]
+        for i, layer in enumerate(self.layers):
+            y = F.rms_norm(x, (hidden,), layer.ln1, eps)
+            qkv = F.linear(y, layer.qkv, layer.qkv_bias)
+            q = apply_rope(qkv[:, :q_end].view(n, h_q, d), cos, sin)
+            k = apply_rope(qkv[:, q_end:k_end].view(n, h_kv, d), cos, sin)
+            v = qkv[:, k_end:].view(n, h_kv, d)
+            x = x + F.linear(attention.attend(i, q, k, v), layer.o)
+            y = F.rms_norm(x, (hidden,), layer.ln2, eps)
+            gate, up = F.linear(y, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        if logit_rows is not None:
+            x = x[logit_rows]
+        x = F.rms_norm(x, (hidden,), self.norm, eps)
+        return F.linear(x, self.lm_head).float()
+
+
+def to_torch_weights(items: Iterable[tuple[str, Any]]) -> dict[str, torch.Tensor]:
+    """Name -> tensor from (name, numpy array or tensor) pairs."""
+    out = {}
+    for name, arr in items:
+        # np.require copies read-only (memory-mapped) arrays only: torch needs writable memory.
+        out[name] = arr if isinstance(arr, torch.Tensor) else torch.from_numpy(
+            np.require(arr, requirements="CW"))
+    return out

@@ -1,0 +1,50 @@
+"""Shared, session-scoped fixtures: loading the embedded model takes seconds, so each
+configuration is loaded once for the whole candle_like test run."""
+
+from __future__ import annotations
+
+import pytest
+
+from ruvllm.models import ModelSource
+from ruvllm.registry import embedded_model_path
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village,",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "List three primary colors:\n1.",
+    "import numpy as np\nx = np.arange(10)\nprint(",
+    "<|im_start|>user\nTranslate 'good morning' to French.<|im_end|>\n<|im_start|>assistant\n",
+    "The quick brown fox",
+]
+
+
+def llama_cpp_or_skip():
+    try:
+        import llama_cpp
+    except ImportError as exc:  # the wheel is compiled during set-up; it may not be there yet
+        pytest.skip(f"llama-cpp-python is not importable ({exc}); reference comparison skipped")
+    return llama_cpp
+
+
+@pytest.fixture(scope="session")
+def embedded_source() -> ModelSource:
+    return ModelSource.from_path(embedded_model_path())
+
+
+@pytest.fixture(scope="session")
+def backend_fp32(embedded_source):
+    from ruvllm_candle_like.backend import CandleLikeBackend
+
+    b = CandleLikeBackend.load(embedded_source, {"dtype": "float32"})
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="session")
+def reference_llama(embedded_source):
+    llama_cpp = llama_cpp_or_skip()
+    ll = llama_cpp.Llama(str(embedded_source.path), n_ctx=1024, logits_all=True, verbose=False, seed=0)
+    yield ll
+    ll.close()
