@@ -13,11 +13,11 @@ import time
 
 import numpy as np
 import pytest
-from ruvllm.sampling import Sampler, _nucleus, log_softmax
+from ruvllm.sampling import Sampler, _draw_index, _nucleus, log_softmax
 from ruvllm.types import GenerationParams
 
 #: chi-square critical values at p = 0.001 by degrees of freedom.
-CHI2_CRIT = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52}
+CHI2_CRIT = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 9: 27.88}
 
 PROBS = np.array([0.5, 0.3, 0.15, 0.05])
 LOGITS = np.log(PROBS).astype(np.float32)
@@ -124,6 +124,42 @@ def test_top_p_nucleus_wider_than_the_probe_on_a_50k_vocab():
     assert np.count_nonzero(samples >= 1024) > 250
 
 
+def reference_nucleus(probs: np.ndarray, top_p: float) -> set[int]:
+    order = np.argsort(-probs.astype(np.float64), kind="stable")
+    cum = np.cumsum(probs[order].astype(np.float64)) / probs.astype(np.float64).sum()
+    return set(order[: int(np.searchsorted(cum, top_p)) + 1].tolist())
+
+
+def weights_big_plus_tail(n_tail: int) -> np.ndarray:
+    """One token of weight 1, then a tail of distinct weights below the 1/1000 threshold."""
+    rng = np.random.default_rng(n_tail)
+    w = np.concatenate([[1.0], 4e-4 * (1 - np.linspace(0, 0.5, n_tail))]).astype(np.float32)
+    return w[rng.permutation(len(w))]
+
+
+def peaked_weights() -> np.ndarray:
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 1, 20_000)
+    logits[rng.choice(20_000, 10, replace=False)] += rng.uniform(12, 16, 10)
+    return np.exp(logits - logits.max()).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    ("name", "weights", "top_p"),
+    [
+        ("peaked: near-best threshold", peaked_weights(), 0.9),
+        ("tail: top-1024 probe", weights_big_plus_tail(2000), 0.7),  # ~310 tokens
+        ("tail: top-8192 probe", weights_big_plus_tail(20_000), 0.4),  # ~4700 tokens
+        ("flat: full sort", np.linspace(1.0, 1.5, 30_000, dtype=np.float32)[::-1].copy(), 0.5),
+    ],
+)
+def test_every_nucleus_path_agrees_with_a_full_sort(name, weights, top_p):
+    kept, cdf = _nucleus(weights, top_p)
+    assert set(kept.tolist()) == reference_nucleus(weights, top_p), name
+    assert np.all(np.diff(weights[kept]) <= 0)  # most probable first
+    assert cdf[-1] >= top_p and (len(cdf) == 1 or cdf[-2] < top_p)
+
+
 def test_top_p_on_flat_50k_logits_keeps_ninety_percent_of_tokens():
     kept, cdf = _nucleus(np.full(50_000, 1 / 50_000, dtype=np.float32), 0.9)
     assert abs(len(kept) - 45_000) <= 1 and len(set(kept.tolist())) == len(kept)
@@ -147,6 +183,40 @@ def test_filters_compose():
     # top_k keeps {0, 1, 2, 5}; top_p then keeps the smallest prefix of those reaching 0.5.
     samples = draws(GenerationParams(temperature=1.0, top_k=4, top_p=0.5, seed=4), logits, 2000)
     assert set(samples.tolist()) == {0, 1}
+
+
+def test_two_level_draw_matches_the_flat_inverse_cdf():
+    rng = np.random.default_rng(5)
+    probs = rng.random(50_000).astype(np.float32) ** 4
+    probs[rng.random(50_000) < 0.3] = 0.0  # masked tokens must never be drawn
+    cdf = np.cumsum(probs, dtype=np.float64)
+    for u in rng.random(2000):
+        assert _draw_index(probs, u) == int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    for u in (0.0, 1e-12, float(np.nextafter(1.0, 0.0))):
+        assert probs[_draw_index(probs, u)] > 0
+
+
+def test_extreme_uniforms_never_pick_a_masked_token():
+    probs = np.zeros(20_000, dtype=np.float32)
+    probs[[3, 7000, 12_345]] = [0.2, 0.5, 0.3]
+    top = float(np.nextafter(1.0, 0.0))
+    assert [_draw_index(probs, u) for u in (0.0, 0.1999, 0.2001, 0.69, 0.71, top)] == [
+        3, 3, 7000, 7000, 12_345, 12_345
+    ]
+
+
+def test_full_vocab_sampling_on_a_large_row_follows_the_softmax():
+    vocab = 8192  # long enough for the two-level draw
+    logits = np.random.default_rng(6).normal(0.0, 2.0, size=vocab).astype(np.float32)
+    samples = draws(GenerationParams(temperature=1.0, seed=6), logits, 5000)
+    probs = softmax(logits.astype(np.float64))
+    # Ten bins of tokens holding roughly equal probability mass each.
+    order = np.argsort(-probs)
+    edges = np.searchsorted(np.cumsum(probs[order]), np.linspace(0.1, 0.9, 9))
+    bin_of = np.empty(vocab, dtype=np.int64)
+    bin_of[order] = np.searchsorted(edges, np.arange(vocab), side="right")
+    bin_probs = np.bincount(bin_of, weights=probs, minlength=10)
+    assert chi_square(bin_of[samples], bin_probs) < CHI2_CRIT[9]
 
 
 # -- temperature --------------------------------------------------------------------------------
