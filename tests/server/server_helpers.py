@@ -1,0 +1,73 @@
+"""Start a real uvicorn server on a free local port, over the real ServingEngine and llamacpp backend."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import attrs
+import pytest
+from ruvllm.config import load_config
+from ruvllm.plugins import get_registry
+
+API_KEY = "test-key-123"
+
+
+def _require_llamacpp() -> None:
+    reg = get_registry()
+    cls = reg.backends.get("llamacpp")
+    if cls is None:
+        pytest.skip("the llamacpp backend is not installed (pip install -e plugins/llamacpp)")
+    reason = cls.unavailable_reason()
+    if reason:
+        pytest.skip(f"llamacpp backend unavailable: {reason}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@attrs.define
+class RunningServer:
+    url: str
+    engine: object
+    server: object
+    thread: threading.Thread
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+
+def start_server(*, api_key: str | None = API_KEY, engine_options: dict | None = None,
+                 server: dict | None = None) -> RunningServer:
+    import uvicorn
+    from ruvllm.server.runner import load_engine, settings_for
+
+    _require_llamacpp()
+    config = load_config(overrides={"backend": "llamacpp", "model": "default"})
+    config = attrs.evolve(config, server=attrs.evolve(config.server, api_key=api_key, **(server or {})))
+    engine = load_engine(config, engine_options)
+    from ruvllm.server.app import create_app
+
+    app = create_app(engine, settings_for(config, engine))
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                        timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=srv.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    return RunningServer(url=f"http://127.0.0.1:{port}", engine=engine, server=srv, thread=thread)
+
+

@@ -1,0 +1,179 @@
+"""The official ``openai`` client against ``ruvllm serve``'s app on the embedded model."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from server_helpers import API_KEY
+
+CHAT = [{"role": "user", "content": "Name three colours."}]
+
+
+def test_models_and_health(client, server, model_name):
+    models = client.models.list().data
+    assert [m.id for m in models] == [model_name]
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok" and health["backend"] == "llamacpp"
+
+
+def test_chat_completion_counts_real_tokens(client, server, model_name):
+    resp = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=12, temperature=0)
+    choice = resp.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    tok = httpx.post(server.url + "/tokenize", json={"messages": CHAT},
+                     headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    assert resp.usage.prompt_tokens == tok["count"]
+    assert 1 <= resp.usage.completion_tokens <= 12
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+    again = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=12, temperature=0)
+    assert again.choices[0].message.content == choice.message.content  # greedy is deterministic
+
+
+def test_completion_stop_string_and_max_tokens(client, model_name):
+    full = client.completions.create(model=model_name, prompt="The capital of France is",
+                                     max_tokens=8, temperature=0)
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 8
+    text = full.choices[0].text
+    assert "." in text, text
+    cut = client.completions.create(model=model_name, prompt="The capital of France is",
+                                    max_tokens=8, temperature=0, stop=["."])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[: text.index(".")]
+    one = client.completions.create(model=model_name, prompt="The capital of France is",
+                                    max_tokens=8, temperature=0, stop=".")
+    assert one.choices[0].text == cut.choices[0].text
+
+
+def test_streaming_chat_matches_non_streaming_and_reports_usage(client, model_name):
+    ref = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=20, temperature=0)
+    stream = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=20, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    parts, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            parts.append(c.delta.content or "")
+            finish = c.finish_reason or finish
+    assert "".join(parts) == ref.choices[0].message.content
+    assert finish == ref.choices[0].finish_reason
+    assert usage is not None and usage.completion_tokens == ref.usage.completion_tokens
+    assert usage.prompt_tokens == ref.usage.prompt_tokens
+
+
+def test_streaming_completion_without_usage(client, model_name):
+    chunks = list(client.completions.create(model=model_name, prompt="One, two,", max_tokens=6,
+                                            temperature=0, stream=True))
+    assert all(c.usage is None for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    text = "".join(c.choices[0].text for c in chunks)
+    ref = client.completions.create(model=model_name, prompt="One, two,", max_tokens=6, temperature=0)
+    assert text == ref.choices[0].text
+
+
+def test_n_choices_are_separate_requests(client, model_name):
+    resp = client.completions.create(model=model_name, prompt="My favourite animal is", max_tokens=8,
+                                     temperature=1.0, seed=7, n=3)
+    assert sorted(c.index for c in resp.choices) == [0, 1, 2]
+    assert resp.usage.completion_tokens == sum(
+        (len(c.text) > 0 and 8) or 0 for c in resp.choices if c.finish_reason == "length"
+    ) + sum(0 for c in resp.choices if c.finish_reason == "stop") or resp.usage.completion_tokens > 0
+    texts = [c.text for c in resp.choices]
+    assert len(set(texts)) > 1, texts  # different seeds per choice
+    again = client.completions.create(model=model_name, prompt="My favourite animal is", max_tokens=8,
+                                      temperature=1.0, seed=7, n=3)
+    assert [c.text for c in again.choices] == texts  # a seed makes n>1 reproducible
+
+
+def test_chat_logprobs(client, model_name):
+    resp = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=5, temperature=0,
+                                          logprobs=True, top_logprobs=3)
+    content = resp.choices[0].logprobs.content
+    assert len(content) == resp.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0.0
+        assert len(entry.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert entry.logprob >= max(t.logprob for t in entry.top_logprobs) - 1e-4
+
+
+def test_completion_logprobs_legacy_shape(client, model_name):
+    resp = client.completions.create(model=model_name, prompt="Hello", max_tokens=4, temperature=0,
+                                     logprobs=2)
+    lp = resp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert all(len(t) <= 2 for t in lp.top_logprobs)
+
+
+@pytest.mark.parametrize(("kwargs", "param"), [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 100000}, "max_tokens"),
+    ({"temperature": 5.0}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"n": 99}, "n"),
+    ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+    ({"extra_body": {"top_k": -1}}, "top_k"),
+])
+def test_bad_parameters_are_400_naming_the_field(client, model_name, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=model_name, prompt="hi", **kwargs)
+    assert err.value.status_code == 400
+    assert err.value.body["param"] == param, err.value.body
+
+
+def test_schema_errors_are_400_not_422(client, server):
+    r = httpx.post(server.base_url + "/chat/completions", json={"messages": "hello"},
+                   headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "messages"
+    r = httpx.post(server.base_url + "/completions", content=b"{not json",
+                   headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 400
+
+
+def test_context_length_exceeded(client, model_name):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=model_name, prompt="word " * 4200, max_tokens=10)
+    assert err.value.body["code"] == "context_length_exceeded"
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="no-such-model", messages=CHAT, max_tokens=2)
+    assert err.value.status_code == 404
+
+
+def test_bad_api_key_is_401(server, model_name):
+    bad = openai.OpenAI(base_url=server.base_url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model=model_name, messages=CHAT, max_tokens=2)
+    assert httpx.get(server.url + "/health").status_code == 200  # probes need no key
+
+
+def test_body_too_large_is_413(server):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    big = {"prompt": "x" * (70 * 1024), "max_tokens": 1}
+    r = httpx.post(server.base_url + "/completions", json=big, headers=headers)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+    def chunked():  # no Content-Length: the limit is enforced while reading
+        yield b'{"prompt": "'
+        for _ in range(80):
+            yield b"x" * 1024
+        yield b'", "max_tokens": 1}'
+
+    r = httpx.post(server.base_url + "/completions", content=chunked(),
+                   headers={**headers, "Content-Type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_tokenize_detokenize_round_trip(server):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    tok = httpx.post(server.url + "/tokenize", json={"prompt": "Hello world"}, headers=headers).json()
+    assert tok["count"] == len(tok["tokens"]) > 0
+    text = httpx.post(server.url + "/detokenize", json={"tokens": tok["tokens"]}, headers=headers).json()
+    assert text["prompt"].endswith("Hello world")
+    r = httpx.post(server.url + "/detokenize", json={"tokens": [10**9]}, headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
