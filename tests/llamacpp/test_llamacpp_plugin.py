@@ -1,0 +1,96 @@
+"""Discovery, capabilities, option validation and load errors of the llama.cpp backend."""
+
+from __future__ import annotations
+
+import pytest
+from ruvllm.errors import BackendError, ConfigError, ModelLoadError
+from ruvllm.models import ModelSource
+from ruvllm.plugins import load_registry
+from ruvllm.types import GenerationParams
+from ruvllm_llamacpp import LlamaCppBackend, LlamaCppOptions
+from ruvllm_llamacpp.options import LlamaCppOptionError, default_threads
+
+
+def test_plugin_is_discovered_through_its_entry_point():
+    registry = load_registry()
+    assert registry.backends.get("llamacpp") is LlamaCppBackend
+    assert registry.providers["llamacpp"] == "ruvllm-llamacpp"
+    assert not [f for f in registry.failures if f.plugin == "ruvllm-llamacpp"]
+
+
+def test_available_with_version_and_honest_capabilities():
+    assert LlamaCppBackend.unavailable_reason() is None
+    assert LlamaCppBackend.version()
+    caps = LlamaCppBackend.capabilities()
+    assert caps.streaming and caps.logprobs and caps.core_sampler
+    assert caps.executor is False
+    assert caps.device == "cpu"
+    assert any("executor" in note for note in caps.notes)
+
+
+def test_option_defaults():
+    opts = LlamaCppOptions.from_mapping({})
+    assert (opts.n_ctx, opts.n_batch, opts.n_gpu_layers) == (4096, 512, 0)
+    assert opts.n_threads == default_threads() >= 1
+    assert opts.prefix_reuse is False and opts.verbose is False
+
+
+@pytest.mark.parametrize(
+    ("options", "field", "hint"),
+    [
+        ({"n_ctx": "big"}, "n_ctx", "integer"),
+        ({"n_ctx": 8}, "n_ctx", "at least 16"),
+        ({"n_threads": 0}, "n_threads", ">= 1"),
+        ({"n_batch": True}, "n_batch", "integer"),
+        ({"n_batch": 2.5}, "n_batch", "integer"),
+        ({"n_gpu_layers": -2}, "n_gpu_layers", ">= -1"),
+        ({"prefix_reuse": "yes"}, "prefix_reuse", "true or false"),
+        ({"verbose": 1}, "verbose", "true or false"),
+        ({"n_ctxx": 512}, "n_ctxx", "known options: flash_attn, n_batch, n_ctx"),
+    ],
+)
+def test_bad_options_name_the_field_and_the_fix(options, field, hint, model_path):
+    source = ModelSource.from_path(model_path)
+    with pytest.raises(LlamaCppOptionError) as err:
+        LlamaCppBackend.load(source, options)
+    assert isinstance(err.value, ConfigError)
+    assert err.value.field == field
+    message = str(err.value)
+    assert f"backends.llamacpp.{field}" in message and hint in message
+    assert f"--option {field}=VALUE" in message
+
+
+def test_garbage_file_is_a_model_load_error(tmp_path):
+    bad = tmp_path / "garbage.gguf"
+    bad.write_bytes(b"\x00\x13not a model at all" * 64)
+    with pytest.raises(ModelLoadError) as err:
+        LlamaCppBackend.load(ModelSource.from_path(bad), {})
+    assert "not a GGUF file" in err.value.reason
+
+
+def test_truncated_gguf_reports_llama_cpps_reason(tmp_path, model_path):
+    # Right magic and header, but cut short: only llama.cpp itself can say what is wrong.
+    bad = tmp_path / "truncated.gguf"
+    bad.write_bytes(model_path.read_bytes()[:4096])
+    with pytest.raises(ModelLoadError) as err:
+        LlamaCppBackend.load(ModelSource.from_path(bad), {})
+    assert err.value.reason and "gguf" in err.value.reason.lower()
+
+
+def test_missing_file_and_wrong_format(tmp_path):
+    with pytest.raises(ModelLoadError, match="is not a file"):
+        LlamaCppBackend.load(ModelSource(name="x", path=tmp_path / "nope.gguf", format="gguf"), {})
+    with pytest.raises(ModelLoadError, match="reads GGUF files"):
+        LlamaCppBackend.load(ModelSource(name="x", path=tmp_path, format="hf"), {})
+
+
+def test_context_is_capped_at_the_training_context_and_close_frees(model_path):
+    backend = LlamaCppBackend.load(ModelSource.from_path(model_path), {"n_ctx": 1_000_000, "n_batch": 64})
+    train = int(backend.metadata["llama.context_length"])
+    assert backend.n_ctx == backend.info.context_length == train
+    assert backend.n_batch == 64
+    backend.close()
+    assert backend.closed and backend.cached_tokens() == 0
+    with pytest.raises(BackendError, match="closed"):
+        backend.generate([1, 2, 3], GenerationParams(max_tokens=1))
+    backend.close()  # idempotent
