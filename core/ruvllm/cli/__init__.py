@@ -7,8 +7,10 @@ line and exit non-zero, never a traceback (``--verbose`` shows it).
 
 from __future__ import annotations
 
+import ruvllm.cli.chat  # registers `ruvllm chat`
+import ruvllm.cli.models  # registers download, list, info
+import ruvllm.cli.serve  # noqa: F401  (registers `ruvllm serve`)
 from ruvllm.cli import backends, conformance, generate  # noqa: F401  (registers commands)
-from ruvllm.cli import serve  # noqa: F401  (registers `ruvllm serve`)
 from ruvllm.cli.app import main
 from ruvllm.plugins import get_registry
 
