@@ -82,6 +82,10 @@ class Config:
     cache_dir: Path = attrs.field(factory=default_cache_dir, converter=lambda p: Path(p).expanduser())
     #: Per-backend options: ``{"llamacpp": {"n_threads": 2}}``.
     backends: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    #: ServingEngine options (the ``[engine]`` table: max_num_seqs, max_batch_tokens,
+    #: block_size, num_blocks, policy, max_queue, request_timeout, enable_prefix_caching...),
+    #: validated by ``ruvllm.engine.EngineOptions.from_mapping``.
+    engine: Mapping[str, Any] = attrs.field(factory=dict)
     #: ``[server]`` table for ``ruvllm serve``.
     server: ServerConfig = attrs.field(factory=ServerConfig, converter=_server_config)
     #: The file the values came from, if any (for messages).
@@ -111,6 +115,8 @@ def _read_file(path: Path) -> dict[str, Any]:
     backends = data.get("backends", {})
     if not isinstance(backends, dict) or not all(isinstance(v, dict) for v in backends.values()):
         raise ConfigError(f"config file {path}: [backends.NAME] must be tables of options")
+    if not isinstance(data.get("engine", {}), dict):
+        raise ConfigError(f"config file {path}: [engine] must be a table of engine options")
     return data
 
 
