@@ -1,0 +1,41 @@
+"""Shared set-up for the tests of the conformance suite itself."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conformance_helpers import SuiteRun, read_junit
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytester provides the fixture that runs the suite in a child pytest. ``pytest_plugins``
+    # is only allowed in the top-level conftest, so it is enabled here; pytest replays the
+    # historic addoption/configure hooks for a plugin registered this late.
+    if not config.pluginmanager.has_plugin("pytester"):
+        config.pluginmanager.import_plugin("pytester")
+
+
+HERE = Path(__file__).resolve().parent
+#: A ``-p`` plugin that registers the toy backends in-process through
+#: ``get_registry().register_backend`` (how a backend object is injected into the suite).
+REGISTER_PLUGIN = "import toy_backend\ntoy_backend.register_toy_backends()\n"
+
+
+@pytest.fixture
+def suite_runner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """Run the conformance suite in a child pytest process with the toys importable."""
+    pytester.makepyfile(register_toys=REGISTER_PLUGIN)
+    paths = [str(HERE), str(pytester.path), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+
+    def run(*args: str) -> SuiteRun:
+        report = pytester.path / "report.xml"
+        result = pytester.runpytest_subprocess(
+            "-p", "register_toys", "-p", "no:cacheprovider", "--pyargs", "ruvllm.testing.suite",
+            "-rs", f"--junitxml={report}", *args, timeout=600,
+        )
+        return SuiteRun(result, read_junit(report) if report.exists() else {})
+
+    return run

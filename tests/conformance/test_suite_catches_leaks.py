@@ -1,0 +1,80 @@
+"""The conformance suite can fail: it fails a backend with the ancestor's KV leak and passes the
+same backend without it.
+
+Each test runs the suite in a child pytest process (pytester) on the toy backends of
+``toy_backend.py``, injected two ways: registered in-process by a ``-p`` plugin calling
+``get_registry().register_backend`` (``toy-leaky``, ``toy``, ``toy-nologprobs``), and named as
+``module:Class`` on the command line.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+#: The KV-reset tests that must catch a leak, by name.
+LEAK_TESTS = (
+    "test_output_unchanged_after_long_prompt",
+    "test_alternating_prompts_repeat_exactly",
+    "test_abandoned_stream_leaves_no_state",
+    "test_many_calls_identical_output",
+    "test_many_calls_cached_tokens_bounded",
+)
+#: Modules of this suite's own tests (the ServingEngine tests in the same package are not
+#: what these tests are about and need an engine the toy does not exercise).
+NOT_ENGINE = ("-k", "not TestEngine")
+
+
+def test_kv_reset_tests_fail_on_leaky_backend(suite_runner) -> None:
+    run = suite_runner("--ruvllm-backend", "toy-leaky", "-k", "TestKvReset")
+    for test in LEAK_TESTS:
+        assert run.outcome(f"TestKvReset::{test}[toy-leaky]") == "failed", (test, run.tail())
+    # The failure messages say what leaked, not only that a test is red.
+    text = run.result.stdout.str()
+    assert "state leaked between generate() calls" in text
+    assert "cached_tokens() grew across 50 identical calls" in text
+    assert run.result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_kv_reset_tests_pass_on_correct_backend(suite_runner) -> None:
+    run = suite_runner("--ruvllm-backend", "toy_backend:ToyBackend", "-k", "TestKvReset")
+    for test in (*LEAK_TESTS, "test_many_calls_rss_bounded"):
+        assert run.outcome(f"TestKvReset::{test}[toy]") == "passed", (test, run.tail())
+    assert run.result.ret == pytest.ExitCode.OK
+
+
+def test_whole_suite_passes_on_correct_backend_and_gates_capabilities(suite_runner) -> None:
+    """Everything passes on ``toy``; on ``toy-nologprobs`` exactly the capability-gated tests
+    skip, each saying which capability is missing and why."""
+    run = suite_runner("--ruvllm-backend", "toy", "--ruvllm-backend", "toy-nologprobs", *NOT_ENGINE)
+    bad = {k: o for k, o in run.outcomes.items() if o.outcome in ("failed", "error")}
+    assert not bad, (bad, run.tail())
+    skipped = {k: o.message for k, o in run.outcomes.items() if o.outcome == "skipped"}
+    assert skipped == {
+        "TestOutputs::test_logprobs[toy-nologprobs]":
+            "toy-nologprobs lacks logprobs: the engine does not expose token probabilities",
+        "TestDeterminism::test_seeded_sampling_reproducible[toy-nologprobs]":
+            "toy-nologprobs lacks core_sampler: sampling runs inside the engine, so ruvllm "
+            "cannot promise that a seed reproduces the same tokens",
+        "TestDeterminism::test_different_seed_changes_output[toy-nologprobs]":
+            "toy-nologprobs lacks core_sampler: sampling runs inside the engine, so ruvllm "
+            "cannot promise that a seed reproduces the same tokens",
+    }, skipped
+    passed = [k for k, o in run.outcomes.items() if o.outcome == "passed"]
+    assert len(passed) >= 80, passed  # 45 tests per backend, minus the three skips
+    assert run.outcome("TestOutputs::test_logprobs[toy]") == "passed"
+    assert run.result.ret == pytest.ExitCode.OK
+
+
+def test_without_backend_every_test_skips_with_reason(suite_runner) -> None:
+    run = suite_runner(*NOT_ENGINE)
+    assert run.outcomes and {o.outcome for o in run.outcomes.values()} == {"skipped"}
+    reasons = {o.message for o in run.outcomes.values()}
+    assert len(reasons) == 1 and reasons.pop().startswith(
+        "no backend selected for the ruvllm conformance suite: pass --ruvllm-backend NAME"
+    )
+
+
+def test_unknown_backend_name_is_a_usage_error(suite_runner) -> None:
+    run = suite_runner("--ruvllm-backend", "no-such-backend")
+    assert run.result.ret != pytest.ExitCode.OK
+    assert "unknown backend 'no-such-backend'" in run.result.stdout.str() + run.result.stderr.str()
