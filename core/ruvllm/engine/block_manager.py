@@ -158,14 +158,16 @@ class BlockManager:
         return PrefixHit(tuple(found), len(found) * bs)
 
     def cache_blocks(self, seq_id: int, token_ids: Sequence[int], num_computed: int,
-                     cache_salt: str | None = None) -> None:
-        """Register the full blocks among the first ``num_computed`` tokens of ``seq_id``.
+                     cache_salt: str | None = None) -> list[int]:
+        """Register the full blocks among the first ``num_computed`` tokens of ``seq_id``;
+        return the blocks newly entered in the cache.
 
         Call after the step that wrote them. A block whose prefix is already cached in another
         block stays private (its twin remains the one found by lookups).
         """
+        added: list[int] = []
         if not self.enable_prefix_caching:
-            return
+            return added
         seq = self._seqs[seq_id]
         bs = self.block_size
         full = min(num_computed, seq.num_tokens, len(token_ids)) // bs
@@ -177,7 +179,24 @@ class BlockManager:
             if h not in self._cached and block.block_hash is None:
                 self._cached[h] = block.block_id
                 block.block_hash = h
+                added.append(block.block_id)
             seq.hashes.append(h)
+        return added
+
+    def uncache(self, block_id: int) -> None:
+        """Take one block out of the prefix cache (its KV is no longer reachable)."""
+        block = self._blocks[block_id]
+        if block.block_hash is None:
+            return
+        del self._cached[block.block_hash]
+        block.block_hash = None
+        if block_id in self._evictable:
+            del self._evictable[block_id]
+            self._free.append(block_id)
+
+    def holders(self, block_id: int) -> list[int]:
+        """Sequences whose block table holds ``block_id``."""
+        return [sid for sid, seq in self._seqs.items() if block_id in seq.table]
 
     # ------------------------------------------------------------------ allocation
 

@@ -285,8 +285,10 @@ class ServingEngine:
         if want == "executor" and not caps.executor:
             raise EngineOptionError("path", f"backend {backend.name!r} has no executor; use auto or request")
         if want != "request" and caps.executor:
-            executor = backend.create_executor(max_sequences=self.options.max_num_seqs,
-                                               block_size=self.options.block_size)
+            opts = self.options
+            donors = opts.prefix_donor_slots if opts.enable_prefix_caching else 0
+            executor = backend.create_executor(max_sequences=opts.max_num_seqs + donors,
+                                               block_size=opts.block_size)
             self._core: ExecutorCore | RequestLevelCore = ExecutorCore(executor, self.options, self._metrics)
         else:
             self._core = RequestLevelCore(backend, self.options, self._metrics)

@@ -16,6 +16,7 @@ from ruvllm.engine.metrics import EngineMetrics
 from ruvllm.engine.options import EngineOptions
 from ruvllm.engine.request import RequestState
 from ruvllm.engine.scheduler import Scheduler
+from ruvllm.engine.slots import DonorSlotPool, SlotPool
 from ruvllm.errors import BackendError
 from ruvllm.executor import BatchEntry, BatchExecutor
 from ruvllm.types import FinishReason
@@ -30,21 +31,22 @@ class ExecutorCore:
         self.executor = executor
         self.metrics = metrics
         prefix = options.enable_prefix_caching
-        if prefix and executor.kv_layout == "per_sequence" and not hasattr(executor, "retain"):
-            # A per-sequence engine (llama.cpp) can only share a prefix by copying it from a
-            # sequence that still holds it; without the executor's support for keeping a
-            # finished donor's KV alive, a cache hit would point at freed KV.
-            log.info("prefix caching off: the %s executor cannot keep cached prefixes alive",
-                     type(executor).__name__)
-            prefix = False
         num_blocks = min(options.num_blocks or executor.num_blocks, executor.num_blocks)
         self.blocks = BlockManager(num_blocks, executor.block_size, enable_prefix_caching=prefix,
                                    watermark=options.watermark)
+        max_running = min(options.max_num_seqs, executor.max_sequences)
         config = options.scheduler_config(
-            max_num_seqs=min(options.max_num_seqs, executor.max_sequences),
+            max_num_seqs=max_running,
             max_batch_tokens=min(options.max_batch_tokens, executor.max_batch_tokens),
         )
-        self.scheduler = Scheduler(config, self.blocks)
+        per_sequence = executor.kv_layout == "per_sequence"
+        if prefix and per_sequence:
+            # KV lives per sequence id: cached prefixes are kept alive in donor sequences.
+            slots: SlotPool = DonorSlotPool(executor.max_sequences,
+                                            executor.max_sequences - max_running, self.blocks)
+        else:
+            slots = SlotPool(max_running)
+        self.scheduler = Scheduler(config, self.blocks, slots=slots, copy_prefixes=prefix and per_sequence)
         self.live: dict[str, LiveRequest] = {}
 
     # ----------------------------------------------------------------- limits
@@ -100,6 +102,8 @@ class ExecutorCore:
             return False
         if plan.copies:
             self.executor.copy_blocks(plan.copies)
+        for src, dst, n in plan.prefix_copies:
+            self.executor.copy_prefix(src, dst, n)
         now = time.perf_counter()
         entries = []
         for chunk in plan.chunks:
@@ -134,6 +138,8 @@ class ExecutorCore:
                 self._end(live, live.builder.finish_reason, now=now)  # type: ignore[arg-type]
             else:
                 live.flush()
+        self.scheduler.end_step()
+        self._free_released()
         return True
 
     def _end(self, live: LiveRequest, reason: FinishReason, error: BaseException | None = None,

@@ -71,6 +71,9 @@ class EngineOptions:
     #: Default per-request deadline in seconds from submission (None = no deadline).
     request_timeout: float | None = attrs.field(default=None, validator=_positive_seconds(True))
     enable_prefix_caching: bool = True
+    #: Per-sequence executors (llama.cpp): extra sequences that keep finished requests' cached
+    #: prefixes alive for later hits (each costs one sequence's KV memory).
+    prefix_donor_slots: int = attrs.field(default=2, validator=_int_at_least(0))
     #: Fraction of KV blocks kept free when admitting a new request.
     watermark: float = attrs.field(default=0.01)
     #: Request-level path: most backend ``generate`` streams interleaved at once (1 when the

@@ -20,6 +20,7 @@ import attrs
 
 from ruvllm.engine.block_manager import NO_HIT, BlockManager
 from ruvllm.engine.request import RequestState, SchedRequest
+from ruvllm.engine.slots import SlotPool
 from ruvllm.errors import InvalidRequest
 
 
@@ -74,6 +75,9 @@ class StepPlan:
     preempted: list[SchedRequest] = attrs.field(factory=list)
     #: Copy-on-write block copies to run before the forward pass (paged layout).
     copies: list[tuple[int, int]] = attrs.field(factory=list)
+    #: ``(donor slot, new slot, tokens)``: cached prefixes to copy before the forward pass
+    #: (per-sequence layout).
+    prefix_copies: list[tuple[int, int, int]] = attrs.field(factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -87,15 +91,17 @@ class Scheduler:
     """Owns the waiting and running queues and the block manager's view of each request."""
 
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, *,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, slots: SlotPool | None = None,
+                 copy_prefixes: bool = False):
+        """``slots`` hands out executor sequence ids (default: ``max_num_seqs`` plain ones);
+        ``copy_prefixes`` says a prefix hit needs its KV copied from a donor sequence."""
         self.config = config
         self.blocks = blocks
         self.clock = clock
+        self.slots = slots or SlotPool(config.max_num_seqs)
+        self.copy_prefixes = copy_prefixes
         self.waiting: list[SchedRequest] = []
         self.running: list[SchedRequest] = []
-        self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
-        #: Slots released since the engine last asked: the executor must forget their KV.
-        self._released: list[int] = []
         self._next_seq_no = 0
         # Counters for metrics.
         self.num_preemptions = 0
@@ -120,8 +126,12 @@ class Scheduler:
         req.state = RequestState.FINISHED
 
     def take_released_slots(self) -> list[int]:
-        out, self._released = self._released, []
-        return out
+        """Slots the executor must free (their KV is dead) before the next forward pass."""
+        return self.slots.take_released()
+
+    def end_step(self) -> None:
+        """After the forward pass: retire surplus prefix donors (see :mod:`.slots`)."""
+        self.slots.end_step()
 
     @property
     def has_work(self) -> bool:
@@ -162,19 +172,26 @@ class Scheduler:
 
     def _admit(self, plan: StepPlan, budget: int) -> int:
         now = self.clock()
-        while self.waiting and budget > 0 and self._free_slots:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = min(self.waiting, key=lambda r: self._waiting_key(r, now))
             hit = NO_HIT
             if req.num_computed == 0:
                 hit = self.blocks.lookup_prefix(req.token_ids, req.cache_salt)
+            donor = self.slots.donor_for(hit) if self.copy_prefixes and hit.block_ids else None
+            if self.copy_prefixes and donor is None:
+                hit = NO_HIT
             n = min(len(req.token_ids) - hit.num_tokens, budget)
             if self.config.max_prefill_chunk:
                 n = min(n, self.config.max_prefill_chunk)
             if not self.blocks.can_admit(hit.num_tokens + n, hit):
                 break  # the head waits for blocks; skipping it could starve large requests
-            slot = self._free_slots.pop()
+            slot = self.slots.acquire()
+            if slot is None:
+                break  # every slot is running or a donor still being retired
             pairs = self.blocks.allocate(slot, hit.num_tokens + n, hit)
             assert pairs is not None
+            if donor is not None:
+                plan.prefix_copies.append((donor, slot, hit.num_tokens))
             self.waiting.remove(req)
             req.slot = slot
             req.state = RequestState.RUNNING
@@ -197,7 +214,10 @@ class Scheduler:
             if req.state is not RequestState.RUNNING:
                 continue
             req.num_computed = chunk.start_pos + len(chunk.tokens)
-            self.blocks.cache_blocks(req.slot, req.token_ids, req.num_computed, req.cache_salt)  # type: ignore[arg-type]
+            slot: int = req.slot  # type: ignore[assignment]
+            added = self.blocks.cache_blocks(slot, req.token_ids, req.num_computed, req.cache_salt)
+            if added:
+                self.slots.on_cached(slot, added)
 
     # ---------------------------------------------------------------- policy
 
@@ -245,6 +265,5 @@ class Scheduler:
     def _release(self, req: SchedRequest) -> None:
         if req.slot is not None:
             self.blocks.free(req.slot)
-            self._free_slots.append(req.slot)
-            self._released.append(req.slot)
+            self.slots.release(req.slot)
             req.slot = None

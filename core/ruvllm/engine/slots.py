@@ -1,0 +1,127 @@
+"""Executor sequence ids ("slots"), and keeping cached prefixes alive on per-sequence engines.
+
+A paged executor stores KV in the blocks the engine hands out, so a cached block is usable as
+long as the block manager keeps it. A per-sequence executor (llama.cpp) stores KV per sequence
+id: a cached block is only as good as some sequence that still holds those positions. So with
+prefix caching on such an executor, every cached block has an *owner* slot whose KV holds it,
+and a slot whose request ended (or was preempted) while owning cached blocks is kept as a
+*donor* instead of being freed: a later request that hits those blocks gets the KV copied from
+the donor (``copy_prefix``). Donors are bounded (the executor has a few slots beyond
+``max_num_seqs`` for them) and evicted least recently used; an evicted donor's blocks pass to a
+running sequence that shares them, or leave the prefix cache.
+
+Donor evictions are deferred to :meth:`SlotPool.end_step`, after the forward pass, so a copy
+planned in this step always reads a donor that is still there.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from ruvllm.engine.block_manager import BlockManager, PrefixHit
+
+
+class SlotPool:
+    """Plain slots: a released slot is forgotten at once (paged layout, or no prefix cache)."""
+
+    def __init__(self, num_slots: int):
+        self._free = list(range(num_slots - 1, -1, -1))
+        self._released: list[int] = []
+
+    def acquire(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+        self._released.append(slot)
+
+    def take_released(self) -> list[int]:
+        """Slots whose KV the executor must forget before anything else uses them."""
+        out, self._released = self._released, []
+        return out
+
+    def on_cached(self, slot: int, block_ids: list[int]) -> None:
+        return None
+
+    def donor_for(self, hit: PrefixHit) -> int | None:
+        return None
+
+    def end_step(self) -> None:
+        return None
+
+    @property
+    def num_donors(self) -> int:
+        return 0
+
+
+class DonorSlotPool(SlotPool):
+    def __init__(self, num_slots: int, max_donors: int, blocks: BlockManager):
+        super().__init__(num_slots)
+        self.max_donors = max_donors
+        self.blocks = blocks
+        self._owner: dict[int, int] = {}
+        self._owned: dict[int, set[int]] = {}
+        self._donors: OrderedDict[int, None] = OrderedDict()
+
+    @property
+    def num_donors(self) -> int:
+        return len(self._donors)
+
+    def release(self, slot: int) -> None:
+        self._sync_evictions()
+        if self._owned.get(slot):
+            self._donors[slot] = None
+            self._donors.move_to_end(slot)
+        else:
+            self._owned.pop(slot, None)
+            super().release(slot)
+
+    def on_cached(self, slot: int, block_ids: list[int]) -> None:
+        owned = self._owned.setdefault(slot, set())
+        for b in block_ids:
+            self._owner[b] = slot
+            owned.add(b)
+
+    def donor_for(self, hit: PrefixHit) -> int | None:
+        """The slot holding every position of ``hit`` (the owner of its last block)."""
+        self._sync_evictions()
+        if not hit.block_ids:
+            return None
+        donor = self._owner.get(hit.block_ids[-1])
+        if donor is not None and donor in self._donors:
+            self._donors.move_to_end(donor)  # recently useful: evict it last
+        return donor
+
+    def end_step(self) -> None:
+        self._sync_evictions()
+        for slot in [s for s in self._donors if not self._owned.get(s)]:
+            self._free_donor(slot)
+        while len(self._donors) > self.max_donors:
+            self._evict(next(iter(self._donors)))
+
+    # ------------------------------------------------------------------ internals
+
+    def _sync_evictions(self) -> None:
+        """Blocks the block manager reused no longer name a cached prefix: drop ownership."""
+        evicted, self.blocks.evicted = self.blocks.evicted, []
+        for b in evicted:
+            slot = self._owner.pop(b, None)
+            if slot is not None:
+                self._owned[slot].discard(b)
+
+    def _evict(self, slot: int) -> None:
+        for b in list(self._owned.get(slot, ())):
+            del self._owner[b]
+            heir = next((s for s in self.blocks.holders(b) if s != slot), None)
+            if heir is not None:  # a running sequence shares it and holds its KV too
+                self._owner[b] = heir
+                self._owned.setdefault(heir, set()).add(b)
+            else:
+                self.blocks.uncache(b)
+        self._owned[slot] = set()
+        self._free_donor(slot)
+
+    def _free_donor(self, slot: int) -> None:
+        del self._donors[slot]
+        self._owned.pop(slot, None)
+        SlotPool.release(self, slot)
