@@ -1,0 +1,88 @@
+"""The ServingEngine on the real llama.cpp executor and the embedded model."""
+
+from __future__ import annotations
+
+import pytest
+from ruvllm.config import default_cache_dir
+from ruvllm.engine import EngineOptions, ServingEngine
+from ruvllm.generation import GenerationStream, RequestOutputBuilder
+from ruvllm.registry import resolve
+from ruvllm.types import GenerationParams
+
+ruvllm_llamacpp = pytest.importorskip("ruvllm_llamacpp")
+
+PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time",
+           "List of prime numbers: 2, 3, 5,")
+LONG = ("The river bends twice before it reaches the old stone bridge near the market. "
+        "Engineers measured the load on each beam and wrote the numbers down. In winter")
+
+
+@pytest.fixture(scope="module")
+def backend():
+    reason = ruvllm_llamacpp.LlamaCppBackend.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    # One thread: the shared 2-core test machine makes OpenMP's spinning threads crawl.
+    b = ruvllm_llamacpp.LlamaCppBackend.load(resolve("default", default_cache_dir()),
+                                             {"n_ctx": 256, "n_threads": 1})
+    yield b
+    b.close()
+
+
+def alone(backend, ids, params):
+    """Request-level reference: the backend's own generate(), one request at a time."""
+    builder = RequestOutputBuilder(backend.tokenizer, ids, params)
+    return GenerationStream(backend.generate(ids, params), builder).collect().token_ids
+
+
+def test_backend_offers_an_executor_and_engine_uses_it(backend):
+    assert backend.capabilities().executor is True
+    with ServingEngine(backend, EngineOptions(max_num_seqs=2), owns_backend=False) as eng:
+        assert eng.path == "executor"
+        assert eng.info.context_length <= 256
+
+
+def test_batched_engine_output_equals_request_level_generate(backend):
+    params = GenerationParams(max_tokens=12)
+    ids = [backend.tokenizer.encode(p) for p in PROMPTS]
+    with ServingEngine(backend, EngineOptions(max_num_seqs=4), owns_backend=False) as eng:
+        results = eng.generate_sync(ids, params)
+        assert eng.metrics().kv_usage == 0.0
+    for i, r in zip(ids, results, strict=True):
+        assert r.token_ids == alone(backend, i, params)
+
+
+def test_chunked_prefill_equals_one_shot_prefill(backend):
+    params = GenerationParams(max_tokens=8)
+    ids = backend.tokenizer.encode(LONG)
+    assert len(ids) >= 30  # several 7-token chunks
+    with ServingEngine(backend, EngineOptions(max_num_seqs=2, max_batch_tokens=7), owns_backend=False) as eng:
+        chunked = eng.generate_sync([ids], params)[0]
+    assert chunked.token_ids == alone(backend, ids, params)
+
+
+def test_preemption_by_recompute_on_the_real_model(backend):
+    params = GenerationParams(max_tokens=24, ignore_eos=True)
+    ids = [backend.tokenizer.encode(p) for p in PROMPTS]
+    # 6 blocks of 16 tokens cannot hold 4 requests of ~8 + 24 tokens at once.
+    opts = EngineOptions(max_num_seqs=4, num_blocks=6, watermark=0.0, enable_prefix_caching=False)
+    with ServingEngine(backend, opts, owns_backend=False) as eng:
+        results = eng.generate_sync(ids, params)
+        assert eng.metrics().preemptions > 0
+        assert eng.metrics().kv_usage == 0.0
+    for i, r in zip(ids, results, strict=True):
+        assert r.token_ids == alone(backend, i, params)
+
+
+def test_prefix_cache_copy_from_a_donor_sequence(backend):
+    params = GenerationParams(max_tokens=8)
+    system = backend.tokenizer.encode(LONG)
+    ids = [[*system, *backend.tokenizer.encode(q, add_special=False)] for q in (" Why?", " How?")]
+    with ServingEngine(backend, EngineOptions(max_num_seqs=2, prefix_donor_slots=1),
+                       owns_backend=False) as eng:
+        first = eng.generate_sync([ids[0]], params)[0]
+        second = eng.generate_sync([ids[1]], params)[0]  # served from the first one's donor KV
+        m = eng.metrics()
+        assert m.prefix_cache_hits >= 16
+    assert first.token_ids == alone(backend, ids[0], params)
+    assert second.token_ids == alone(backend, ids[1], params)
