@@ -7,6 +7,7 @@ line and exit non-zero, never a traceback (``--verbose`` shows it).
 
 from __future__ import annotations
 
+import ruvllm.cli.benchmark  # registers `ruvllm benchmark`
 import ruvllm.cli.chat  # registers `ruvllm chat`
 import ruvllm.cli.models  # registers download, list, info
 import ruvllm.cli.serve  # noqa: F401  (registers `ruvllm serve`)

@@ -1,0 +1,139 @@
+"""Benchmark output: a rich table, JSON, CSV and a PNG plot (one line per target).
+
+The JSON is the complete record (machine, versions, every per-level aggregate); the table, CSV
+and plot are views of it, so a plot can be redrawn later from saved JSON files.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _ms(v: float) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1000:.0f}"
+
+
+def _f(v: float, digits: int = 1) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def single_table(report: dict[str, Any]) -> Table:
+    cfg = report["config"]
+    table = Table(title=f"single stream: {report['backend']} | {report['model']} | prompt "
+                        f"{cfg['prompt_length']} tok, gen {cfg['gen_length']} tok, {cfg['iterations']} runs")
+    for col in ("metric", "mean", "p50", "p95", "p99"):
+        table.add_column(col, justify="right" if col != "metric" else "left")
+    rows = [("TTFT (ms)", "ttft_s", True), ("prefill (tok/s)", "prefill_tok_s", False),
+            ("decode (tok/s)", "decode_tok_s", False), ("end-to-end latency (ms)", "e2e_s", True)]
+    for label, key, ms in rows:
+        s = report[key]
+        fmt = _ms if ms else _f
+        table.add_row(label, *(fmt(s[k]) for k in ("mean", "p50", "p95", "p99")))
+    table.add_row("peak RSS (MB)", _f(report["peak_rss_mb"]), "", "", "")
+    return table
+
+
+def serving_table(results: Sequence[dict[str, Any]], title: str = "serving") -> Table:
+    table = Table(title=title)
+    cols = ("target", "clients", "rate", "done", "cut", "failed", "out tok/s", "req/s", "TTFT p50 ms",
+            "TTFT p99 ms", "TPOT p50 ms", "ITL p50 ms", "ITL p99 ms", "e2e p50 s", "e2e p99 s")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "target" else "right")
+    for r in results:
+        table.add_row(r["target"], str(r["concurrency"]), str(r["request_rate"]),
+                      f"{r['completed']}/{r['num_requests']}", str(r["cut_short"]), str(r["failed"]),
+                      _f(r["output_tok_s"]), _f(r["request_per_s"], 2), _ms(r["ttft_s"]["p50"]),
+                      _ms(r["ttft_s"]["p99"]), _ms(r["tpot_s"]["p50"]), _ms(r["itl_s"]["p50"]),
+                      _ms(r["itl_s"]["p99"]), _f(r["e2e_s"]["p50"], 2), _f(r["e2e_s"]["p99"], 2))
+    return table
+
+
+def print_tables(report: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    m = report["machine"]
+    console.print(f"[dim]{m['cpu']} x{m['logical_cpus']} | {m['platform']} | load {m['load_average_1m']} | "
+                  + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + "[/]")
+    if report.get("single"):
+        console.print(single_table(report["single"]))
+    if report.get("serving"):
+        console.print(serving_table(report["serving"], title=f"serving: {report.get('model', '')}"))
+
+
+CSV_FIELDS = ("target", "concurrency", "request_rate", "num_requests", "completed", "failed", "cut_short",
+              "max_tokens", "prompt_length", "duration_s", "output_tokens", "output_tok_s", "request_per_s")
+CSV_STATS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+
+
+def to_csv(report: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    if report.get("serving"):
+        quantiles = ("mean", "p50", "p95", "p99")
+        w.writerow(list(CSV_FIELDS) + [f"{s}_{q}" for s in CSV_STATS for q in quantiles])
+        for r in report["serving"]:
+            w.writerow([r[f] for f in CSV_FIELDS] + [r[s][q] for s in CSV_STATS for q in quantiles])
+    if report.get("single"):
+        s = report["single"]
+        w.writerow(["backend", "model", "run", "prompt_tokens", "output_tokens", "ttft_s", "prefill_tok_s",
+                    "decode_tok_s", "e2e_s", "peak_rss_mb"])
+        for i, run in enumerate(s["runs"]):
+            w.writerow([s["backend"], s["model"], i, run["prompt_tokens"], run["output_tokens"],
+                        run["ttft_s"], run["prefill_tok_s"], run["decode_tok_s"], run["e2e_s"],
+                        s["peak_rss_mb"]])
+    return buf.getvalue()
+
+
+def to_json(report: dict[str, Any]) -> str:
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(report), indent=2)
+
+
+def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path:
+    """Throughput, TTFT p50 and ITL p50 against concurrency, one line per target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        series.setdefault(r["target"], []).append(r)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    panels = [("aggregate output tok/s", lambda r: r["output_tok_s"]),
+              ("TTFT p50 (s)", lambda r: r["ttft_s"]["p50"]),
+              ("inter-token latency p50 (ms)", lambda r: (r["itl_s"]["p50"] or math.nan) * 1000)]
+    for ax, (label, value) in zip(axes, panels, strict=True):
+        for name, rows in series.items():
+            rows = sorted(rows, key=lambda r: r["concurrency"])
+            ys = [value(r) if value(r) is not None else math.nan for r in rows]
+            ax.plot([r["concurrency"] for r in rows], ys, marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
