@@ -1,0 +1,305 @@
+"""The mistral.rs backend: request-level generation through mistral.rs's own scheduler.
+
+mistral.rs owns its forward pass, KV cache and sampler, so this is a request-level backend
+(``executor=False``, ``core_sampler=False``): each ``generate`` call becomes one streaming
+mistral.rs request, and several calls in flight are batched by mistral.rs (``max_seqs``).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from ruvllm.backend import LlmBackend
+from ruvllm.errors import BackendError, BackendUnavailable, InvalidRequest, ModelLoadError, RuvllmError
+from ruvllm.models import ModelSource
+from ruvllm.tokenizer import Tokenizer
+from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
+
+from ruvllm_mistralrs.engine import (
+    PASS_THROUGH_TEMPLATE,
+    check_paged_attention,
+    runner_kwargs,
+    serial_prefill,
+    which_for,
+)
+from ruvllm_mistralrs.model_files import read_model_files
+from ruvllm_mistralrs.options import MistralRsOptions
+from ruvllm_mistralrs.platform import Build, installed_build
+from ruvllm_mistralrs.requests import SEED_UNSUPPORTED, chat_request
+from ruvllm_mistralrs.token_ids import TokenIdResolver
+from ruvllm_mistralrs.worker import RunnerThread
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen(kw_only=True)
+class AdapterInfo:
+    alias: str
+    path: str
+    rank: int
+    bytes: int
+    #: mistral.rs's id of this exact adapter version (changes when the alias is reloaded).
+    generation: str
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+class MistralRsBackend(LlmBackend):
+    name = "mistralrs"
+    formats = ("gguf", "hf")
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        if installed_build() is None:
+            return ("mistral.rs is not installed: pip install mistralrs (or mistralrs-cuda, "
+                    "mistralrs-metal, mistralrs-mkl)")
+        try:
+            import mistralrs  # noqa: F401
+        except ImportError as exc:
+            return f"the mistralrs module does not import: {exc}"
+        return None
+
+    @classmethod
+    def version(cls) -> str | None:
+        build = installed_build()
+        return build.version if build else None
+
+    @classmethod
+    def capabilities(cls) -> Capabilities:
+        build = installed_build()
+        notes = [
+            "sampling runs inside mistral.rs: a per-request seed cannot be honoured (its RNG is seeded "
+            "once per engine with the option seed)",
+            "no iteration-level executor: mistral.rs schedules and batches the requests in flight "
+            "itself (option max_seqs)",
+        ]
+        if build is not None and not build.paged_attention:
+            notes.append(f"paged_attention: {build.paged_attention_absent_reason}")
+        return Capabilities(
+            streaming=True, executor=False, logprobs=True, core_sampler=False,
+            concurrent_requests=True, lora=True, isq=True,
+            paged_attention=build is not None and build.paged_attention,
+            embeddings=False, device=build.device if build else "cpu", notes=tuple(notes),
+        )
+
+    @classmethod
+    def load(cls, model: ModelSource, options: Mapping[str, Any]) -> MistralRsBackend:
+        opts = MistralRsOptions.from_mapping(options)
+        build = installed_build()
+        if build is None:
+            raise BackendUnavailable(cls.name, cls.unavailable_reason() or "not installed")
+        check_paged_attention(opts, build)
+        return cls(model, opts, build)
+
+    def __init__(self, model: ModelSource, opts: MistralRsOptions, build: Build):
+        import mistralrs
+
+        self._m = mistralrs
+        self.options = opts
+        self.build = build
+        files = read_model_files(model, opts.tokenizer_json)
+        self._tok = files.tokenizer
+        self._tmp = tempfile.TemporaryDirectory(prefix="ruvllm-mistralrs-")
+        template = Path(self._tmp.name) / "pass_through.jinja"
+        template.write_text(PASS_THROUGH_TEMPLATE, encoding="utf-8")
+        which = which_for(mistralrs, model, opts)
+        kwargs = runner_kwargs(mistralrs, opts, build, template)
+
+        def create() -> Any:
+            try:
+                return mistralrs.Runner(which=which, **kwargs)
+            except Exception as exc:  # mistral.rs reports load failures as ValueError/RuntimeError
+                raise ModelLoadError(model.name, f"mistral.rs could not load it: {_first_line(exc)}") from exc
+
+        self._runner = RunnerThread(create)
+        engine_ctx = self._runner.call(lambda r: r.max_sequence_length()) or files.context_length
+        self._info = files.info(model, context_length=min(engine_ctx, files.context_length),
+                                quantization=opts.isq)
+        self._resolver = TokenIdResolver(self._tok.token_bytes())
+        self.serial_prefill = serial_prefill(opts, model)
+        self._adapters: dict[str, AdapterInfo] = {}
+        try:
+            for alias, path in opts.adapters.items():
+                self.load_adapter(alias, path)
+        except RuvllmError:
+            self.close()
+            raise
+        self.default_adapter = opts.adapter
+
+    # -- LlmBackend ---------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tok
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    def cached_tokens(self) -> int | None:
+        # Without the prefix cache mistral.rs frees a sequence's KV when it ends; with it, it
+        # keeps up to prefix_cache_size sequences whose size the binding does not report.
+        return 0 if self.options.prefix_cache_size == 0 else None
+
+    def generate(self, prompt_ids: Sequence[int], params: GenerationParams, *,
+                 adapter: str | None = None) -> Iterator[SampledToken]:
+        """Stream the tokens mistral.rs samples; ``adapter`` picks a loaded LoRA adapter for this
+        request (default: :attr:`default_adapter`)."""
+        chosen = adapter if adapter is not None else self.default_adapter
+        if chosen is not None and chosen not in self._adapters:
+            raise InvalidRequest("adapter", f"{chosen!r} is not loaded; loaded adapters: "
+                                 f"{', '.join(self._adapters) or 'none'} (see load_adapter)", chosen)
+        hidden = self._hidden_specials(params)
+        ids = list(prompt_ids)
+        text = self._tok.decode(ids, skip_special=False)
+        request = chat_request(self._m, text, params, adapter=chosen, banned=sorted(hidden))
+        stream, first = self._submit(ids, text, request)
+        produced = 0
+        try:
+            for chunk in self._chunks(first, stream):
+                choice = chunk.choices[0] if chunk.choices else None
+                if choice is None:
+                    continue
+                if choice.logprobs is not None:
+                    produced += 1
+                    yield self._token_of(choice.logprobs, params)
+                if choice.finish_reason is None:
+                    continue
+                if choice.finish_reason == "stop" and not params.ignore_eos and self._tok.eos_ids:
+                    # mistral.rs stopped on EOS and sent no chunk for it: hand core the EOS id.
+                    produced += 1
+                    yield SampledToken(token_id=self._tok.eos_ids[0])
+                usage = getattr(chunk, "usage", None)
+                if usage is not None and usage.completion_tokens != produced:
+                    raise BackendError(
+                        f"mistral.rs generated {usage.completion_tokens} tokens but streamed {produced}; "
+                        f"a token without a stream chunk (a special token) was sampled")
+                return
+        except RuvllmError:
+            raise
+        except Exception as exc:
+            raise BackendError(f"mistral.rs failed while generating: {_first_line(exc)}") from exc
+        finally:
+            # Dropping the stream drops mistral.rs's response channel; the engine then ends the
+            # sequence and frees its KV (the tests check it through the adapter lease count).
+            del stream, first
+
+    @staticmethod
+    def _chunks(first: Any, stream: Any) -> Iterator[Any]:
+        if first is not None:
+            yield first
+        yield from stream
+
+    def _hidden_specials(self, params: GenerationParams) -> set[int]:
+        """Special tokens to ban: mistral.rs streams nothing for them, so core could not see them.
+        EOS stays allowed (mistral.rs stops on it) unless ``ignore_eos``."""
+        specials = self._tok.special_ids
+        hidden = set(specials) if params.ignore_eos else set(specials) - set(self._tok.eos_ids)
+        stop_specials = sorted(set(params.stop_token_ids) & hidden)
+        if stop_specials:
+            raise InvalidRequest(
+                "stop_token_ids", f"{stop_specials} are special tokens, which mistral.rs does not stream; "
+                "only EOS (without ignore_eos) and ordinary tokens can end a request here", stop_specials)
+        return hidden
+
+    def _submit(self, ids: list[int], text: str, request: Any) -> tuple[Any, Any]:
+        serial = self.serial_prefill
+
+        def submit(runner: Any) -> tuple[Any, Any]:
+            seen = runner.tokenize_text(text, False, None)
+            if list(seen) != ids:
+                raise InvalidRequest(
+                    "prompt", "mistral.rs takes prompts as text, and these token ids do not survive "
+                    f"decode+encode ({len(ids)} ids became {len(seen)}); send text or the ids the "
+                    "model's tokenizer produces for it", None,
+                )
+            stream = runner.send_chat_completion_request(request)
+            # Serial prefill: wait here, on the Runner thread, until this prompt's first token
+            # exists, so mistral.rs never prefills two prompts in one step.
+            first = next(stream, None) if serial else None
+            return stream, first
+
+        try:
+            return self._runner.call(submit)
+        except RuvllmError:
+            raise
+        except Exception as exc:
+            raise BackendError(f"mistral.rs rejected the request: {_first_line(exc)}") from exc
+
+    def _token_of(self, lp: Any, params: GenerationParams) -> SampledToken:
+        top = tuple((int(t.token), float(t.logprob)) for t in (lp.top_logprobs or ()))
+        token_id = self._resolver.resolve(bytes(lp.bytes or b""), float(lp.logprob), top)
+        if params.logprobs is None:
+            return SampledToken(token_id=token_id)
+        return SampledToken(token_id=token_id, logprob=float(lp.logprob), top_logprobs=top[: params.logprobs])
+
+    def close(self) -> None:
+        runner = getattr(self, "_runner", None)
+        if runner is not None:
+            runner.close()
+        tmp = getattr(self, "_tmp", None)
+        if tmp is not None:
+            tmp.cleanup()
+
+    # -- LoRA adapters ------------------------------------------------------------------------
+    @property
+    def adapters(self) -> dict[str, AdapterInfo]:
+        return dict(self._adapters)
+
+    def load_adapter(self, alias: str, path: str | Path) -> AdapterInfo:
+        """Load (or replace) the PEFT LoRA adapter ``alias`` while the engine runs.
+
+        Requests already running keep the adapter version they started with."""
+        if not self.options.wants_lora:
+            raise InvalidRequest("adapters", "the dynamic LoRA runtime is off; load the backend with "
+                                 "lora=true (or adapters={...}) to hot-load adapters", alias)
+        folder = Path(path).expanduser()
+        if not (folder / "adapter_config.json").is_file():
+            raise InvalidRequest("adapters", f"{folder} has no adapter_config.json (a PEFT LoRA "
+                                 "directory needs adapter_config.json and adapter_model.safetensors)",
+                                 str(folder))
+        replace = alias in self._adapters
+
+        def load(runner: Any) -> Any:
+            return runner.load_lora_adapter(alias, str(folder), load_inplace=replace)
+
+        info = self._adapter_call(load, alias)
+        self._adapters[alias] = AdapterInfo(alias=alias, path=str(folder), rank=info.rank,
+                                            bytes=info.bytes, generation=info.generation)
+        return self._adapters[alias]
+
+    def unload_adapter(self, alias: str) -> None:
+        """Unload ``alias``; requests still running with it finish with it."""
+        if alias not in self._adapters:
+            raise InvalidRequest("adapter", f"{alias!r} is not loaded", alias)
+        self._adapter_call(lambda r: r.unload_lora_adapter(alias), alias)
+        del self._adapters[alias]
+        if self.default_adapter == alias:
+            self.default_adapter = None
+
+    def adapter_leases(self) -> int:
+        """Requests currently holding an adapter (mistral.rs's lease count)."""
+        if not self.options.wants_lora:
+            return 0
+        status = self._adapter_call(lambda r: r.lora_adapter_status(), "")
+        return sum(g.active_leases for g in status.generations)
+
+    def _adapter_call(self, fn: Any, alias: str) -> Any:
+        try:
+            return self._runner.call(fn)
+        except RuvllmError:
+            raise
+        except Exception as exc:
+            code = getattr(exc, "code", None)
+            raise InvalidRequest("adapter", f"mistral.rs refused adapter {alias!r}"
+                                 f"{f' ({code})' if code else ''}: {_first_line(exc)}", alias) from exc
+
+
+__all__ = ["SEED_UNSUPPORTED", "AdapterInfo", "MistralRsBackend"]

@@ -1,0 +1,157 @@
+"""Backend options (``[backends.mistralrs]`` in ruvllm.toml, or ``--option KEY=VALUE``).
+
+Every option is checked here, before any weights are read, with an error that names the option
+and what it accepts. The names are ruvllm's; :mod:`ruvllm_mistralrs.engine` maps them onto
+mistral.rs's ``Runner`` arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from ruvllm.errors import InvalidRequest
+
+#: In-situ quantization types this plugin accepts (mistral.rs names). AFQ types are Metal-only
+#: and FP8 needs a GPU, so they are left out of the CPU build's list in the docs.
+ISQ_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2K", "Q3K", "Q4K", "Q5K", "Q6K", "Q8K",
+             "HQQ4", "HQQ8", "FP8", "AFQ2", "AFQ3", "AFQ4", "AFQ6", "AFQ8")
+DTYPES = ("auto", "bf16", "f16", "f32")
+PAGED_CACHE_TYPES = ("auto", "f8e4m3")
+SERIAL_PREFILL = ("auto", "on", "off")
+
+
+def _in(choices: tuple[str, ...]):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is not None and value not in choices:
+            raise InvalidRequest(attribute.name, f"must be one of {', '.join(choices)}; got {value!r}", value)
+    return check
+
+
+def _int_min(low: int):
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InvalidRequest(attribute.name, f"must be an integer >= {low}; got {value!r}", value)
+    return check
+
+
+def _optional_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequest(attribute.name, f"must be true or false; got {value!r}", value)
+
+
+def _isq(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or value.upper() not in ISQ_TYPES:
+        raise InvalidRequest("isq", f"must be one of {', '.join(ISQ_TYPES)}; got {value!r}", value)
+    return value.upper()
+
+
+def _adapters(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidRequest("adapters", "must be a table of alias = \"path/to/peft-adapter-dir\"", value)
+    out = {}
+    for alias, path in value.items():
+        if not isinstance(alias, str) or not alias or not isinstance(path, (str, Path)):
+            raise InvalidRequest("adapters", f"entry {alias!r} = {path!r} must be alias = \"dir\"", value)
+        out[alias] = str(Path(path).expanduser())
+    return out
+
+
+def _xlora(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not isinstance(value.get("model_id"), str) \
+            or not isinstance(value.get("order"), str):
+        raise InvalidRequest(
+            "xlora", "must be a table with model_id = \"X-LoRA model dir\" and order = \"ordering.json\""
+            " (and optionally tgt_non_granular_index = N)", value,
+        )
+    unknown = set(value) - {"model_id", "order", "tgt_non_granular_index"}
+    if unknown:
+        raise InvalidRequest("xlora", f"unknown key(s) {', '.join(sorted(unknown))}", value)
+    return dict(value)
+
+
+def _memory_goal(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is None:
+        return
+    ok = (isinstance(value, float) and 0.0 < value <= 1.0) or (
+        isinstance(value, str) and value[:1].isdigit()
+        and value.endswith(("GiB", "MiB", "GB", "MB", "tokens")))
+    if not ok:
+        raise InvalidRequest(attribute.name, "must be a fraction in (0, 1] of GPU memory, or a KV size such "
+                             f"as \"4GiB\" or \"65536tokens\"; got {value!r}", value)
+
+
+@attrs.frozen(kw_only=True)
+class MistralRsOptions:
+    #: Sequences mistral.rs runs at once (its scheduler batches their decode steps).
+    max_seqs: int = attrs.field(default=16, validator=_int_min(1))
+    #: Finished sequences whose KV mistral.rs keeps for prefix reuse. 0 (the default) keeps none,
+    #: so every request starts from a clean state and cached_tokens() is 0.
+    prefix_cache_size: int = attrs.field(default=0, validator=_int_min(0))
+    #: Admit one new prompt into mistral.rs at a time ("on"), or let it prefill several prompts in
+    #: one step ("off"). "auto" = on for quantized weights (GGUF, ISQ), whose CPU matmul fails or
+    #: corrupts outputs when several prompts are prefilled together (see the docs).
+    serial_prefill: str = attrs.field(default="auto", validator=_in(SERIAL_PREFILL))
+    #: In-situ quantization applied while loading (Hugging Face weights, or requantizing a GGUF).
+    isq: str | None = attrs.field(default=None, converter=_isq)
+    dtype: str = attrs.field(default="auto", validator=_in(DTYPES))
+    #: Seed of mistral.rs's sampling RNG, set once for the whole engine.
+    seed: int | None = attrs.field(default=None, validator=_int_min(0))
+    #: None = mistral.rs's default (on for CUDA/Metal, absent on CPU); true demands it.
+    paged_attention: bool | None = attrs.field(default=None, validator=_optional_bool)
+    paged_block_size: int | None = attrs.field(default=None, validator=_int_min(1))
+    paged_memory_goal: float | str | None = attrs.field(default=None, validator=_memory_goal)
+    paged_cache_type: str | None = attrs.field(default=None, validator=_in(PAGED_CACHE_TYPES))
+    #: LoRA adapters loaded at start: alias -> PEFT directory.
+    adapters: dict[str, str] = attrs.field(factory=dict, converter=_adapters)
+    #: Start the dynamic LoRA runtime even with no adapters, so they can be hot-loaded later.
+    lora: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: Adapter used by requests that name none.
+    adapter: str | None = None
+    max_adapters: int = attrs.field(default=16, validator=_int_min(1))
+    max_lora_rank: int = attrs.field(default=256, validator=_int_min(1))
+    #: X-LoRA: {model_id, order, tgt_non_granular_index}; replaces dynamic LoRA.
+    xlora: dict[str, Any] | None = attrs.field(default=None, converter=_xlora)
+    #: tokenizer.json to use instead of the GGUF's own tokenizer metadata.
+    tokenizer_json: str | None = None
+
+    @property
+    def wants_paged_attention(self) -> bool:
+        """Whether any option asks for PagedAttention, explicitly or through its settings."""
+        return bool(self.paged_attention) or any(
+            v is not None for v in (self.paged_block_size, self.paged_memory_goal, self.paged_cache_type)
+        )
+
+    @property
+    def wants_lora(self) -> bool:
+        return self.lora or bool(self.adapters) or self.adapter is not None
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> MistralRsOptions:
+        known = {f.name for f in attrs.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InvalidRequest(
+                unknown[0], f"is not a mistralrs option; known options: {', '.join(sorted(known))}",
+                options[unknown[0]],
+            )
+        opts = cls(**options)
+        if opts.paged_attention is False and opts.wants_paged_attention:
+            raise InvalidRequest("paged_attention", "is false but paged_* settings were given; drop them "
+                                 "or set paged_attention = true")
+        if opts.adapter is not None and opts.adapter not in opts.adapters:
+            raise InvalidRequest("adapter", f"names {opts.adapter!r}, which is not in adapters "
+                                 f"({', '.join(opts.adapters) or 'none'})", opts.adapter)
+        if opts.xlora is not None and opts.wants_lora:
+            raise InvalidRequest("xlora", "cannot be combined with dynamic LoRA (adapters/lora/adapter)")
+        return opts
