@@ -82,8 +82,11 @@ def runner_kwargs(m: Any, opts: MistralRsOptions, build: Build, template_file: P
         if opts.paged_memory_goal is not None:
             kwargs["memory_goal"] = opts.paged_memory_goal
         if opts.paged_cache_type is not None:
-            kwargs["pa_cache_type"] = {"auto": m.PagedCacheType.Auto,
-                                       "f8e4m3": m.PagedCacheType.F8E4M3}[opts.paged_cache_type]
+            kinds = getattr(m, "PagedCacheType", None)
+            if kinds is None:
+                raise BackendUnavailable("mistralrs", "option paged_cache_type: this mistral.rs build "
+                                         "exports no PagedCacheType")
+            kwargs["pa_cache_type"] = {"auto": kinds.Auto, "f8e4m3": kinds.F8E4M3}[opts.paged_cache_type]
     return kwargs
 
 

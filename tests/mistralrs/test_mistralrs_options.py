@@ -1,0 +1,128 @@
+"""Option parsing and mapping: pure logic, no engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import mistralrs
+import pytest
+from ruvllm.errors import BackendUnavailable, InvalidRequest
+from ruvllm.models import ModelSource
+from ruvllm.types import GenerationParams
+from ruvllm_mistralrs import MistralRsBackend
+from ruvllm_mistralrs.engine import check_paged_attention, runner_kwargs, serial_prefill
+from ruvllm_mistralrs.options import MistralRsOptions
+from ruvllm_mistralrs.platform import Build, installed_build
+from ruvllm_mistralrs.requests import chat_request
+from ruvllm_mistralrs.token_ids import TokenIdResolver
+
+CPU = Build("mistralrs", "0.9.5", "cpu")
+CUDA = Build("mistralrs-cuda", "0.9.5", "cuda")
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    ({"max_seqs": 0}, "max_seqs"),
+    ({"isq": "Q3_X"}, "isq"),
+    ({"dtype": "fp64"}, "dtype"),
+    ({"paged_memory_goal": "lots"}, "paged_memory_goal"),
+    ({"serial_prefill": "maybe"}, "serial_prefill"),
+    ({"adapter": "missing"}, "adapter"),
+    ({"no_such_option": 1}, "no_such_option"),
+    ({"paged_attention": False, "paged_block_size": 32}, "paged_attention"),
+    ({"xlora": {"model_id": "x"}}, "xlora"),
+])
+def test_bad_options_name_the_field(options, field):
+    with pytest.raises(InvalidRequest) as err:
+        MistralRsOptions.from_mapping(options)
+    assert err.value.field == field
+
+
+def test_isq_names_are_normalised():
+    assert MistralRsOptions.from_mapping({"isq": "q4k"}).isq == "Q4K"
+
+
+@pytest.mark.parametrize("options", [{"paged_attention": True}, {"paged_block_size": 32},
+                                     {"paged_memory_goal": "2GiB"}, {"paged_cache_type": "f8e4m3"}])
+def test_paged_attention_demanded_on_cpu_fails_naming_the_option(options):
+    opts = MistralRsOptions.from_mapping(options)
+    with pytest.raises(BackendUnavailable) as err:
+        check_paged_attention(opts, CPU)
+    assert next(iter(options)) in str(err.value) and "CUDA and Metal" in str(err.value)
+    check_paged_attention(opts, CUDA)  # the GPU builds accept it
+
+
+def test_paged_attention_fails_at_load_before_reading_weights(tmp_path):
+    if installed_build().paged_attention:
+        pytest.skip("this mistral.rs build has PagedAttention")
+    missing = ModelSource(name="nothing", path=tmp_path / "absent.gguf", format="gguf")
+    with pytest.raises(BackendUnavailable, match="paged_attention"):
+        MistralRsBackend.load(missing, {"paged_attention": True})
+
+
+def test_capabilities_on_this_build():
+    caps = MistralRsBackend.capabilities()
+    assert caps.core_sampler is False and caps.executor is False and caps.logprobs is True
+    assert caps.paged_attention == installed_build().paged_attention
+    if not caps.paged_attention:
+        assert any("PagedAttention" in note for note in caps.notes)
+
+
+def test_paged_options_map_to_runner_arguments_on_gpu_builds(tmp_path):
+    opts = MistralRsOptions.from_mapping({"paged_attention": True, "paged_block_size": 16,
+                                          "paged_memory_goal": 0.5, "paged_cache_type": "f8e4m3",
+                                          "prefix_cache_size": 4, "max_seqs": 3})
+    # The CPU wheel does not export PagedCacheType; stand in for a GPU build's module.
+    gpu_module = SimpleNamespace(PagedCacheType=SimpleNamespace(Auto="auto", F8E4M3="f8e4m3"))
+    kw = runner_kwargs(gpu_module, opts, CUDA, tmp_path / "t.jinja")
+    assert kw["paged_attn"] is True and kw["pa_blk_size"] == 16 and kw["memory_goal"] == 0.5
+    assert kw["pa_cache_type"] == "f8e4m3"
+    assert kw["prefix_cache_n"] == 4 and kw["max_seqs"] == 3
+    cpu = runner_kwargs(mistralrs, MistralRsOptions(), CPU, tmp_path / "t.jinja")
+    assert not {"paged_attn", "pa_blk_size", "memory_goal", "pa_cache_type"} & set(cpu)
+
+
+def test_serial_prefill_is_on_for_quantized_weights():
+    gguf = ModelSource(name="m", path=Path("/m.gguf"), format="gguf")
+    hf = ModelSource(name="m", path=Path("/m"), format="hf")
+    assert serial_prefill(MistralRsOptions(), gguf)
+    assert serial_prefill(MistralRsOptions(isq="Q4K"), hf)
+    assert not serial_prefill(MistralRsOptions(), hf)
+    assert serial_prefill(MistralRsOptions(serial_prefill="on"), hf)
+
+
+def test_request_mapping():
+    params = GenerationParams(max_tokens=7, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05,
+                              repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.3,
+                              logprobs=3, stop=["x"])
+    # The binding's request objects hide their fields; capture the keyword arguments instead.
+    capture = SimpleNamespace(ChatCompletionRequest=lambda **kw: kw)
+    req = chat_request(capture, "hi", params, adapter="a", banned=[0, 1])
+    sampling = ("max_tokens", "temperature", "top_p", "top_k", "min_p")
+    assert [req[k] for k in sampling] == [7, 0.7, 0.9, 40, 0.05]
+    penalties = ("repetition_penalty", "frequency_penalty", "presence_penalty")
+    assert [req[k] for k in penalties] == [1.1, 0.2, 0.3]
+    assert req["top_logprobs"] == 3 and req["logprobs"] is True and req["adapter"] == "a"
+    assert "stop_seqs" not in req  # core matches stop strings
+    assert req["logit_bias"] == {0: float("-inf"), 1: float("-inf")}
+    assert req["messages"] == [{"role": "user", "content": "hi"}] and req["ignore_eos"] is False
+    mistralrs.ChatCompletionRequest(**req)  # and the real binding accepts exactly these
+
+
+def test_seeded_sampling_is_refused_with_the_reason():
+    with pytest.raises(InvalidRequest) as err:
+        chat_request(mistralrs, "hi", GenerationParams(temperature=0.8, seed=3), adapter=None)
+    assert err.value.field == "seed"
+    chat_request(mistralrs, "hi", GenerationParams(temperature=0.0, seed=3), adapter=None)  # greedy: fine
+
+
+def test_token_id_resolver():
+    resolver = TokenIdResolver([b"a", b"b", b"<s>", b"<s>"])
+    assert resolver.resolve(b"b", -0.5, []) == 1
+    assert resolver.resolve(b"<s>", -0.25, [(3, -0.25), (1, -1.0)]) == 3
+    from ruvllm.errors import BackendError
+
+    with pytest.raises(BackendError):
+        resolver.resolve(b"<s>", -0.25, [(1, -0.25)])
+    with pytest.raises(BackendError):
+        resolver.resolve(b"zz", -0.1, [])
