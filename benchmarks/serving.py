@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -73,6 +74,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--n-ctx", type=int, default=512, help="context per sequence (llamacpp n_ctx)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="llama.cpp threads for the engine and the ceiling (default: the backend's)")
     ap.add_argument("--compare-ceiling", action="store_true",
                     help="also run llama.cpp's multi-sequence batch directly (llamacpp only)")
     ap.add_argument("--json", type=Path)
@@ -81,13 +84,13 @@ def main() -> None:
     config = load_config()
     source = resolve(args.model, config.cache_dir)
     backend_cls = get_registry().select(args.backend, source)
-    opts = {"n_ctx": args.n_ctx} if backend_cls.name == "llamacpp" else {}
-    ceiling_model = None
-    if args.compare_ceiling:
-        first = ServingEngine(lambda: backend_cls.load(source, opts), EngineOptions(max_num_seqs=1))
-        threads = first.backend.options.n_threads if hasattr(first.backend, "options") else 2
-        first.close()
-        ceiling_model = Model(str(source.path), threads)
+    opts: dict = {}
+    if backend_cls.name == "llamacpp":
+        opts["n_ctx"] = args.n_ctx
+        if args.threads:
+            opts["n_threads"] = args.threads
+    threads = args.threads or len(os.sched_getaffinity(0))
+    ceiling_model = Model(str(source.path), threads) if args.compare_ceiling else None
 
     rows = []
     path = "?"
@@ -117,7 +120,8 @@ def main() -> None:
         ceiling_model.close()
 
     head = (f"machine: {machine()}; backend {backend_cls.name} ({backend_cls.version() or '?'}), "
-            f"engine path {path}; model {source.name}; {args.max_tokens} tokens/request, greedy, "
+            f"engine path {path}; model {source.name}; {threads} llama.cpp threads; "
+            f"{args.max_tokens} tokens/request, greedy, "
             f"EOS ignored; median of {args.repeats}")
     print(head)
     cols = f"{'C':>4} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p95':>9} {'TPOT ms':>8}"
