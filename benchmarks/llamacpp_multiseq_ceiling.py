@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import statistics
@@ -38,6 +39,8 @@ class Model:
         import llama_cpp
 
         self.lib = llama_cpp
+        # llama-cpp-python routes llama.cpp's log through this logger: errors only.
+        logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_default_params()
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), params)
