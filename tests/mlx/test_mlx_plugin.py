@@ -1,0 +1,73 @@
+"""Discovery, capabilities, options and model info of the mlx backend."""
+
+from __future__ import annotations
+
+import pytest
+from ruvllm.errors import ConfigError
+from ruvllm.models import ModelSource
+from ruvllm.plugins import load_registry
+from ruvllm_mlx.backend import MlxBackend
+from ruvllm_mlx.options import MlxOptions
+
+
+def test_entry_point_registers_backend():
+    registry = load_registry()
+    assert registry.backends.get("mlx") is MlxBackend, registry.failures
+    assert registry.providers["mlx"] == "ruvllm-mlx"
+    assert MlxBackend.unavailable_reason() is None
+
+
+def test_capabilities_state_device_and_why():
+    import mlx.core as mx
+
+    caps = MlxBackend.capabilities()
+    assert caps.executor and caps.core_sampler and caps.logprobs
+    if mx.metal.is_available():
+        assert caps.device == "metal"
+    else:
+        assert caps.device == "cpu"
+        assert any("Metal unavailable" in note for note in caps.notes)
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [({"weights": "int3"}, "weights"), ({"kv_bits": 5}, "kv_bits"), ({"n_threads": 2}, "n_threads"),
+     ({"context_length": 0}, "context_length")],
+)
+def test_bad_options_name_the_field(options, field):
+    with pytest.raises(ConfigError, match=field):
+        MlxOptions.from_mapping(options)
+
+
+def test_bad_option_fails_before_loading(model_path):
+    with pytest.raises(ConfigError, match="kv_cache"):
+        MlxBackend.load(ModelSource.from_path(model_path), {"kv_cache": "int4"})
+
+
+def test_device_defaults():
+    opts = MlxOptions()
+    assert opts.resolved_weights(metal=True) == "quantized"
+    assert opts.resolved_weights(metal=False) == "dequantized"
+    assert opts.resolved_dtype(metal=False) == "float32"
+    assert MlxOptions(weights="quantized").resolved_weights(metal=False) == "quantized"
+
+
+def test_model_info_from_gguf(backend):
+    info = backend.info
+    assert info.architecture == "llama"
+    assert info.vocab_size == 49152
+    assert info.context_length == 2048  # capped by the context_length option
+    assert info.special_tokens.eos_ids == (2,)
+    assert info.special_tokens.eos_text == "<|im_end|>"
+    assert "<|im_start|>" in info.chat_template
+    assert info.quantization.startswith("q4+q8")
+    assert backend.model.config.rope_traditional  # GGUF Llama q/k rows are permuted
+
+
+def test_unsupported_file_is_a_load_error(tmp_path):
+    from ruvllm.errors import ModelLoadError
+
+    bogus = tmp_path / "x.gguf"
+    bogus.write_bytes(b"not a gguf file")
+    with pytest.raises(ModelLoadError, match=r"x\.gguf"):
+        MlxBackend.load(ModelSource.from_path(bogus), {})
