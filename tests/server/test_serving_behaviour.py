@@ -103,14 +103,16 @@ def tiny_queue_server():
 
 def test_full_queue_is_503_with_retry_after(tiny_queue_server):
     srv = tiny_queue_server
-    body = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "stream": True}
+    # Long enough that the first request is still running when the third arrives.
+    body = {"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True, "stream": True}
     with httpx.Client(timeout=60) as http, \
             http.stream("POST", srv.base_url + "/completions", json=body, headers=AUTH) as first:
         assert first.status_code == 200
         next(first.iter_lines())  # running now
         with http.stream("POST", srv.base_url + "/completions", json=body, headers=AUTH) as second:
             assert second.status_code == 200  # waits in the queue
-            third = http.post(srv.base_url + "/completions", json={**body, "stream": False}, headers=AUTH)
+            third = http.post(srv.base_url + "/completions", json={**body, "stream": False, "max_tokens": 1},
+                              headers=AUTH)
             assert third.status_code == 503
             assert int(third.headers["Retry-After"]) >= 1
             assert third.json()["error"]["type"] == "overloaded"

@@ -1,0 +1,159 @@
+"""``ruvllm serve`` against ``python -m llama_cpp.server``: same model, same clients, same machine.
+
+Each server runs alone (started, measured, stopped in turn), is warmed up, then measured with
+1, 4 and 16 concurrent streaming clients by ruvllm's serving benchmark (client-side timing).
+Every request asks for ``--gen-length`` tokens with EOS suppressed (``ignore_eos`` for ruvllm,
+a ``logit_bias`` of -100 on the EOS ids for llama-cpp-python, which has no ``ignore_eos``), so a
+request that returns fewer tokens was cut short by the server. llama_cpp.server runs with its
+default settings, as users run it.
+
+    .venv/bin/python benchmarks/compare_servers.py                  # writes benchmarks/results/
+    .venv/bin/python benchmarks/compare_servers.py --clients 1,4,16 --gen-length 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from ruvllm.bench import report as rep
+from ruvllm.bench.machine import machine_info
+from ruvllm.bench.prompts import prompt_text
+from ruvllm.bench.serving import HttpTarget, sweep
+from ruvllm.llm import LLM
+
+ROOT = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with code {proc.returncode} before it was ready")
+        try:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"server at {url} not ready after {timeout:.0f} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def measure(url: str, name: str, prompts: list[str], extra_body: dict, args) -> list[dict]:
+    levels = [int(c) for c in args.clients.split(",")]
+    console = Console(stderr=True)
+
+    def progress(c: int, done: int, total: int) -> None:
+        if done == total:
+            console.print(f"  {name}: {c} clients done")
+
+    async with HttpTarget(url, prompts, extra_body=extra_body, name=name) as target:
+        return await sweep(target, levels, num_requests=lambda c: max(args.min_requests, 2 * c),
+                           max_tokens=args.gen_length, prompt_length=args.prompt_length, warmup=2,
+                           progress=progress)
+
+
+def run_server(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
+    fh = log.open("w")
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ})
+    wait_ready(url, proc)
+    return proc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", default="1,4,16")
+    ap.add_argument("--gen-length", type=int, default=64)
+    ap.add_argument("--prompt-length", type=int, default=64)
+    ap.add_argument("--min-requests", type=int, default=4, help="requests per level: max(this, 2 x clients)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--output-dir", type=Path, default=ROOT / "results")
+    ap.add_argument("--skip-llamacpp-server", action="store_true")
+    args = ap.parse_args()
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+
+    with LLM(backend="llamacpp") as llm:
+        model_path = llm.info.path
+        eos_ids = llm.info.special_tokens.eos_ids
+        prompts = [prompt_text(llm.tokenizer, args.prompt_length, i) for i in range(64)]
+        model_name = llm.info.name
+    bin_dir = Path(sys.executable).parent
+    results: list[dict] = []
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    print(f"ruvllm serve on {url}", file=sys.stderr)
+    proc = run_server([str(bin_dir / "ruvllm"), "serve", "--backend", "llamacpp", "--port", str(port),
+                       "-o", f"n_threads={args.threads}", "--log-level", "warning"], url,
+                      args.output_dir / "ruvllm-serve.log")
+    try:
+        health = httpx.get(url + "/health").json()
+        results += asyncio.run(measure(url, f"ruvllm serve ({health['backend']}, {health['engine_path']})",
+                                       prompts, {"ignore_eos": True}, args))
+    finally:
+        stop(proc)
+
+    if not args.skip_llamacpp_server:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        print(f"llama_cpp.server on {url}", file=sys.stderr)
+        proc = run_server([sys.executable, "-m", "llama_cpp.server", "--model", str(model_path),
+                           "--port", str(port), "--n_threads", str(args.threads), "--n_ctx", "4096"],
+                          url, args.output_dir / "llama_cpp-server.log")
+        try:
+            bias = {str(t): -100 for t in eos_ids}
+            results += asyncio.run(measure(url, "llama_cpp.server (defaults)", prompts, {"logit_bias": bias},
+                                           args))
+        finally:
+            stop(proc)
+
+    report = {"machine": machine_info(), "model": model_name, "serving": results,
+              "settings": {"clients": args.clients, "gen_length": args.gen_length,
+                           "prompt_length": args.prompt_length, "threads": args.threads}}
+    (args.output_dir / "compare_servers.json").write_text(rep.to_json(report))
+    (args.output_dir / "compare_servers.csv").write_text(rep.to_csv(report))
+    rep.plot(results, args.output_dir / "compare_servers.png",
+             title=f"{model_name} | {report['machine']['cpu']} x{report['machine']['logical_cpus']}")
+    rep.print_tables(report, Console(width=200))
+    by = {}
+    for r in results:
+        by.setdefault(r["concurrency"], {})["ruvllm" if r["target"].startswith("ruvllm") else "peer"] = r
+    for c, pair in sorted(by.items()):
+        if "ruvllm" in pair and "peer" in pair:
+            a, b = pair["ruvllm"], pair["peer"]
+            ratio = a["output_tok_s"] / b["output_tok_s"] if b["output_tok_s"] else float("inf")
+            print(f"{c:>3} clients: ruvllm {a['output_tok_s']:.1f} tok/s vs {b['output_tok_s']:.1f} "
+                  f"(x{ratio:.2f}); TTFT p50 {a['ttft_s']['p50']:.2f} s vs {b['ttft_s']['p50']:.2f} s; "
+                  f"cut short {a['cut_short']} vs {b['cut_short']}")
+    print(json.dumps({"written": str(args.output_dir)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
