@@ -24,17 +24,29 @@ REGISTER_PLUGIN = "import toy_backend\ntoy_backend.register_toy_backends()\n"
 
 
 @pytest.fixture
-def suite_runner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
-    """Run the conformance suite in a child pytest process with the toys importable."""
+def toy_env(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A pytester directory where child processes can import the toys and ``-p register_toys``."""
     pytester.makepyfile(register_toys=REGISTER_PLUGIN)
     paths = [str(HERE), str(pytester.path), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    return pytester
 
-    def run(*args: str) -> SuiteRun:
-        report = pytester.path / "report.xml"
-        result = pytester.runpytest_subprocess(
-            "-p", "register_toys", "-p", "no:cacheprovider", "--pyargs", "ruvllm.testing.suite",
-            "-rs", f"--junitxml={report}", *args, timeout=600,
+
+@pytest.fixture
+def suite_runner(toy_env: pytest.Pytester):
+    """Run the conformance suite in a child pytest process.
+
+    ``toys=True`` (default) also loads ``-p register_toys``, which registers the toy backends
+    in-process; without it the child sees only the backends installed as plugins.
+    """
+
+    def run(*args: str, toys: bool = True) -> SuiteRun:
+        report = toy_env.path / "report.xml"
+        report.unlink(missing_ok=True)
+        plugin = ("-p", "register_toys") if toys else ()
+        result = toy_env.runpytest_subprocess(
+            *plugin, "-p", "no:cacheprovider", "--pyargs", "ruvllm.testing.suite",
+            "-rs", f"--junitxml={report}", *args, timeout=900,
         )
         return SuiteRun(result, read_junit(report) if report.exists() else {})
 

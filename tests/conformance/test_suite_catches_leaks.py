@@ -19,8 +19,8 @@ LEAK_TESTS = (
     "test_many_calls_identical_output",
     "test_many_calls_cached_tokens_bounded",
 )
-#: Modules of this suite's own tests (the ServingEngine tests in the same package are not
-#: what these tests are about and need an engine the toy does not exercise).
+#: The ServingEngine tests in the same package (test_engine.py) belong to the engine's area;
+#: the runs below assert the exact outcomes of the request-level tests, so they leave them out.
 NOT_ENGINE = ("-k", "not TestEngine")
 
 

@@ -28,8 +28,10 @@ SHORT = 16
 MEDIUM = 32
 #: The long prompt of the KV-reset tests must be this long at least.
 LONG_PROMPT_TOKENS = 300
-#: Calls in a row of the state-growth test.
+#: Calls in a row of the state-growth test, and tokens per call (drift shows in a few tokens;
+#: the number of calls is what matters).
 MANY_CALLS = 50
+MANY_CALLS_TOKENS = 8
 #: Allowed growth of resident memory between call 1 and call 50 (after warm-up). A backend that
 #: keeps a request's KV (tens of KiB per token on real models) or its buffers exceeds it; the
 #: allocator's normal jitter stays far below it.

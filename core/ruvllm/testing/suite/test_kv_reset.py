@@ -15,6 +15,7 @@ from ruvllm.llm import LLM
 from ruvllm.testing.support import (
     LONG_PROMPT_TOKENS,
     MANY_CALLS,
+    MANY_CALLS_TOKENS,
     MEDIUM,
     PROMPT_A,
     PROMPT_C,
@@ -42,7 +43,7 @@ def many_calls(ruvllm_llm: LLM) -> ManyCalls:
     backend's cache size and the process's memory after each call."""
     results, cached, rss = [], [], []
     for _ in range(MANY_CALLS):
-        results.append(ruvllm_llm.generate(PROMPT_A, max_tokens=SHORT, temperature=0.0))
+        results.append(ruvllm_llm.generate(PROMPT_A, max_tokens=MANY_CALLS_TOKENS, temperature=0.0))
         cached.append(ruvllm_llm.backend.cached_tokens())
         rss.append(rss_bytes())
     return ManyCalls(tuple(results), tuple(cached), tuple(rss))
