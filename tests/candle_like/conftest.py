@@ -4,7 +4,6 @@ configuration is loaded once for the whole candle_like test run."""
 from __future__ import annotations
 
 import pytest
-
 from ruvllm.models import ModelSource
 from ruvllm.registry import embedded_model_path
 

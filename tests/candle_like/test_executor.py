@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from ruvllm.errors import InvalidRequest
 from ruvllm.executor import BatchEntry, BatchExecutor
 
@@ -79,7 +78,7 @@ def test_decode_batch_with_different_lengths(backend_fp32, executor):
                       for i, s in enumerate(seqs)])
     out = executor.execute([BatchEntry(seq_id=i, tokens=(s[-1],), start_pos=len(s) - 1, block_table=tables[i])
                             for i, s in enumerate(seqs)])
-    for i, s in enumerate(seqs):
+    for i in range(len(seqs)):
         np.testing.assert_allclose(out[i], expected[i][-1], atol=ATOL)
 
 

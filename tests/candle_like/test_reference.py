@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from ruvllm.types import GenerationParams
 
 from .conftest import PROMPTS

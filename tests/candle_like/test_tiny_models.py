@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from ruvllm.models import ModelSource
 from ruvllm_candle_like.backend import CandleLikeBackend
 

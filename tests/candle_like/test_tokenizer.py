@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from ruvllm.tokenizer import Tokenizer
 
 from .conftest import llama_cpp_or_skip
@@ -14,12 +13,12 @@ CORPUS = [
     "def f(x):\n    return x**2  # square\n\n\tindented()",
     "for (int i = 0; i < n; ++i) { sum += a[i]; }",
     "Café naïve résumé Ünïcödé façade",
-    "日本語のテキスト、中文字符，한국어",
+    "日本語のテキスト、中文字符\uff0c한국어",
     "emoji 🙂👍🏽 🚀🔥 👨‍👩‍👧",
     "  leading  spaces   and 12345 67 numbers 3.14159",
     "it's don't we'll I'M they've",
     "\n\n\n  \t\t",
-    "Здравствуй, мир! Γειά σου",
+    "Здравствуй, мир! \u0393\u03b5\u03b9\u03ac \u03c3\u03bf\u03c5",
     "x = [1,2,3]; y = {'a': 1}",
 ]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
 from ruvllm_candle_like.config import ModelConfig
 from ruvllm_candle_like.gguf_loader import GgufTokenizerData
 from ruvllm_candle_like.tokenizer import CONTROL, NORMAL, from_gguf
@@ -14,7 +13,7 @@ from ruvllm_candle_like.writers import save_hf, write_gguf
 
 def byte_chars() -> list[str]:
     """GPT-2's byte -> printable character table."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 256))
     cs = bs[:]
     n = 0
     for b in range(256):
