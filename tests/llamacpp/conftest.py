@@ -11,11 +11,15 @@ pytest.importorskip("ruvllm_llamacpp", reason="the ruvllm-llamacpp plugin is not
 
 #: Small enough to keep KV allocation cheap, large enough for every prompt used here.
 TEST_CTX = 1024
+#: One thread: on the shared 2-core test machine OpenMP's spinning threads crawl when the
+#: other core is busy. Thread count does not change llama.cpp's results.
+TEST_THREADS = 1
 
 
 @pytest.fixture(scope="module")
-def test_ctx() -> int:
-    return TEST_CTX
+def test_options() -> dict:
+    """Options every test backend is loaded with."""
+    return {"n_ctx": TEST_CTX, "n_threads": TEST_THREADS}
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +28,6 @@ def model_path():
 
 
 @pytest.fixture(scope="module")
-def llm():
-    with LLM(backend="llamacpp", options={"n_ctx": TEST_CTX}) as instance:
+def llm(test_options):
+    with LLM(backend="llamacpp", options=test_options) as instance:
         yield instance

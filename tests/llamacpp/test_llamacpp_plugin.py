@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from ruvllm.backend import LlmBackend
 from ruvllm.errors import BackendError, ConfigError, ModelLoadError
 from ruvllm.models import ModelSource
 from ruvllm.plugins import load_registry
@@ -23,9 +24,10 @@ def test_available_with_version_and_honest_capabilities():
     assert LlamaCppBackend.version()
     caps = LlamaCppBackend.capabilities()
     assert caps.streaming and caps.logprobs and caps.core_sampler
-    assert caps.executor is False
     assert caps.device == "cpu"
-    assert any("executor" in note for note in caps.notes)
+    # The executor capability is claimed only together with a real create_executor.
+    assert caps.executor is True
+    assert LlamaCppBackend.create_executor is not LlmBackend.create_executor
 
 
 def test_option_defaults():

@@ -7,12 +7,12 @@ from ruvllm import LLM
 from ruvllm.types import GenerationParams
 
 SYSTEM = [{"role": "system", "content": "You are a terse assistant. Answer in one sentence."}]
-GREEDY = GenerationParams(max_tokens=24, ignore_eos=True)
+GREEDY = GenerationParams(max_tokens=16, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def reuse(test_ctx):
-    with LLM(backend="llamacpp", options={"n_ctx": test_ctx, "prefix_reuse": True}) as instance:
+def reuse(test_options):
+    with LLM(backend="llamacpp", options={**test_options, "prefix_reuse": True}) as instance:
         yield instance
 
 
@@ -34,15 +34,16 @@ PAIRS = [
 @pytest.mark.parametrize(("label", "make"), PAIRS, ids=[p[0] for p in PAIRS])
 def test_reuse_is_token_identical_to_a_fresh_call(llm, reuse, label, make):
     first, second = make(reuse)
-    reuse.generate(first, GREEDY)
-    held = reuse.backend.cached_tokens()
-    assert held == len(first) + GREEDY.max_tokens - 1  # prompt + every token but the last
+    produced = reuse.generate(first, GREEDY).token_ids
+    # The KV holds the prompt and every produced token but the last (never evaluated).
+    in_kv = [*first, *produced[:-1]]
+    assert reuse.backend.cached_tokens() == len(in_kv)
     reused = reuse.generate(second, GREEDY)
     fresh = llm.generate(second, GREEDY)
     assert reused.token_ids == fresh.token_ids
     assert reused.text == fresh.text
-    shared = next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b),
-                  min(len(first), len(second)))
+    shared = next((i for i, (a, b) in enumerate(zip(in_kv, second, strict=False)) if a != b),
+                  min(len(in_kv), len(second)))
     assert reuse.backend.last_reused_tokens == min(shared, len(second) - 1)
 
 
