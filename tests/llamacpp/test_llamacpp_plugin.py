@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 from ruvllm.backend import LlmBackend
 from ruvllm.errors import BackendError, ConfigError, ModelLoadError
@@ -96,3 +100,27 @@ def test_context_is_capped_at_the_training_context_and_close_frees(model_path):
     with pytest.raises(BackendError, match="closed"):
         backend.generate([1, 2, 3], GenerationParams(max_tokens=1))
     backend.close()  # idempotent
+
+
+def test_missing_llama_cpp_is_a_reason_not_a_crash():
+    # A fresh interpreter where `import llama_cpp` fails, as with no wheel or a broken build.
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["llama_cpp"] = None
+        from ruvllm.errors import BackendUnavailable
+        from ruvllm.plugins import load_registry
+        registry = load_registry()
+        cls = registry.backends["llamacpp"]
+        print(cls.unavailable_reason())
+        print(cls.capabilities().device)
+        try:
+            registry.select("llamacpp")
+        except BackendUnavailable as exc:
+            print("unavailable:", exc.reason == cls.unavailable_reason())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    reason, device, selected = out.stdout.strip().splitlines()
+    assert "llama-cpp-python is not importable" in reason and "pip install" in reason
+    assert device == "cpu"
+    assert selected == "unavailable: True"
