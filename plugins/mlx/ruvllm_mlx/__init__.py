@@ -5,3 +5,8 @@ engine-facing pieces are :class:`ruvllm_mlx.backend.MlxBackend` (request level) 
 :class:`ruvllm_mlx.executor.MlxBatchExecutor` (iteration level). Nothing here imports MLX at
 package import, so a machine without MLX still lists the backend with its reason.
 """
+
+from ruvllm_mlx.cpu_blas import preload as _preload_blas
+
+# Before anything imports MLX: let its CPU matmul use an optimized sgemm_ (see cpu_blas).
+_preload_blas()

@@ -8,6 +8,9 @@ import sys
 
 def import_error() -> str | None:
     """Why MLX cannot be imported here, or None."""
+    from ruvllm_mlx.cpu_blas import preload
+
+    preload()
     try:
         import mlx.core  # noqa: F401
     except Exception as exc:  # ImportError, or a missing shared library (OSError)
@@ -28,8 +31,11 @@ def device_and_notes() -> tuple[str, tuple[str, ...]]:
         return "cpu", ("MLX is not installed; the backend is unavailable",)
     if metal_available():
         return "metal", ("running on the Apple Silicon GPU through Metal",)
+    from ruvllm_mlx import cpu_blas
+
     where = "on Linux" if sys.platform == "linux" else f"on {sys.platform}/{platform.machine()}"
     return "cpu", (
         f"Metal unavailable {where}; running on the CPU (mlx[cpu]), where weights are "
         f"dequantized to float32 by default because MLX's CPU quantized matmul is slower",
+        *([cpu_blas.status] if cpu_blas.status else []),
     )
