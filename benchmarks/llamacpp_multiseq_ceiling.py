@@ -60,8 +60,14 @@ class Model:
         self.lib.llama_model_free(self.model)
 
 
-def run_ceiling(model: Model, prompts: list[str], max_tokens: int, n_ctx_seq: int = 512) -> dict:
-    """Generate ``max_tokens`` greedy tokens for every prompt at once; returns timings."""
+def run_ceiling(model: Model, prompts: list[str], max_tokens: int, n_ctx_seq: int = 512,
+                flash_attn: bool = False) -> dict:
+    """Generate ``max_tokens`` greedy tokens for every prompt at once; returns timings.
+
+    Flash attention is off by default, as in llama-cpp-python's ``Llama`` and ruvllm's
+    llamacpp backend: llama.cpp's "auto" turns it on for CPU, which changes the numerics (a
+    few near-tie tokens differ) as well as the speed, so both sides must use the same setting.
+    """
     lib = model.lib
     c = len(prompts)
     tokens = [model.tokenize(p) for p in prompts]
@@ -74,6 +80,8 @@ def run_ceiling(model: Model, prompts: list[str], max_tokens: int, n_ctx_seq: in
     cp.kv_unified = False
     cp.n_threads = cp.n_threads_batch = model.n_threads
     cp.no_perf = True
+    cp.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                          else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
     ctx = lib.llama_init_from_model(model.model, cp)
     batch = lib.llama_batch_init(n_batch, 0, 1)
     try:
