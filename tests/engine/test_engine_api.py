@@ -235,3 +235,31 @@ def test_stop_token_ends_with_stop_and_its_reason():
         assert list(r.token_ids) == ref[:cut]
     finally:
         eng.close()
+
+
+class _ShortLogits(PagedFakeExecutor):
+    """Returns one logits row too few once: a broken executor contract, caught outside
+    execute() (while sampling)."""
+
+    broken = True
+
+    def execute(self, batch):
+        rows = super().execute(batch)
+        if self.broken:
+            self.broken = False
+            return rows[:0]
+        return rows
+
+
+def test_unexpected_step_failure_fails_requests_and_engine_survives():
+    ex = _ShortLogits(num_blocks=64, block_size=4)
+    eng = ServingEngine(FakeBackend(ex), EngineOptions(block_size=4))
+    try:
+        h = eng.submit_sync([1, 2, 3], GenerationParams(max_tokens=5))
+        with pytest.raises(BackendError, match="engine step failed"):
+            h.result(timeout=10)
+        assert eng.metrics().kv_usage == 0.0
+        ok = eng.submit_sync([1, 2, 3], GenerationParams(max_tokens=5)).result(timeout=10)
+        assert list(ok.token_ids) == reference_greedy([1, 2, 3], 5)
+    finally:
+        eng.close()

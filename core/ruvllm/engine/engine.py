@@ -30,7 +30,7 @@ from ruvllm.engine.metrics import EngineMetrics
 from ruvllm.engine.options import EngineOptionError, EngineOptions
 from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.request_level import RequestLevelCore
-from ruvllm.errors import InvalidRequest, Overloaded, RuvllmError
+from ruvllm.errors import BackendError, InvalidRequest, Overloaded, RuvllmError
 from ruvllm.generation import RequestOutputBuilder, check_prompt
 from ruvllm.sampling import Sampler
 from ruvllm.serving import MetricsSnapshot
@@ -318,8 +318,14 @@ class ServingEngine:
                     msg = None
             core.expire(time.perf_counter())
             idle_wait = None
-            if core.has_work and not core.step():
-                idle_wait = 0.005  # blocked (e.g. waiting for blocks): do not spin
+            try:
+                if core.has_work and not core.step():
+                    idle_wait = 0.005  # blocked (e.g. waiting for blocks): do not spin
+            except Exception as exc:
+                # A bug or backend failure outside the forward pass: fail what is in flight
+                # (every block is returned) rather than let the model thread die silently.
+                log.exception("engine step failed")
+                core.fail_all(BackendError(f"the engine step failed: {exc}"))
 
     def _wait_time(self, idle_wait: float | None) -> float | None:
         deadlines = [lv.deadline for lv in self._lives() if lv.deadline is not None]

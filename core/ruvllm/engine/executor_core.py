@@ -100,10 +100,6 @@ class ExecutorCore:
         self._free_released()
         if not plan:
             return False
-        if plan.copies:
-            self.executor.copy_blocks(plan.copies)
-        for src, dst, n in plan.prefix_copies:
-            self.executor.copy_prefix(src, dst, n)
         now = time.perf_counter()
         entries = []
         for chunk in plan.chunks:
@@ -114,6 +110,10 @@ class ExecutorCore:
                 block_table=self.blocks.block_table(req.slot), sample=chunk.sample,  # type: ignore[arg-type]
             ))
         try:
+            if plan.copies:
+                self.executor.copy_blocks(plan.copies)
+            for src, dst, n in plan.prefix_copies:
+                self.executor.copy_prefix(src, dst, n)
             logits = self.executor.execute(entries)
         except Exception as exc:  # the backend failed: fail this step's requests, keep serving
             log.exception("executor step failed")
@@ -141,6 +141,11 @@ class ExecutorCore:
         self.scheduler.end_step()
         self._free_released()
         return True
+
+    def fail_all(self, error: BaseException) -> None:
+        """End every request with ``error`` (an unexpected failure inside a step)."""
+        for live in list(self.live.values()):
+            self._end(live, FinishReason.ERROR, error)
 
     def _end(self, live: LiveRequest, reason: FinishReason, error: BaseException | None = None,
              now: float | None = None) -> None:

@@ -127,6 +127,11 @@ class RequestLevelCore:
             return ((req.num_prompt + req.max_tokens) / 2.0 ** waited, req.seq_no)
         return (0.0, req.seq_no)
 
+    def fail_all(self, error: BaseException) -> None:
+        """End every request with ``error`` (an unexpected failure inside a step)."""
+        for live in self.waiting + [lv for lv, _ in self.in_flight.values()]:
+            self._end(live, FinishReason.ERROR, error)
+
     def _find(self, request_id: str) -> LiveRequest | None:
         if request_id in self.in_flight:
             return self.in_flight[request_id][0]
