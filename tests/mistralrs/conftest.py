@@ -26,7 +26,7 @@ def embedded(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gguf_backend(embedded):
-    backend = MistralRsBackend.load(embedded, {"max_seqs": 8})
+    backend = MistralRsBackend.load(embedded, {"max_seqs": 8, "threads": 1})
     yield backend
     backend.close()
 
@@ -60,3 +60,9 @@ def write_peft_adapter(dst: Path, *, seed: int, rank: int = 8, alpha: int = 16, 
         "fan_in_fan_out": False, "base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
     }))
     return dst
+
+
+@pytest.fixture(scope="session")
+def make_adapter():
+    """``make_adapter(dir, seed=N)`` writes a PEFT LoRA adapter for the embedded model."""
+    return write_peft_adapter

@@ -8,6 +8,7 @@ mistral.rs request, and several calls in flight are batched by mistral.rs (``max
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -112,6 +113,10 @@ class MistralRsBackend(LlmBackend):
         template.write_text(PASS_THROUGH_TEMPLATE, encoding="utf-8")
         which = which_for(mistralrs, model, opts)
         kwargs = runner_kwargs(mistralrs, opts, build, template)
+
+        if opts.threads is not None:
+            # Read once, when mistral.rs builds its thread pool for the first Runner.
+            os.environ["RAYON_NUM_THREADS"] = str(opts.threads)
 
         def create() -> Any:
             try:

@@ -105,6 +105,10 @@ class MistralRsOptions:
     #: In-situ quantization applied while loading (Hugging Face weights, or requantizing a GGUF).
     isq: str | None = attrs.field(default=None, converter=_isq)
     dtype: str = attrs.field(default="auto", validator=_in(DTYPES))
+    #: CPU threads of mistral.rs's compute pool (RAYON_NUM_THREADS). Process-wide and fixed by
+    #: the first model loaded in the process. On a CPU shared with other work, 1 thread was 7x
+    #: faster than 2 here (the pool's threads spin-wait for each other); unset = all cores.
+    threads: int | None = attrs.field(default=None, validator=_int_min(1))
     #: Seed of mistral.rs's sampling RNG, set once for the whole engine.
     seed: int | None = attrs.field(default=None, validator=_int_min(0))
     #: None = mistral.rs's default (on for CUDA/Metal, absent on CPU); true demands it.
