@@ -14,12 +14,17 @@ import json
 import statistics
 import time
 
+# ruvllm_mlx first: it sets up MLX's CPU BLAS before MLX is imported (see cpu_blas.py).
+import ruvllm_mlx  # noqa: F401
+
+# isort: split
 import mlx.core as mx
 from ruvllm.bench.machine import machine_info
 from ruvllm.executor import BatchEntry
 from ruvllm.models import ModelSource
 from ruvllm.registry import embedded_model_path
 from ruvllm.types import GenerationParams
+from ruvllm_mlx import cpu_blas
 from ruvllm_mlx.backend import MlxBackend
 
 PROMPT = "Explain in one sentence why the sky is blue."
@@ -67,6 +72,7 @@ def main() -> None:
     print(json.dumps(machine_info(), default=str))
     print(f"model {path.name}  device {'metal' if mx.metal.is_available() else 'cpu'}  "
           f"tokens {args.tokens}  runs {args.runs}  kv_cache {args.kv_cache}")
+    print(cpu_blas.status)
     for mode in args.weights:
         backend = MlxBackend.load(ModelSource.from_path(path),
                                   {"weights": mode, "kv_cache": args.kv_cache, "context_length": 1024})

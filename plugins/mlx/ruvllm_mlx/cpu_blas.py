@@ -8,7 +8,8 @@ library that exports an optimized ``sgemm_`` (PyTorch's CPU library, which carri
 pinned in this project's set-up) with ``RTLD_GLOBAL`` *before* MLX is imported makes MLX's
 matmuls use it: measured 30x faster at 16 rows with identical results (within float rounding).
 
-It must run before the first ``import mlx.core`` of the process. ``RUVLLM_MLX_BLAS=bundled``
+It must run before the first ``import mlx.core`` of the process. MKL is limited to one thread
+(``MKL_NUM_THREADS=1`` unless set) because its OpenMP workers spin-wait. ``RUVLLM_MLX_BLAS=bundled``
 turns it off; ``RUVLLM_MLX_BLAS=/path/lib.so`` names another library exporting ``sgemm_``.
 """
 
@@ -50,6 +51,9 @@ def preload() -> str:
     if lib is None:
         status = "CPU matmul: MLX's bundled reference BLAS (slow; install torch to interpose MKL's sgemm)"
         return status
+    # MKL's OpenMP threads spin-wait; on a shared 2-core machine two of them collapsed decode
+    # to ~1 tok/s, one thread did not. A user's MKL_NUM_THREADS still wins.
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
     try:
         ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:
