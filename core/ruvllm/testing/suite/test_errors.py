@@ -17,6 +17,9 @@ from ruvllm.models import ModelSource
 from ruvllm.testing.support import PROMPT_A, SHORT, describe
 from ruvllm.types import GenerationResult
 
+#: Tokens of the health check after each rejected request (a corrupted state shows at once).
+HEALTH_TOKENS = 8
+
 #: (field, bad value) pairs; each must be rejected with InvalidRequest naming the field.
 OUT_OF_RANGE: list[tuple[str, Any]] = [
     ("temperature", -1.0),
@@ -39,11 +42,11 @@ OUT_OF_RANGE: list[tuple[str, Any]] = [
 @pytest.fixture(scope="session")
 def reference(ruvllm_llm: LLM) -> GenerationResult:
     """PROMPT_A's greedy output before any bad request of this module."""
-    return ruvllm_llm.generate(PROMPT_A, max_tokens=SHORT)
+    return ruvllm_llm.generate(PROMPT_A, max_tokens=HEALTH_TOKENS)
 
 
 def assert_still_healthy(llm: LLM, reference: GenerationResult) -> None:
-    after = llm.generate(PROMPT_A, max_tokens=SHORT)
+    after = llm.generate(PROMPT_A, max_tokens=HEALTH_TOKENS)
     assert after.token_ids == reference.token_ids, (
         f"greedy output changed after a rejected request: {describe(reference)} -> {describe(after)}"
     )
