@@ -95,8 +95,9 @@ def set_verbose(verbose: bool) -> None:
     logging.getLogger("llama-cpp-python").setLevel(logging.DEBUG if verbose else logging.ERROR)
 
 
-#: ggml log levels (ggml.h): 2 = warning, 3 = error, 5 = continuation of the previous line.
-_WARN, _ERROR, _CONT = 2, 3, 5
+#: ggml log levels (ggml.h: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 = continuation of
+#: the previous message).
+_WARN, _ERROR, _CONT = 3, 4, 5
 
 
 class LogCapture:
