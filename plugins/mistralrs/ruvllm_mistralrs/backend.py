@@ -162,10 +162,27 @@ class MistralRsBackend(LlmBackend):
             raise InvalidRequest("adapter", f"{chosen!r} is not loaded; loaded adapters: "
                                  f"{', '.join(self._adapters) or 'none'} (see load_adapter)", chosen)
         hidden = self._hidden_specials(params)
-        ids = list(prompt_ids)
-        text = self._tok.decode(ids, skip_special=False)
-        request = chat_request(self._m, text, params, adapter=chosen, banned=sorted(hidden))
-        stream, first = self._submit(ids, text, request)
+        context = list(prompt_ids)
+        remaining = params.max_tokens
+        while remaining > 0:
+            # mistral.rs always stops on EOS (it streams no chunk for it); under ignore_eos the
+            # backend hands core the EOS and continues with a new request on prompt + output.
+            segment = attrs.evolve(params, max_tokens=remaining, ignore_eos=False)
+            text = self._tok.decode(context, skip_special=False)
+            request = chat_request(self._m, text, segment, adapter=chosen, banned=sorted(hidden))
+            ended_on_eos = False
+            for token in self._segment(context, text, request, params):
+                context.append(token.token_id)
+                remaining -= 1
+                ended_on_eos = token.token_id in self._tok.eos_ids
+                yield token
+            if not (ended_on_eos and params.ignore_eos):
+                return
+
+    def _segment(self, context: list[int], text: str, request: Any,
+                 params: GenerationParams) -> Iterator[SampledToken]:
+        """One mistral.rs request: its streamed tokens, then EOS if it stopped on EOS."""
+        stream, first = self._submit(context, text, request)
         produced = 0
         try:
             for chunk in self._chunks(first, stream):
@@ -177,7 +194,7 @@ class MistralRsBackend(LlmBackend):
                     yield self._token_of(choice.logprobs, params)
                 if choice.finish_reason is None:
                     continue
-                if choice.finish_reason == "stop" and not params.ignore_eos and self._tok.eos_ids:
+                if choice.finish_reason == "stop" and self._tok.eos_ids:
                     # mistral.rs stopped on EOS and sent no chunk for it: hand core the EOS id.
                     produced += 1
                     yield SampledToken(token_id=self._tok.eos_ids[0])
@@ -204,14 +221,13 @@ class MistralRsBackend(LlmBackend):
 
     def _hidden_specials(self, params: GenerationParams) -> set[int]:
         """Special tokens to ban: mistral.rs streams nothing for them, so core could not see them.
-        EOS stays allowed (mistral.rs stops on it) unless ``ignore_eos``."""
-        specials = self._tok.special_ids
-        hidden = set(specials) if params.ignore_eos else set(specials) - set(self._tok.eos_ids)
+        EOS stays allowed: mistral.rs stops on it and the backend reports it."""
+        hidden = set(self._tok.special_ids) - set(self._tok.eos_ids)
         stop_specials = sorted(set(params.stop_token_ids) & hidden)
         if stop_specials:
             raise InvalidRequest(
                 "stop_token_ids", f"{stop_specials} are special tokens, which mistral.rs does not stream; "
-                "only EOS (without ignore_eos) and ordinary tokens can end a request here", stop_specials)
+                "only EOS and ordinary tokens can end a request here", stop_specials)
         return hidden
 
     def _submit(self, ids: list[int], text: str, request: Any) -> tuple[Any, Any]:

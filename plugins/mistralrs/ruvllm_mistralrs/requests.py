@@ -4,8 +4,8 @@ mistral.rs samples inside its engine, so sampling parameters are passed through.
 core's job: no stop strings are sent, so every token reaches core, which ends the request (EOS,
 stop ids, stop strings, max_tokens) and closes the stream. One exception: mistral.rs streams no
 chunk for a special token, EOS included. So it stops at EOS itself (the backend then hands core
-the EOS id), and special tokens other than EOS (all of them under ``ignore_eos``) are banned
-from sampling, since core could not see them. ``logprobs`` is always on because each token's
+the EOS id, and continues after it under ``ignore_eos``), and special tokens other than EOS
+are banned from sampling, since core could not see them. ``logprobs`` is always on because each token's
 bytes and log-probability are how the plugin recovers its id (:mod:`ruvllm_mistralrs.token_ids`).
 """
 
