@@ -116,3 +116,15 @@ def test_full_queue_is_503_with_retry_after(tiny_queue_server):
             assert third.status_code == 503
             assert int(third.headers["Retry-After"]) >= 1
             assert third.json()["error"]["type"] == "overloaded"
+
+
+def test_non_streaming_client_that_gives_up_cancels_too(server, model_name):
+    before = _cancelled(server.url)
+    # 500 tokens (the session server's max_tokens_limit is 512) take far longer than the timeout.
+    body = {"model": model_name, "prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.base_url + "/completions", json=body, headers=AUTH, timeout=1.5)
+    deadline = time.monotonic() + 30
+    while _cancelled(server.url) < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert _cancelled(server.url) == before + 1

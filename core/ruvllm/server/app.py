@@ -136,6 +136,8 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
             watcher.cancel()
             if not work.done():
                 work.cancel()
+            # Retrieve the outcome so a cancelled gather is not reported as "never retrieved".
+            work.add_done_callback(lambda f: f.cancelled() or f.exception())
             for c in choices:
                 if not c.finished:
                     c.handle.cancel()

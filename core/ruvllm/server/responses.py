@@ -53,7 +53,6 @@ class _Base:
         self.tok = tokenizer
         self.logprobs = logprobs
         self.created = int(time.time())
-        self._include_usage_null = False
 
     def _envelope(self, name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": name, "created": self.created, "model": self.model,
