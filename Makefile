@@ -23,9 +23,12 @@ $(STAMP): pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]' $(addprefix -e ,$(PLUGINS))
 	touch $(STAMP)
 
+# The main job: show the backends, print one completion through `auto`, then serve the
+# embedded model on 127.0.0.1:8000 until interrupted.
 run: setup
 	$(BIN)/ruvllm backends
 	$(BIN)/ruvllm generate --backend auto --max-tokens 48 "$(PROMPT)"
+	$(BIN)/ruvllm serve --backend auto
 
 test: setup
 	$(BIN)/ruff check .
