@@ -36,10 +36,7 @@ def _capability_text(caps: dict | None) -> str:
     if caps is None:
         return "-"
     flags = [k for k, v in caps.items() if v is True]
-    text = f"device={caps['device']}; " + ", ".join(flags)
-    if caps.get("notes"):
-        text += "\n" + "\n".join(f"note: {n}" for n in caps["notes"])
-    return text
+    return f"device={caps['device']}; " + ", ".join(flags)
 
 
 @main.command()
@@ -60,6 +57,9 @@ def backends(as_json: bool) -> None:
         table.add_row(row["name"], f"{version}\n({row['distribution']})", status,
                       ", ".join(row["formats"]), _capability_text(row["capabilities"]))
     console.print(table)
+    for row in report["backends"]:
+        for note in (row["capabilities"] or {}).get("notes", ()):
+            console.print(f"[bold]{row['name']}[/]: {note}")
     console.print(f"auto preference here: {' > '.join(report['auto_order'])}")
     for f in report["failures"]:
         console.print(f"[red]plugin {f['plugin']} failed to load[/]: {f['reason']}")
