@@ -16,23 +16,29 @@ planned in this step always reads a donor that is still there.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 
 from ruvllm.engine.block_manager import BlockManager, PrefixHit
 
 
 class SlotPool:
-    """Plain slots: a released slot is forgotten at once (paged layout, or no prefix cache)."""
+    """Plain slots: a released slot is forgotten at once (paged layout, or no prefix cache).
+
+    The lowest free slot is handed out first. That keeps the running sequences' ids packed
+    together, which llama.cpp needs to run them as one micro-batch: with split KV streams it
+    evaluates a batch in runs of consecutive sequence ids, one graph evaluation per run.
+    """
 
     def __init__(self, num_slots: int):
-        self._free = list(range(num_slots - 1, -1, -1))
+        self._free = list(range(num_slots))  # a heap (sorted is a valid heap)
         self._released: list[int] = []
 
     def acquire(self) -> int | None:
-        return self._free.pop() if self._free else None
+        return heapq.heappop(self._free) if self._free else None
 
     def release(self, slot: int) -> None:
-        self._free.append(slot)
+        heapq.heappush(self._free, slot)
         self._released.append(slot)
 
     def take_released(self) -> list[int]:

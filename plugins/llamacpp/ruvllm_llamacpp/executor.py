@@ -85,12 +85,20 @@ class LlamaCppExecutor:
     def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
         self._check_open()
         n = 0
-        n_out = 0
         tok, pos, want, seq_ptrs, cur = self._tok, self._pos, self._want, self._seq_ptrs, self._cur_seq
         total = sum(len(e.tokens) for e in batch)
         if total == 0 or total > self.max_batch_tokens:
             raise BackendError(f"a step holds {total} tokens; the executor takes 1..{self.max_batch_tokens}")
-        for e in batch:
+        # With split KV streams llama.cpp cuts a batch into micro-batches of sequences whose ids
+        # are consecutive *in batch order* (llama_batch_allocr::split_equal, sequential), and
+        # each micro-batch is a whole graph evaluation. The engine's order is admission order
+        # and its slot ids get shuffled as requests come and go, which measured 3-15 graph
+        # evaluations per decode step instead of 1. Entries therefore go in ascending sequence
+        # id order; the logits rows are put back into the caller's order below.
+        order = sorted(range(len(batch)), key=lambda i: batch[i].seq_id)
+        rows: list[int] = []  # for each sampled entry (in sorted order), its caller-order index
+        for i in order:
+            e = batch[i]
             k = len(e.tokens)
             if not 0 <= e.seq_id < self.max_sequences:
                 raise BackendError(f"sequence id {e.seq_id} is outside [0, {self.max_sequences})")
@@ -103,14 +111,14 @@ class LlamaCppExecutor:
                 tok[n:n + k] = e.tokens
                 pos[n:n + k] = np.arange(e.start_pos, e.start_pos + k, dtype=pos.dtype)
             want[n:n + k] = 0
-            for i in range(n, n + k):
-                if cur[i] != e.seq_id:  # the pointer writes are the slow part: skip unchanged ones
-                    seq_ptrs[i][0] = e.seq_id
-                    cur[i] = e.seq_id
+            for j in range(n, n + k):
+                if cur[j] != e.seq_id:  # the pointer writes are the slow part: skip unchanged ones
+                    seq_ptrs[j][0] = e.seq_id
+                    cur[j] = e.seq_id
             n += k
             if e.sample:
                 want[n - 1] = 1
-                n_out += 1
+                rows.append(i)
         self._batch.n_tokens = n
         rc = self._lib.llama_decode(self._ctx, self._batch)
         if rc != 0:
@@ -118,11 +126,16 @@ class LlamaCppExecutor:
                 f"llama_decode failed with code {rc} ({_DECODE_ERRORS.get(rc, 'fatal')}) on a step "
                 f"of {n} tokens over {len(batch)} sequences"
             )
+        n_out = len(rows)
         if n_out == 0:
             return np.zeros((0, self.n_vocab), dtype=np.float32)
-        # Output rows come back in batch order for exactly the tokens that asked for logits.
-        ptr = self._lib.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab)).copy()
+        # Output rows come back in (sorted) batch order for exactly the tokens that asked for
+        # logits; the caller wants them in its own entry order.
+        logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx), shape=(n_out, self.n_vocab))
+        if rows == sorted(rows):
+            return logits.copy()
+        # rows[r] is the caller index of logits row r: row j of the answer is the j-th smallest.
+        return logits[np.argsort(rows)]
 
     # ------------------------------------------------------------------ KV management
 
