@@ -5,35 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from ruvllm.hf_tokenizer import CONTROL, NORMAL, GgufVocab, HfTokenizer, byte_level_alphabet
 from ruvllm_candle_like.config import ModelConfig
-from ruvllm_candle_like.gguf_loader import GgufTokenizerData
-from ruvllm_candle_like.tokenizer import CONTROL, NORMAL, from_gguf
 from ruvllm_candle_like.writers import save_hf, write_gguf
-
-
-def byte_chars() -> list[str]:
-    """GPT-2's byte -> printable character table."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 256))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs, strict=True))
-    return [chr(table[b]) for b in range(256)]
-
 
 MERGES = ["Ġ t", "h e", "Ġ a", "i n", "Ġt he", "e r", "o n", "Ġ s", "r e", "a t"]
 
 
-def tiny_tokenizer() -> GgufTokenizerData:
-    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *byte_chars()]
+def tiny_tokenizer() -> GgufVocab:
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *byte_level_alphabet()]
     for m in MERGES:
         tokens.append(m.replace(" ", ""))
     types = [CONTROL] * 3 + [NORMAL] * (len(tokens) - 3)
-    return GgufTokenizerData(
+    return GgufVocab(
         model="gpt2", pre="gpt-2", tokens=tokens, token_types=types, merges=MERGES, scores=None,
         bos_id=1, eos_id=2, eot_id=None, unk_id=None, pad_id=None, add_bos=False, add_eos=False,
         add_space_prefix=False, chat_template=None,
@@ -90,6 +74,7 @@ def write_tiny(kind: str, root: Path, seed: int = 0) -> tuple[Path, Path, ModelC
     cfg = tiny_config(kind, len(tok.tokens))
     weights = tiny_weights(cfg, seed)
     gguf_path = write_gguf(root / f"tiny-{kind}.gguf", cfg, weights, tok)
-    hf_dir = save_hf(root / f"tiny-{kind}-hf", cfg, weights, from_gguf(tok, cfg.vocab_size, [2]),
+    hf_dir = save_hf(root / f"tiny-{kind}-hf", cfg, weights,
+                     HfTokenizer.from_gguf_vocab(tok, vocab_size=cfg.vocab_size),
                      chat_template=None)
     return gguf_path, hf_dir, cfg

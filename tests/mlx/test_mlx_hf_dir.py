@@ -58,7 +58,7 @@ def test_hf_directory_equals_gguf(tmp_path, model_path, backend):
         "rms_norm_eps": config.rms_eps, "rope_theta": config.rope_theta,
         "max_position_embeddings": 2048, "tie_word_embeddings": True,
     }))
-    backend.tokenizer._special.save(str(tmp_path / "tokenizer.json"))
+    backend.tokenizer.impl.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False,
         "chat_template": backend.info.chat_template,

@@ -18,6 +18,7 @@ import torch
 from ruvllm.backend import LlmBackend, sample_stream
 from ruvllm.errors import BackendError, ModelLoadError, RuvllmError
 from ruvllm.executor import BatchExecutor
+from ruvllm.hf_tokenizer import HfTokenizer
 from ruvllm.models import ModelSource
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken, SpecialTokens
 
@@ -25,7 +26,6 @@ from ruvllm_candle_like.kv_contiguous import ContiguousCache
 from ruvllm_candle_like.kv_two_tier import TwoTierCache, TwoTierSettings
 from ruvllm_candle_like.loading import LoadedModel, load
 from ruvllm_candle_like.options import BackendOptions
-from ruvllm_candle_like.tokenizer import CandleTokenizer
 
 RequestCache = ContiguousCache | TwoTierCache
 
@@ -53,8 +53,8 @@ class CandleLikeBackend(LlmBackend):
             vocab_size=cfg.vocab_size,
             special_tokens=SpecialTokens(
                 bos_id=tok.bos_id, eos_ids=tok.eos_ids,
-                bos_text=tok.text_of(tok.bos_id) if tok.bos_id is not None else "",
-                eos_text=tok.text_of(tok.eos_ids[0]) if tok.eos_ids else "",
+                bos_text=tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
+                eos_text=tok.token_text(tok.eos_ids[0]) if tok.eos_ids else "",
             ),
             chat_template=loaded.chat_template,
             path=str(source.path),
@@ -108,7 +108,7 @@ class CandleLikeBackend(LlmBackend):
     # -- request level -------------------------------------------------------------------
 
     @property
-    def tokenizer(self) -> CandleTokenizer:
+    def tokenizer(self) -> HfTokenizer:
         return self._loaded.tokenizer
 
     @property

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import torch
 from ruvllm.errors import InvalidRequest
+from ruvllm.hf_tokenizer import HfTokenizer
 
 from ruvllm_candle_like.gguf_loader import read_gguf
-from ruvllm_candle_like.loading import _eos_list
-from ruvllm_candle_like.tokenizer import from_gguf
 from ruvllm_candle_like.writers import save_hf
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -29,9 +28,6 @@ def gguf_to_hf(src: str | Path, dst: str | Path, *, dtype: str = "float32", over
     if dst.exists() and any(dst.iterdir()) and not overwrite:
         raise InvalidRequest("dst", f"{dst} exists and is not empty; pass overwrite=True (--force)", str(dst))
     g = read_gguf(src)
-    eos = _eos_list(g.config.eos_token_id)
-    if g.tokenizer.eot_id is not None and g.tokenizer.eot_id not in eos:
-        eos.append(g.tokenizer.eot_id)
-    tok = from_gguf(g.tokenizer, g.config.vocab_size, eos)
+    tok = HfTokenizer.from_gguf_vocab(g.tokenizer, vocab_size=g.config.vocab_size, source=str(src))
     weights = dict(g.tensors())
-    return save_hf(dst, g.config, weights, tok, chat_template=g.tokenizer.chat_template, dtype=DTYPES[dtype])
+    return save_hf(dst, g.config, weights, tok, chat_template=tok.chat_template, dtype=DTYPES[dtype])

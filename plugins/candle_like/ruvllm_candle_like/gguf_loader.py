@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 import numpy as np
 from ruvllm.errors import ModelLoadError
+from ruvllm.hf_tokenizer import GgufVocab
 
 from ruvllm_candle_like.config import GGUF_ARCHITECTURES, ModelConfig
 
@@ -87,30 +88,9 @@ def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 @attrs.frozen(kw_only=True)
-class GgufTokenizerData:
-    """The ``tokenizer.ggml.*`` metadata, enough to rebuild the tokenizer."""
-
-    model: str  # "gpt2" (byte-level BPE) or "llama" (SentencePiece)
-    pre: str
-    tokens: list[str]
-    token_types: list[int]
-    merges: list[str]
-    scores: list[float] | None
-    bos_id: int | None
-    eos_id: int | None
-    eot_id: int | None
-    unk_id: int | None
-    pad_id: int | None
-    add_bos: bool
-    add_eos: bool
-    add_space_prefix: bool
-    chat_template: str | None
-
-
-@attrs.frozen(kw_only=True)
 class GgufModel:
     config: ModelConfig
-    tokenizer: GgufTokenizerData
+    tokenizer: GgufVocab
     #: Descriptive name from ``general.name``.
     name: str
     #: Most common weight quantisation (e.g. "Q4_1").
@@ -190,24 +170,8 @@ def read_gguf(path: str | Path) -> GgufModel:
         bos_token_id=bos,
         eos_token_id=eos,
     )
-    scores = _field(reader, "tokenizer.ggml.scores")
-    tok = GgufTokenizerData(
-        model=_field(reader, "tokenizer.ggml.model", "gpt2"),
-        pre=_field(reader, "tokenizer.ggml.pre", "default"),
-        tokens=list(tokens),
-        token_types=[int(t) for t in _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))],
-        merges=list(_field(reader, "tokenizer.ggml.merges", []) or []),
-        scores=[float(s) for s in scores] if scores is not None else None,
-        bos_id=bos,
-        eos_id=eos,
-        eot_id=_field(reader, "tokenizer.ggml.eot_token_id"),
-        unk_id=_field(reader, "tokenizer.ggml.unknown_token_id"),
-        pad_id=_field(reader, "tokenizer.ggml.padding_token_id"),
-        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", True)),
-        add_eos=bool(_field(reader, "tokenizer.ggml.add_eos_token", False)),
-        add_space_prefix=bool(_field(reader, "tokenizer.ggml.add_space_prefix", True)),
-        chat_template=_field(reader, "tokenizer.chat_template"),
-    )
+    tok = GgufVocab.from_metadata(
+        {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}, str(path))
     from collections import Counter
 
     quant = Counter(t.tensor_type.name for t in reader.tensors if t.name.endswith("_proj.weight")

@@ -9,29 +9,23 @@ import attrs
 import numpy as np
 import torch
 from ruvllm.errors import ModelLoadError
+from ruvllm.hf_tokenizer import HfTokenizer
 from ruvllm.models import ModelSource
 
 from ruvllm_candle_like.config import ModelConfig
 from ruvllm_candle_like.gguf_loader import read_gguf
 from ruvllm_candle_like.model import Transformer, to_torch_weights
-from ruvllm_candle_like.tokenizer import CandleTokenizer, from_gguf, from_hf_dir
 
 
 @attrs.define(kw_only=True)
 class LoadedModel:
     config: ModelConfig
     model: Transformer
-    tokenizer: CandleTokenizer
+    tokenizer: HfTokenizer
     chat_template: str | None
     name: str
     quantization: str | None
     rope_freqs: np.ndarray | None = None
-
-
-def _eos_list(value: int | list[int] | None) -> list[int]:
-    if value is None:
-        return []
-    return [value] if isinstance(value, int) else [int(v) for v in value]
 
 
 def read_hf_config(path: Path) -> ModelConfig:
@@ -67,19 +61,16 @@ def load(source: ModelSource, *, dtype: torch.dtype, device: torch.device,
     if source.format == "gguf":
         g = read_gguf(path)
         cfg = g.config
-        eos = [*_eos_list(cfg.eos_token_id)]
-        if g.tokenizer.eot_id is not None:
-            eos.append(g.tokenizer.eot_id)
-        tok = from_gguf(g.tokenizer, cfg.vocab_size, eos)
+        tok = HfTokenizer.from_gguf_vocab(g.tokenizer, vocab_size=cfg.vocab_size, source=str(path))
         weights = to_torch_weights(g.tensors())
         ctx = context_length or cfg.max_position_embeddings
         model = Transformer(cfg, weights, dtype=dtype, device=device, max_positions=ctx,
                             rope_freqs=g.rope_freqs)
-        return LoadedModel(config=cfg, model=model, tokenizer=tok, chat_template=g.tokenizer.chat_template,
+        return LoadedModel(config=cfg, model=model, tokenizer=tok, chat_template=tok.chat_template,
                            name=g.name, quantization=g.quantization, rope_freqs=g.rope_freqs)
     cfg = read_hf_config(path)
-    tok, template = from_hf_dir(path, cfg.vocab_size, cfg.eos_token_id, cfg.bos_token_id)
+    tok = HfTokenizer.from_hf_dir(path)
     ctx = context_length or cfg.max_position_embeddings
     model = Transformer(cfg, hf_weights(path), dtype=dtype, device=device, max_positions=ctx)
-    return LoadedModel(config=cfg, model=model, tokenizer=tok, chat_template=template,
+    return LoadedModel(config=cfg, model=model, tokenizer=tok, chat_template=tok.chat_template,
                        name=source.name, quantization=None)

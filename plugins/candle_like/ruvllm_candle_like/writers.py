@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ruvllm.hf_tokenizer import GgufVocab, HfTokenizer
 
 from ruvllm_candle_like.config import ModelConfig
-from ruvllm_candle_like.gguf_loader import PERMUTED_ARCHITECTURES, GgufTokenizerData, gguf_name, permute_rows
-from ruvllm_candle_like.tokenizer import CandleTokenizer
+from ruvllm_candle_like.gguf_loader import PERMUTED_ARCHITECTURES, gguf_name, permute_rows
 
 
 def save_hf(dst: str | Path, cfg: ModelConfig, weights: Mapping[str, np.ndarray | torch.Tensor],
-            tokenizer: CandleTokenizer, *, chat_template: str | None, dtype: torch.dtype = torch.float32,
+            tokenizer: HfTokenizer, *, chat_template: str | None, dtype: torch.dtype = torch.float32,
             bos_text: str | None = None, eos_text: str | None = None) -> Path:
     """A standard Hugging Face model directory: config.json, model.safetensors, tokenizer.json,
     tokenizer_config.json (with the chat template), generation_config.json."""
@@ -47,9 +47,9 @@ def save_hf(dst: str | Path, cfg: ModelConfig, weights: Mapping[str, np.ndarray 
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "bos_token": bos_text if bos_text is not None else (
-            tokenizer.text_of(tokenizer.bos_id) if tokenizer.bos_id is not None else None),
+            tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else None),
         "eos_token": eos_text if eos_text is not None else (
-            tokenizer.text_of(eos_ids[0]) if eos_ids else None),
+            tokenizer.token_text(eos_ids[0]) if eos_ids else None),
     }
     if chat_template:
         tcfg["chat_template"] = chat_template
@@ -61,7 +61,7 @@ def save_hf(dst: str | Path, cfg: ModelConfig, weights: Mapping[str, np.ndarray 
 
 
 def write_gguf(path: str | Path, cfg: ModelConfig, weights: Mapping[str, np.ndarray],
-               tok: GgufTokenizerData, *, f16: bool = False, name: str = "ruvllm-test") -> Path:
+               tok: GgufVocab, *, f16: bool = False, name: str = "ruvllm-test") -> Path:
     """Write an F32 (or F16 for 2-D weights) GGUF as llama.cpp's converter would."""
     import gguf
 

@@ -13,17 +13,14 @@ from typing import Any
 
 import attrs
 from ruvllm.errors import ModelLoadError
+from ruvllm.hf_tokenizer import HfTokenizer
 from ruvllm.models import ModelSource
 from ruvllm.types import ModelInfo, SpecialTokens
-
-from ruvllm_mistralrs.tokenizer import MistralRsTokenizer, from_gguf_metadata, from_hf_dir
-
-_TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
 
 
 @attrs.frozen(kw_only=True)
 class ModelFiles:
-    tokenizer: MistralRsTokenizer
+    tokenizer: HfTokenizer
     architecture: str
     context_length: int
     vocab_size: int
@@ -58,10 +55,10 @@ def read_model_files(source: ModelSource, tokenizer_json: str | None = None) -> 
     return files
 
 
-def from_hf_dir_file(path: Path) -> MistralRsTokenizer:
+def from_hf_dir_file(path: Path) -> HfTokenizer:
     if path.name != "tokenizer.json" or not path.is_file():
         raise ModelLoadError(str(path), "tokenizer_json must name an existing tokenizer.json file")
-    return from_hf_dir(path.parent)
+    return HfTokenizer.from_hf_dir(path.parent)
 
 
 def _read_gguf(path: Path) -> ModelFiles:
@@ -73,7 +70,7 @@ def _read_gguf(path: Path) -> ModelFiles:
         if key.startswith("tokenizer.") or key.startswith("general.") or ".context_length" in key:
             fields[key] = field.contents()
     arch = fields.get("general.architecture", "unknown")
-    tokenizer = from_gguf_metadata(fields)
+    tokenizer = HfTokenizer.from_gguf_metadata(fields, source=str(path))
     file_type = fields.get("general.file_type")
     try:
         quant = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
@@ -83,7 +80,7 @@ def _read_gguf(path: Path) -> ModelFiles:
         tokenizer=tokenizer, architecture=arch,
         context_length=int(fields.get(f"{arch}.context_length", 2048)),
         vocab_size=len(fields["tokenizer.ggml.tokens"]),
-        chat_template=fields.get("tokenizer.chat_template"),
+        chat_template=tokenizer.chat_template,
         quantization=quant,
         parameters=sum(int(t.n_elements) for t in reader.tensors),
     )
@@ -94,29 +91,16 @@ def _read_hf(path: Path) -> ModelFiles:
     if not config_path.is_file():
         raise ModelLoadError(str(path), "no config.json: not a Hugging Face model directory")
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    tokenizer = from_hf_dir(path)
+    tokenizer = HfTokenizer.from_hf_dir(path)
     return ModelFiles(
         tokenizer=tokenizer,
         architecture=str(config.get("model_type", "unknown")),
         context_length=int(config.get("max_position_embeddings") or 2048),
         vocab_size=max(int(config.get("vocab_size") or 0), tokenizer.vocab_size),
-        chat_template=_hf_chat_template(path),
+        chat_template=tokenizer.chat_template,
         quantization=None,
         parameters=_safetensors_parameters(path),
     )
-
-
-def _hf_chat_template(path: Path) -> str | None:
-    jinja = path / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    for name in ("chat_template.json", "tokenizer_config.json"):
-        f = path / name
-        if f.is_file():
-            template = json.loads(f.read_text(encoding="utf-8")).get("chat_template")
-            if isinstance(template, str):
-                return template
-    return None
 
 
 def _safetensors_parameters(path: Path) -> int | None:

@@ -93,19 +93,21 @@ class MlxBackend(LlmBackend):
         start = time.perf_counter()
         metal = metal_available()
         if model.format == "gguf":
-            from ruvllm_mlx.gguf_loader import load_gguf, meta_value
-            from ruvllm_mlx.tokenizer import from_gguf_metadata
+            from ruvllm.hf_tokenizer import HfTokenizer
+
+            from ruvllm_mlx.gguf_loader import load_gguf, plain_metadata
 
             config, weights, meta = load_gguf(model.path)
-            tokenizer = from_gguf_metadata(meta, str(model.path))
-            template = meta_value(meta, "tokenizer.chat_template")
+            tokenizer = HfTokenizer.from_gguf_metadata(plain_metadata(meta, "tokenizer."),
+                                                       vocab_size=config.vocab_size, source=str(model.path))
             quant = _gguf_quantization(weights)
         elif model.format == "hf":
+            from ruvllm.hf_tokenizer import HfTokenizer
+
             from ruvllm_mlx.hf_loader import load_hf
-            from ruvllm_mlx.tokenizer import from_hf_dir
 
             config, weights, meta = load_hf(model.path)
-            tokenizer, template = from_hf_dir(model.path)
+            tokenizer = HfTokenizer.from_hf_dir(model.path)
             quant = "mlx-affine" if "embed.scales" in weights else None
         else:
             raise ModelLoadError(model.name, f"the mlx backend cannot read {model.format!r} models")
@@ -127,7 +129,7 @@ class MlxBackend(LlmBackend):
         )
         info = ModelInfo(
             name=model.name, architecture=config.architecture, context_length=context,
-            vocab_size=config.vocab_size, special_tokens=special, chat_template=template,
+            vocab_size=config.vocab_size, special_tokens=special, chat_template=tokenizer.chat_template,
             path=str(model.path), quantization=quant,
         )
         return cls(transformer, tokenizer, info, opts, mode, time.perf_counter() - start)

@@ -36,6 +36,11 @@ def meta_value(metadata: dict[str, Any], key: str, default: Any = None) -> Any:
     return value
 
 
+def plain_metadata(metadata: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The entries under ``prefix`` as plain Python values (what core's tokenizer reads)."""
+    return {k: meta_value(metadata, k) for k in metadata if k.startswith(prefix)}
+
+
 def canonical_name(gguf_name: str) -> str | None:
     """``blk.3.attn_q.weight`` -> ``layers.3.q.weight``; None for tensors the model does not use."""
     stem, _, suffix = gguf_name.rpartition(".")
