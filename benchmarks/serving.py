@@ -5,9 +5,12 @@ with the machine, backend and model named; optionally writes JSON. Every request
 ``--max-tokens`` tokens greedily with EOS ignored, so each concurrency level does the same work
 as the direct llama.cpp ceiling (benchmarks/llamacpp_multiseq_ceiling.py), which
 ``--compare-ceiling`` runs in the same process, alternating with the engine, and puts side by
-side as ratios. Figures are medians of ``--repeats`` runs.
+side as ratios. ``--compare-direct`` also runs llama-cpp-python's own single-stream generation
+(``Llama.generate``, no ruvllm code) on the C=1 prompt, alternating with the engine, for the
+C=1 comparison. Figures are medians of ``--repeats`` runs; every figure is wall time from
+submission to the last token (prefill included), the same for all sides.
 
-    .venv/bin/python benchmarks/serving.py --compare-ceiling --json serving.json
+    .venv/bin/python benchmarks/serving.py --compare-ceiling --compare-direct --json serving.json
 """
 
 from __future__ import annotations
@@ -66,6 +69,36 @@ async def run_engine(engine: ServingEngine, prompts: list[list[int]], max_tokens
     }
 
 
+class DirectSingle:
+    """llama-cpp-python's high-level ``Llama`` on one stream: what a user calling it directly
+    gets. Same GGUF, context size, threads and flash-attention setting as the engine."""
+
+    def __init__(self, path: str, n_ctx: int, threads: int, flash_attn: bool):
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                                   flash_attn=flash_attn, verbose=False)
+
+    def run(self, prompt_ids: list[int], max_tokens: int) -> dict:
+        self.llm.reset()  # full prefill, like the engine's isolated request
+        out: list[int] = []
+        start = time.perf_counter()
+        first = start
+        for token in self.llm.generate(prompt_ids, temp=0.0, reset=True):
+            if not out:
+                first = time.perf_counter()
+            out.append(int(token))
+            if len(out) == max_tokens:
+                break
+        end = time.perf_counter()
+        return {"concurrency": 1, "output_tokens": len(out), "seconds": end - start,
+                "output_tok_s": len(out) / (end - start), "ttft_p50": first - start,
+                "ttft_p95": first - start, "tpot": (end - first) / max(len(out) - 1, 1), "outputs": [out]}
+
+    def close(self) -> None:
+        self.llm.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="llamacpp")
@@ -78,6 +111,10 @@ def main() -> None:
                     help="llama.cpp threads for the engine and the ceiling (default: the backend's)")
     ap.add_argument("--compare-ceiling", action="store_true",
                     help="also run llama.cpp's multi-sequence batch directly (llamacpp only)")
+    ap.add_argument("--compare-direct", action="store_true",
+                    help="also run llama-cpp-python's Llama.generate single stream at C=1 (llamacpp only)")
+    ap.add_argument("--flash-attn", action="store_true",
+                    help="flash attention on for every side (engine, ceiling, direct); default off")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -87,10 +124,13 @@ def main() -> None:
     opts: dict = {}
     if backend_cls.name == "llamacpp":
         opts["n_ctx"] = args.n_ctx
+        opts["flash_attn"] = args.flash_attn
         if args.threads:
             opts["n_threads"] = args.threads
     threads = args.threads or len(os.sched_getaffinity(0))
     ceiling_model = Model(str(source.path), threads) if args.compare_ceiling else None
+    direct = (DirectSingle(str(source.path), args.n_ctx, threads, args.flash_attn)
+              if args.compare_direct else None)
 
     rows = []
     path = "?"
@@ -100,28 +140,39 @@ def main() -> None:
         path = engine.path
         prompts = [engine.encode(p) for p in load_prompts(c)]
         engine.generate_sync([prompts[0]], GenerationParams(max_tokens=4))  # warm-up
-        runs, ceil_runs = [], []
+        runs, ceil_runs, direct_runs = [], [], []
         for _ in range(args.repeats):
             runs.append(asyncio.run(run_engine(engine, prompts, args.max_tokens)))
             if ceiling_model is not None:
-                ceil_runs.append(run_ceiling(ceiling_model, load_prompts(c), args.max_tokens, args.n_ctx))
+                ceil_runs.append(run_ceiling(ceiling_model, load_prompts(c), args.max_tokens, args.n_ctx,
+                                             flash_attn=args.flash_attn))
+            if direct is not None and c == 1:
+                direct_runs.append(direct.run(prompts[0], args.max_tokens))
         engine.close()
         row = {"concurrency": c}
         for k in ("output_tok_s", "ttft_p50", "ttft_p95", "tpot"):
             row[k] = statistics.median(r[k] for r in runs)
             if ceil_runs:
                 row[f"ceiling_{k}"] = statistics.median(r[k] for r in ceil_runs)
+            if direct_runs:
+                row[f"direct_{k}"] = statistics.median(r[k] for r in direct_runs)
         if ceil_runs:
             row["ratio"] = row["output_tok_s"] / row["ceiling_output_tok_s"]
             row["same_tokens_as_ceiling"] = runs[0]["outputs"] == ceil_runs[0]["outputs"]
+        if direct_runs:
+            row["direct_ratio"] = row["output_tok_s"] / row["direct_output_tok_s"]
+            row["same_tokens_as_direct"] = runs[0]["outputs"] == direct_runs[0]["outputs"]
         rows.append(row)
         print(f"C={c}: {row}", file=sys.stderr)
     if ceiling_model is not None:
         ceiling_model.close()
+    if direct is not None:
+        direct.close()
 
     head = (f"machine: {machine()}; backend {backend_cls.name} ({backend_cls.version() or '?'}), "
             f"engine path {path}; model {source.name}; {threads} llama.cpp threads; "
             f"{args.max_tokens} tokens/request, greedy, "
+            f"flash attention {'on' if args.flash_attn else 'off'}, "
             f"EOS ignored; median of {args.repeats}")
     print(head)
     cols = f"{'C':>4} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p95':>9} {'TPOT ms':>8}"
@@ -135,6 +186,13 @@ def main() -> None:
             same = str(r["same_tokens_as_ceiling"])
             line += f" | {r['ceiling_output_tok_s']:>13.1f} {r['ratio']:>6.2f} {same:>11}"
         print(line)
+    for r in rows:
+        if "direct_ratio" in r:
+            print(f"C=1 vs llama-cpp-python Llama.generate single stream: engine {r['output_tok_s']:.1f} / "
+                  f"direct {r['direct_output_tok_s']:.1f} tok/s = {r['direct_ratio']:.2f} "
+                  f"(TPOT {r['tpot'] * 1e3:.1f} / {r['direct_tpot'] * 1e3:.1f} ms, TTFT "
+                  f"{r['ttft_p50'] * 1e3:.0f} / {r['direct_ttft_p50'] * 1e3:.0f} ms); "
+                  f"same tokens: {r['same_tokens_as_direct']}")
     if args.json:
         args.json.write_text(json.dumps({"header": head, "machine": machine(), "rows": rows}, indent=2))
 
