@@ -148,6 +148,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--n-ctx", type=int, default=512, help="KV cells per sequence")
+    ap.add_argument("--flash-attn", action="store_true", help="llama.cpp flash attention on (default off)")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
     import llama_cpp
@@ -155,7 +157,8 @@ def main() -> None:
     model = Model(args.model, args.threads)
     rows = []
     for c in args.concurrency:
-        runs = [run_ceiling(model, load_prompts(c), args.max_tokens) for _ in range(args.repeats)]
+        runs = [run_ceiling(model, load_prompts(c), args.max_tokens, args.n_ctx, flash_attn=args.flash_attn)
+                for _ in range(args.repeats)]
         med = {k: statistics.median(r[k] for r in runs) for k in ("output_tok_s", "ttft_p50", "tpot")}
         rows.append({"concurrency": c, **med})
     model.close()
