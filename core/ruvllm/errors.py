@@ -26,6 +26,30 @@ class ConfigError(RuvllmError):
     error_type = "config_error"
 
 
+class BackendOptionError(ConfigError):
+    """One ``[backends.<backend>]`` option is unknown or out of range.
+
+    Carries the backend, the option and the rejected value, so callers need not parse the
+    message; the message names ``backends.<backend>.<option>``, what is wrong and what is
+    accepted. Raised by :func:`ruvllm.options.parse_options` and its validators.
+    """
+
+    def __init__(self, backend: str, option: str, reason: str, value: Any = None, *, fix: str | None = None):
+        self.backend = backend
+        self.option = option
+        self.reason = reason
+        self.value = value
+        if fix is None:
+            fix = (f"set it in the [backends.{backend}] table of ruvllm.toml "
+                   f"or with --option {option}=VALUE")
+        super().__init__(f"backends.{backend}.{option}: {reason}; {fix}")
+
+    @property
+    def field(self) -> str:
+        """The option's name, under the attribute name :class:`InvalidRequest` uses."""
+        return self.option
+
+
 class PluginError(RuvllmError):
     """A plugin could not be found or loaded."""
 

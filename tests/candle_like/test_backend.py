@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from ruvllm.errors import InvalidRequest
+from ruvllm.errors import BackendOptionError
 from ruvllm.models import ModelSource
+from ruvllm.options import parse_options
 from ruvllm.plugins import load_registry
 from ruvllm.types import GenerationParams
 from ruvllm_candle_like.backend import CandleLikeBackend
@@ -42,15 +43,25 @@ def test_isolation_and_cached_tokens(backend_fp32):
     assert backend_fp32.cached_tokens() == 0
 
 
-def test_options_are_validated():
-    with pytest.raises(InvalidRequest, match="kv_cache"):
-        BackendOptions.parse({"kv_cache": "q3"})
-    with pytest.raises(InvalidRequest, match="nonsense"):
-        BackendOptions.parse({"nonsense": 1})
-    with pytest.raises(InvalidRequest, match="device"):
-        BackendOptions(device="tpu").resolve_device()
-    with pytest.raises(InvalidRequest, match="cold_bits"):
-        BackendOptions(cold_bits=3)
+@pytest.mark.parametrize(("options", "field", "hint"), [
+    ({"kv_cache": "q3"}, "kv_cache", "one of fp16, two_tier"),
+    ({"nonsense": 1}, "nonsense", "known options: cold_bits, context_length"),
+    ({"device": "tpu"}, "device", "auto, cpu, cuda, cuda:N or mps"),
+    ({"cold_bits": 3}, "cold_bits", "one of 4, 8"),
+    ({"dtype": "fp64"}, "dtype", "one of auto, float32, fp32, bfloat16"),
+    ({"hot_tokens": 0}, "hot_tokens", "integer >= 1"),
+    ({"hot_tokens": 16, "migrate_tokens": 32}, "migrate_tokens", "<= hot_tokens (16)"),
+])
+def test_options_are_validated(options, field, hint):
+    with pytest.raises(BackendOptionError) as err:
+        parse_options(BackendOptions, "candle_like", options)
+    assert (err.value.backend, err.value.option) == ("candle_like", field)
+    assert f"backends.candle_like.{field}: " in str(err.value) and hint in str(err.value)
+
+
+def test_float16_on_cpu_is_refused_naming_the_option():
+    with pytest.raises(BackendOptionError, match=r"backends\.candle_like\.dtype: .*use bfloat16 or float32"):
+        BackendOptions(dtype="float16").resolve_dtype(torch.device("cpu"))
 
 
 def test_cold_quantisation_round_trip():

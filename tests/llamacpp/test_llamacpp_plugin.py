@@ -8,12 +8,13 @@ import textwrap
 
 import pytest
 from ruvllm.backend import LlmBackend
-from ruvllm.errors import BackendError, ConfigError, ModelLoadError
+from ruvllm.errors import BackendError, BackendOptionError, ConfigError, ModelLoadError
 from ruvllm.models import ModelSource
+from ruvllm.options import parse_options
 from ruvllm.plugins import load_registry
 from ruvllm.types import GenerationParams
 from ruvllm_llamacpp import LlamaCppBackend, LlamaCppOptions
-from ruvllm_llamacpp.options import LlamaCppOptionError, default_threads
+from ruvllm_llamacpp.options import default_threads
 
 
 def test_plugin_is_discovered_through_its_entry_point():
@@ -35,35 +36,40 @@ def test_available_with_version_and_honest_capabilities():
 
 
 def test_option_defaults():
-    opts = LlamaCppOptions.from_mapping({})
+    opts = parse_options(LlamaCppOptions, "llamacpp", {})
     assert (opts.n_ctx, opts.n_batch, opts.n_gpu_layers) == (4096, 512, 0)
     assert opts.n_threads == default_threads() >= 1
     assert opts.prefix_reuse is False and opts.verbose is False
 
 
+SET_IT = "--option {}=VALUE"  # the fix named for a value out of range
+DROP_IT = "remove it"  # the fix named for an unknown option
+
+
 @pytest.mark.parametrize(
-    ("options", "field", "hint"),
+    ("options", "field", "hint", "fix"),
     [
-        ({"n_ctx": "big"}, "n_ctx", "integer"),
-        ({"n_ctx": 8}, "n_ctx", "at least 16"),
-        ({"n_threads": 0}, "n_threads", ">= 1"),
-        ({"n_batch": True}, "n_batch", "integer"),
-        ({"n_batch": 2.5}, "n_batch", "integer"),
-        ({"n_gpu_layers": -2}, "n_gpu_layers", ">= -1"),
-        ({"prefix_reuse": "yes"}, "prefix_reuse", "true or false"),
-        ({"verbose": 1}, "verbose", "true or false"),
-        ({"n_ctxx": 512}, "n_ctxx", "known options: flash_attn, n_batch, n_ctx"),
+        ({"n_ctx": "big"}, "n_ctx", "integer", SET_IT),
+        ({"n_ctx": 8}, "n_ctx", "at least 16", SET_IT),
+        ({"n_threads": 0}, "n_threads", ">= 1", SET_IT),
+        ({"n_batch": True}, "n_batch", "integer", SET_IT),
+        ({"n_batch": 2.5}, "n_batch", "integer", SET_IT),
+        ({"n_gpu_layers": -2}, "n_gpu_layers", ">= -1", SET_IT),
+        ({"prefix_reuse": "yes"}, "prefix_reuse", "true or false", SET_IT),
+        ({"verbose": 1}, "verbose", "true or false", SET_IT),
+        ({"n_ctxx": 512}, "n_ctxx", "known options: flash_attn, n_batch, n_ctx", DROP_IT),
     ],
 )
-def test_bad_options_name_the_field_and_the_fix(options, field, hint, model_path):
+def test_bad_options_name_the_field_and_the_fix(options, field, hint, fix, model_path):
     source = ModelSource.from_path(model_path)
-    with pytest.raises(LlamaCppOptionError) as err:
+    with pytest.raises(BackendOptionError) as err:
         LlamaCppBackend.load(source, options)
     assert isinstance(err.value, ConfigError)
-    assert err.value.field == field
+    assert (err.value.backend, err.value.option) == ("llamacpp", field)
+    assert err.value.value == options[field]
     message = str(err.value)
     assert f"backends.llamacpp.{field}" in message and hint in message
-    assert f"--option {field}=VALUE" in message
+    assert fix.format(field) in message
 
 
 def test_garbage_file_is_a_model_load_error(tmp_path):

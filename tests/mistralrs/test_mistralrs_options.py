@@ -7,8 +7,9 @@ from types import SimpleNamespace
 
 import mistralrs
 import pytest
-from ruvllm.errors import BackendUnavailable, InvalidRequest
+from ruvllm.errors import BackendOptionError, BackendUnavailable, InvalidRequest
 from ruvllm.models import ModelSource
+from ruvllm.options import parse_options
 from ruvllm.types import GenerationParams
 from ruvllm_mistralrs import MistralRsBackend
 from ruvllm_mistralrs.engine import check_paged_attention, runner_kwargs, serial_prefill
@@ -21,31 +22,33 @@ CPU = Build("mistralrs", "0.9.5", "cpu")
 CUDA = Build("mistralrs-cuda", "0.9.5", "cuda")
 
 
-@pytest.mark.parametrize(("options", "field"), [
-    ({"max_seqs": 0}, "max_seqs"),
-    ({"isq": "Q3_X"}, "isq"),
-    ({"dtype": "fp64"}, "dtype"),
-    ({"paged_memory_goal": "lots"}, "paged_memory_goal"),
-    ({"serial_prefill": "maybe"}, "serial_prefill"),
-    ({"adapter": "missing"}, "adapter"),
-    ({"no_such_option": 1}, "no_such_option"),
-    ({"paged_attention": False, "paged_block_size": 32}, "paged_attention"),
-    ({"xlora": {"model_id": "x"}}, "xlora"),
+@pytest.mark.parametrize(("options", "field", "hint"), [
+    ({"max_seqs": 0}, "max_seqs", "integer >= 1"),
+    ({"isq": "Q3_X"}, "isq", "one of Q4_0, Q4_1"),
+    ({"dtype": "fp64"}, "dtype", "one of auto, bf16, f16, f32"),
+    ({"paged_memory_goal": "lots"}, "paged_memory_goal", 'number in (0.0, 1.0] or a KV size such as "4GiB"'),
+    ({"serial_prefill": "maybe"}, "serial_prefill", "one of auto, on, off"),
+    ({"adapter": "missing"}, "adapter", "not in adapters (none)"),
+    ({"no_such_option": 1}, "no_such_option", "known options: adapter, adapters"),
+    ({"paged_attention": False, "paged_block_size": 32}, "paged_attention", "set paged_attention = true"),
+    ({"xlora": {"model_id": "x"}}, "xlora", "model_id = \"X-LoRA model dir\" and order"),
+    ({"threads": True}, "threads", "integer >= 1, or left unset"),
 ])
-def test_bad_options_name_the_field(options, field):
-    with pytest.raises(InvalidRequest) as err:
-        MistralRsOptions.from_mapping(options)
-    assert err.value.field == field
+def test_bad_options_name_the_field(options, field, hint):
+    with pytest.raises(BackendOptionError) as err:
+        parse_options(MistralRsOptions, "mistralrs", options)
+    assert (err.value.backend, err.value.option) == ("mistralrs", field)
+    assert f"backends.mistralrs.{field}: " in str(err.value) and hint in str(err.value)
 
 
 def test_isq_names_are_normalised():
-    assert MistralRsOptions.from_mapping({"isq": "q4k"}).isq == "Q4K"
+    assert parse_options(MistralRsOptions, "mistralrs", {"isq": "q4k"}).isq == "Q4K"
 
 
 @pytest.mark.parametrize("options", [{"paged_attention": True}, {"paged_block_size": 32},
                                      {"paged_memory_goal": "2GiB"}, {"paged_cache_type": "f8e4m3"}])
 def test_paged_attention_demanded_on_cpu_fails_naming_the_option(options):
-    opts = MistralRsOptions.from_mapping(options)
+    opts = parse_options(MistralRsOptions, "mistralrs", options)
     with pytest.raises(BackendUnavailable) as err:
         check_paged_attention(opts, CPU)
     assert next(iter(options)) in str(err.value) and "CUDA and Metal" in str(err.value)
@@ -69,9 +72,10 @@ def test_capabilities_on_this_build():
 
 
 def test_paged_options_map_to_runner_arguments_on_gpu_builds(tmp_path):
-    opts = MistralRsOptions.from_mapping({"paged_attention": True, "paged_block_size": 16,
-                                          "paged_memory_goal": 0.5, "paged_cache_type": "f8e4m3",
-                                          "prefix_cache_size": 4, "max_seqs": 3})
+    opts = parse_options(MistralRsOptions, "mistralrs", {
+        "paged_attention": True, "paged_block_size": 16, "paged_memory_goal": 0.5,
+        "paged_cache_type": "f8e4m3", "prefix_cache_size": 4, "max_seqs": 3,
+    })
     # The CPU wheel does not export PagedCacheType; stand in for a GPU build's module.
     gpu_module = SimpleNamespace(PagedCacheType=SimpleNamespace(Auto="auto", F8E4M3="f8e4m3"))
     kw = runner_kwargs(gpu_module, opts, CUDA, tmp_path / "t.jinja")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from ruvllm.errors import ConfigError
+from ruvllm.errors import BackendOptionError, ConfigError
 from ruvllm.models import ModelSource
+from ruvllm.options import parse_options
 from ruvllm.plugins import load_registry
 from ruvllm_mlx.backend import MlxBackend
 from ruvllm_mlx.options import MlxOptions
@@ -30,17 +31,22 @@ def test_capabilities_state_device_and_why():
 
 
 @pytest.mark.parametrize(
-    ("options", "field"),
-    [({"weights": "int3"}, "weights"), ({"kv_bits": 5}, "kv_bits"), ({"n_threads": 2}, "n_threads"),
-     ({"context_length": 0}, "context_length")],
+    ("options", "field", "hint"),
+    [({"weights": "int3"}, "weights", "one of auto, quantized, dequantized"),
+     ({"kv_bits": 5}, "kv_bits", "one of 4, 8"),
+     ({"n_threads": 2}, "n_threads", "known options: compile, context_length, dtype"),
+     ({"context_length": 0}, "context_length", "integer >= 1, or left unset"),
+     ({"compile": 1}, "compile", "true or false")],
 )
-def test_bad_options_name_the_field(options, field):
-    with pytest.raises(ConfigError, match=field):
-        MlxOptions.from_mapping(options)
+def test_bad_options_name_the_field(options, field, hint):
+    with pytest.raises(BackendOptionError) as err:
+        parse_options(MlxOptions, "mlx", options)
+    assert (err.value.backend, err.value.option) == ("mlx", field)
+    assert f"backends.mlx.{field}: " in str(err.value) and hint in str(err.value)
 
 
 def test_bad_option_fails_before_loading(model_path):
-    with pytest.raises(ConfigError, match="kv_cache"):
+    with pytest.raises(ConfigError, match=r"backends\.mlx\.kv_cache: must be one of float, quantized"):
         MlxBackend.load(ModelSource.from_path(model_path), {"kv_cache": "int4"})
 
 

@@ -20,6 +20,7 @@ from ruvllm.errors import BackendError, ModelLoadError, RuvllmError
 from ruvllm.executor import BatchExecutor
 from ruvllm.hf_tokenizer import HfTokenizer
 from ruvllm.models import ModelSource
+from ruvllm.options import parse_options
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken, SpecialTokens
 
 from ruvllm_candle_like.kv_contiguous import ContiguousCache
@@ -92,7 +93,7 @@ class CandleLikeBackend(LlmBackend):
 
     @classmethod
     def load(cls, model: ModelSource, options: Mapping[str, Any]) -> CandleLikeBackend:
-        opts = BackendOptions.parse(options)
+        opts = parse_options(BackendOptions, cls.name, options)
         device = opts.resolve_device()
         dtype = opts.resolve_dtype(device)
         if opts.n_threads is not None and device.type == "cpu":

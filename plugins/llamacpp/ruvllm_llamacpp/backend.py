@@ -18,6 +18,7 @@ import numpy as np
 from ruvllm.backend import LlmBackend, sample_stream
 from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest, ModelLoadError
 from ruvllm.models import ModelSource
+from ruvllm.options import parse_options
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
 
 from ruvllm_llamacpp import _lib
@@ -119,7 +120,7 @@ class LlamaCppBackend(LlmBackend):
     # ----------------------------------------------------------------------------- loading
     @classmethod
     def load(cls, model: ModelSource, options: Mapping[str, Any]) -> LlamaCppBackend:
-        opts = LlamaCppOptions.from_mapping(options)  # bad options fail before any file I/O
+        opts = parse_options(LlamaCppOptions, cls.name, options)  # bad options fail before any file I/O
         llama_cpp = _lib.lib(cls.name)
         _check_gguf(model)
         _lib.set_verbose(opts.verbose)

@@ -18,6 +18,7 @@ import attrs
 from ruvllm.backend import LlmBackend
 from ruvllm.errors import BackendError, BackendUnavailable, InvalidRequest, ModelLoadError, RuvllmError
 from ruvllm.models import ModelSource
+from ruvllm.options import parse_options
 from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
 
@@ -93,7 +94,7 @@ class MistralRsBackend(LlmBackend):
 
     @classmethod
     def load(cls, model: ModelSource, options: Mapping[str, Any]) -> MistralRsBackend:
-        opts = MistralRsOptions.from_mapping(options)
+        opts = parse_options(MistralRsOptions, cls.name, options)
         build = installed_build()
         if build is None:
             raise BackendUnavailable(cls.name, cls.unavailable_reason() or "not installed")

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
-from ruvllm.errors import InvalidRequest
+from ruvllm.errors import BackendOptionError
+from ruvllm.options import accepts, any_of, boolean, float_range, int_range, one_of, optional, positive_int
+
+BACKEND = "mistralrs"
 
 #: In-situ quantization types this plugin accepts (mistral.rs names). AFQ types are Metal-only
 #: and FP8 needs a GPU, so they are left out of the CPU build's list in the docs.
@@ -22,33 +25,16 @@ DTYPES = ("auto", "bf16", "f16", "f32")
 PAGED_CACHE_TYPES = ("auto", "f8e4m3")
 SERIAL_PREFILL = ("auto", "on", "off")
 
-
-def _in(choices: tuple[str, ...]):
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value is not None and value not in choices:
-            raise InvalidRequest(attribute.name, f"must be one of {', '.join(choices)}; got {value!r}", value)
-    return check
-
-
-def _int_min(low: int):
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise InvalidRequest(attribute.name, f"must be an integer >= {low}; got {value!r}", value)
-    return check
-
-
-def _optional_bool(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and not isinstance(value, bool):
-        raise InvalidRequest(attribute.name, f"must be true or false; got {value!r}", value)
+# Converters get no instance, so they name the backend themselves.
 
 
 def _isq(value: Any) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str) or value.upper() not in ISQ_TYPES:
-        raise InvalidRequest("isq", f"must be one of {', '.join(ISQ_TYPES)}; got {value!r}", value)
+        raise BackendOptionError(
+            BACKEND, "isq", f"must be one of {', '.join(ISQ_TYPES)} (any case), got {value!r}", value
+        )
     return value.upper()
 
 
@@ -56,11 +42,15 @@ def _adapters(value: Any) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise InvalidRequest("adapters", "must be a table of alias = \"path/to/peft-adapter-dir\"", value)
+        raise BackendOptionError(
+            BACKEND, "adapters", "must be a table of alias = \"path/to/peft-adapter-dir\"", value
+        )
     out = {}
     for alias, path in value.items():
         if not isinstance(alias, str) or not alias or not isinstance(path, (str, Path)):
-            raise InvalidRequest("adapters", f"entry {alias!r} = {path!r} must be alias = \"dir\"", value)
+            raise BackendOptionError(
+                BACKEND, "adapters", f"entry {alias!r} = {path!r} must be alias = \"dir\"", value
+            )
         out[alias] = str(Path(path).expanduser())
     return out
 
@@ -70,60 +60,66 @@ def _xlora(value: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(value, Mapping) or not isinstance(value.get("model_id"), str) \
             or not isinstance(value.get("order"), str):
-        raise InvalidRequest(
-            "xlora", "must be a table with model_id = \"X-LoRA model dir\" and order = \"ordering.json\""
-            " (and optionally tgt_non_granular_index = N)", value,
+        raise BackendOptionError(
+            BACKEND, "xlora", "must be a table with model_id = \"X-LoRA model dir\" and order = "
+            "\"ordering.json\" (and optionally tgt_non_granular_index = N)", value,
         )
     unknown = set(value) - {"model_id", "order", "tgt_non_granular_index"}
     if unknown:
-        raise InvalidRequest("xlora", f"unknown key(s) {', '.join(sorted(unknown))}", value)
+        raise BackendOptionError(
+            BACKEND, "xlora", f"has unknown key(s) {', '.join(sorted(unknown))}; accepted keys: model_id, "
+            "order, tgt_non_granular_index", value,
+        )
     return dict(value)
 
 
-def _memory_goal(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is None:
-        return
-    ok = (isinstance(value, float) and 0.0 < value <= 1.0) or (
-        isinstance(value, str) and value[:1].isdigit()
-        and value.endswith(("GiB", "MiB", "GB", "MB", "tokens")))
-    if not ok:
-        raise InvalidRequest(attribute.name, "must be a fraction in (0, 1] of GPU memory, or a KV size such "
-                             f"as \"4GiB\" or \"65536tokens\"; got {value!r}", value)
+_KV_SIZE_UNITS = ("GiB", "MiB", "GB", "MB", "tokens")
+
+#: A fraction of GPU memory, or a KV size mistral.rs parses itself ("4GiB", "65536tokens").
+_memory_goal = any_of(
+    float_range(0.0, 1.0, low_open=True),
+    accepts('a KV size such as "4GiB" or "65536tokens"',
+            lambda v: isinstance(v, str) and v[:1].isdigit() and v.endswith(_KV_SIZE_UNITS)),
+)
 
 
 @attrs.frozen(kw_only=True)
 class MistralRsOptions:
+    """Options of the mistral.rs backend; parse them with ``ruvllm.options.parse_options``."""
+
+    BACKEND: ClassVar[str] = BACKEND
+
     #: Sequences mistral.rs runs at once (its scheduler batches their decode steps).
-    max_seqs: int = attrs.field(default=16, validator=_int_min(1))
+    max_seqs: int = attrs.field(default=16, validator=positive_int())
     #: Finished sequences whose KV mistral.rs keeps for prefix reuse. 0 (the default) keeps none,
     #: so every request starts from a clean state and cached_tokens() is 0.
-    prefix_cache_size: int = attrs.field(default=0, validator=_int_min(0))
+    prefix_cache_size: int = attrs.field(default=0, validator=int_range(0))
     #: Admit one new prompt into mistral.rs at a time ("on"), or let it prefill several prompts in
     #: one step ("off"). "auto" = on for quantized weights (GGUF, ISQ), whose CPU matmul fails or
     #: corrupts outputs when several prompts are prefilled together (see the docs).
-    serial_prefill: str = attrs.field(default="auto", validator=_in(SERIAL_PREFILL))
+    serial_prefill: str = attrs.field(default="auto", validator=one_of(SERIAL_PREFILL))
     #: In-situ quantization applied while loading (Hugging Face weights, or requantizing a GGUF).
     isq: str | None = attrs.field(default=None, converter=_isq)
-    dtype: str = attrs.field(default="auto", validator=_in(DTYPES))
+    dtype: str = attrs.field(default="auto", validator=one_of(DTYPES))
     #: CPU threads of mistral.rs's compute pool (RAYON_NUM_THREADS). Process-wide and fixed by
     #: the first model loaded in the process. On a CPU shared with other work, 1 thread was 7x
     #: faster than 2 here (the pool's threads spin-wait for each other); unset = all cores.
-    threads: int | None = attrs.field(default=None, validator=_int_min(1))
+    threads: int | None = attrs.field(default=None, validator=optional(positive_int()))
     #: Seed of mistral.rs's sampling RNG, set once for the whole engine.
-    seed: int | None = attrs.field(default=None, validator=_int_min(0))
+    seed: int | None = attrs.field(default=None, validator=optional(int_range(0)))
     #: None = mistral.rs's default (on for CUDA/Metal, absent on CPU); true demands it.
-    paged_attention: bool | None = attrs.field(default=None, validator=_optional_bool)
-    paged_block_size: int | None = attrs.field(default=None, validator=_int_min(1))
-    paged_memory_goal: float | str | None = attrs.field(default=None, validator=_memory_goal)
-    paged_cache_type: str | None = attrs.field(default=None, validator=_in(PAGED_CACHE_TYPES))
+    paged_attention: bool | None = attrs.field(default=None, validator=optional(boolean()))
+    paged_block_size: int | None = attrs.field(default=None, validator=optional(positive_int()))
+    paged_memory_goal: float | str | None = attrs.field(default=None, validator=optional(_memory_goal))
+    paged_cache_type: str | None = attrs.field(default=None, validator=optional(one_of(PAGED_CACHE_TYPES)))
     #: LoRA adapters loaded at start: alias -> PEFT directory.
     adapters: dict[str, str] = attrs.field(factory=dict, converter=_adapters)
     #: Start the dynamic LoRA runtime even with no adapters, so they can be hot-loaded later.
-    lora: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    lora: bool = attrs.field(default=False, validator=boolean())
     #: Adapter used by requests that name none.
     adapter: str | None = None
-    max_adapters: int = attrs.field(default=16, validator=_int_min(1))
-    max_lora_rank: int = attrs.field(default=256, validator=_int_min(1))
+    max_adapters: int = attrs.field(default=16, validator=positive_int())
+    max_lora_rank: int = attrs.field(default=256, validator=positive_int())
     #: X-LoRA: {model_id, order, tgt_non_granular_index}; replaces dynamic LoRA.
     xlora: dict[str, Any] | None = attrs.field(default=None, converter=_xlora)
     #: tokenizer.json to use instead of the GGUF's own tokenizer metadata.
@@ -140,22 +136,16 @@ class MistralRsOptions:
     def wants_lora(self) -> bool:
         return self.lora or bool(self.adapters) or self.adapter is not None
 
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> MistralRsOptions:
-        known = {f.name for f in attrs.fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise InvalidRequest(
-                unknown[0], f"is not a mistralrs option; known options: {', '.join(sorted(known))}",
-                options[unknown[0]],
-            )
-        opts = cls(**options)
-        if opts.paged_attention is False and opts.wants_paged_attention:
-            raise InvalidRequest("paged_attention", "is false but paged_* settings were given; drop them "
-                                 "or set paged_attention = true")
-        if opts.adapter is not None and opts.adapter not in opts.adapters:
-            raise InvalidRequest("adapter", f"names {opts.adapter!r}, which is not in adapters "
-                                 f"({', '.join(opts.adapters) or 'none'})", opts.adapter)
-        if opts.xlora is not None and opts.wants_lora:
-            raise InvalidRequest("xlora", "cannot be combined with dynamic LoRA (adapters/lora/adapter)")
-        return opts
+    def __attrs_post_init__(self) -> None:
+        # Combinations that are each valid alone but contradict each other.
+        if self.paged_attention is False and self.wants_paged_attention:
+            raise BackendOptionError(BACKEND, "paged_attention", "is false but paged_* settings were given",
+                                     False, fix="drop them or set paged_attention = true")
+        if self.adapter is not None and self.adapter not in self.adapters:
+            raise BackendOptionError(BACKEND, "adapter", f"names {self.adapter!r}, which is not in adapters "
+                                     f"({', '.join(self.adapters) or 'none'})", self.adapter,
+                                     fix="add it to [backends.mistralrs.adapters] or name one listed there")
+        if self.xlora is not None and self.wants_lora:
+            raise BackendOptionError(BACKEND, "xlora", "cannot be combined with dynamic LoRA "
+                                     "(adapters/lora/adapter)", self.xlora,
+                                     fix="drop either xlora or the adapters/lora/adapter options")

@@ -15,6 +15,7 @@ import numpy as np
 from ruvllm.backend import LlmBackend, sample_stream
 from ruvllm.executor import BatchExecutor
 from ruvllm.models import ModelSource
+from ruvllm.options import parse_options
 from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken, SpecialTokens
 
@@ -83,7 +84,7 @@ class MlxBackend(LlmBackend):
     def load(cls, model: ModelSource, options: Mapping[str, Any]) -> MlxBackend:
         from ruvllm.errors import BackendUnavailable, ModelLoadError
 
-        opts = MlxOptions.from_mapping(options)
+        opts = parse_options(MlxOptions, cls.name, options)
         reason = cls.unavailable_reason()
         if reason:
             raise BackendUnavailable(cls.name, reason)

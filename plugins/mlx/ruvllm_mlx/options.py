@@ -8,63 +8,38 @@ dequantized weights (measured; see docs/backends/mlx.md), so the CPU default deq
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import ClassVar
 
 import attrs
-from ruvllm.errors import ConfigError
+from ruvllm.options import boolean, one_of, optional, positive_int
 
 WEIGHT_MODES = ("auto", "quantized", "dequantized")
 KV_CACHE_MODES = ("float", "quantized")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
-def _one_of(choices: tuple[Any, ...]):
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value not in choices:
-            raise ConfigError(
-                f"mlx option {attribute.name}={value!r} is not accepted; "
-                f"use one of {', '.join(map(repr, choices))}"
-            )
-
-    return check
-
-
-def _positive_int(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"mlx option {attribute.name}={value!r} must be a positive integer")
-
-
 @attrs.frozen(kw_only=True)
 class MlxOptions:
+    """Options of the MLX backend; parse them with ``ruvllm.options.parse_options``."""
+
+    BACKEND: ClassVar[str] = "mlx"
+
     #: "quantized" keeps packed weights and runs ``mx.quantized_matmul``; "dequantized"
     #: expands them once at load to ``dtype``; "auto" picks per device (Metal: quantized).
-    weights: str = attrs.field(default="auto", validator=_one_of(WEIGHT_MODES))
+    weights: str = attrs.field(default="auto", validator=one_of(WEIGHT_MODES))
     #: Activation / dequantized-weight dtype; "auto" = float16 on Metal, float32 on CPU.
-    dtype: str = attrs.field(default="auto", validator=_one_of(DTYPES))
+    dtype: str = attrs.field(default="auto", validator=one_of(DTYPES))
     #: "quantized" stores cached K/V with ``mx.quantize`` (affine, ``kv_bits``/``kv_group_size``).
-    kv_cache: str = attrs.field(default="float", validator=_one_of(KV_CACHE_MODES))
-    kv_bits: int = attrs.field(default=8, validator=_one_of((4, 8)))
-    kv_group_size: int = attrs.field(default=32, validator=_one_of((32, 64)))
+    kv_cache: str = attrs.field(default="float", validator=one_of(KV_CACHE_MODES))
+    kv_bits: int = attrs.field(default=8, validator=one_of((4, 8)))
+    kv_group_size: int = attrs.field(default=32, validator=one_of((32, 64)))
     #: Bits for quantizing an unquantized Hugging Face checkpoint when weights="quantized".
-    quantize_bits: int = attrs.field(default=4, validator=_one_of((4, 8)))
-    quantize_group_size: int = attrs.field(default=32, validator=_one_of((32, 64)))
+    quantize_bits: int = attrs.field(default=4, validator=one_of((4, 8)))
+    quantize_group_size: int = attrs.field(default=32, validator=one_of((32, 64)))
     #: Cap the context window below the model's (memory); None keeps the model's.
-    context_length: int | None = attrs.field(default=None, validator=_positive_int)
+    context_length: int | None = attrs.field(default=None, validator=optional(positive_int()))
     #: Compile the per-layer dense blocks with ``mx.compile``.
-    compile: bool = attrs.field(default=False, validator=_one_of((True, False)))
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> MlxOptions:
-        known = {f.name for f in attrs.fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown mlx option(s) {', '.join(unknown)}; known options: {', '.join(sorted(known))}"
-            )
-        return cls(**dict(options))
+    compile: bool = attrs.field(default=False, validator=boolean())
 
     def resolved_weights(self, metal: bool) -> str:
         if self.weights != "auto":
