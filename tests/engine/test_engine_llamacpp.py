@@ -124,3 +124,35 @@ def test_slot_pool_hands_out_the_lowest_free_slot():
     pool.release(0)
     assert pool.acquire() == 0 and pool.acquire() == 2 and pool.acquire() == 4
     assert pool.acquire() is None
+
+
+def test_executor_bridges_a_hole_in_sequence_ids_without_touching_the_absent_sequence(backend):
+    """Sequences 0 and 2 decode while 1 (a donor, say) sits between them: the step is bridged
+    with a throw-away token in 1, which must change neither 0's and 2's tokens nor 1's KV."""
+    import numpy as np
+    from ruvllm.executor import BatchEntry
+
+    params = GenerationParams(max_tokens=6)
+    ids = [backend.tokenizer.encode(p) for p in PROMPTS[:3]]
+    ex = backend.create_executor(max_sequences=3, block_size=16)
+    try:
+        def entry(seq, tokens, start):
+            return BatchEntry(seq_id=seq, tokens=tuple(tokens), start_pos=start, block_table=[], sample=True)
+
+        first = ex.execute([entry(s, ids[s], 0) for s in range(3)])
+        donor_len = ex.seq_len(1)
+        donor_next = int(np.argmax(first[1]))
+        out = {0: [int(np.argmax(first[0]))], 2: [int(np.argmax(first[2]))]}
+        for _ in range(params.max_tokens - 1):
+            logits = ex.execute([entry(s, [out[s][-1]], len(ids[s]) + len(out[s]) - 1) for s in (2, 0)])
+            out[2].append(int(np.argmax(logits[0])))
+            out[0].append(int(np.argmax(logits[1])))
+            assert ex.seq_len(1) == donor_len  # the filler token was removed again
+        # The donor's KV is intact: its next step gives what its prompt alone gives.
+        again = ex.execute([entry(1, [donor_next], donor_len)])
+        expected = alone(backend, ids[1], GenerationParams(max_tokens=2))
+        assert [donor_next, int(np.argmax(again[0]))] == list(expected)
+    finally:
+        ex.close()
+    assert out[0] == list(alone(backend, ids[0], params))
+    assert out[2] == list(alone(backend, ids[2], params))

@@ -27,6 +27,13 @@ from ruvllm.executor import BatchEntry
 
 _DECODE_ERRORS = {1: "no free KV slot", 2: "aborted", -1: "invalid batch"}
 
+#: Largest run of absent sequence ids between two scheduled ones that is bridged with filler
+#: tokens (see ``execute``). A step costs roughly a fixed part per graph evaluation plus a part
+#: per sequence; DESIGN-NOTES' direct figures (7.6 ms at 1 sequence, 21.6 at 4, 60 at 16, 109
+#: at 32, 2 threads) put the fixed part at 5-9 ms and a sequence at ~3 ms, so bridging a hole
+#: of one or two sequences is cheaper than the extra graph evaluation it would cause.
+MAX_FILL_GAP = 2
+
 
 class LlamaCppExecutor:
     kv_layout = "per_sequence"
@@ -96,7 +103,28 @@ class LlamaCppExecutor:
         # evaluations per decode step instead of 1. Entries therefore go in ascending sequence
         # id order; the logits rows are put back into the caller's order below.
         order = sorted(range(len(batch)), key=lambda i: batch[i].seq_id)
+        # A hole in the ids (a prefix donor or an idle sequence between running ones) would
+        # still cut the step in two; a small hole is bridged with one throw-away token per
+        # absent sequence, written after that sequence's last position and removed again
+        # right after the pass (no logits; split streams keep it invisible to every other
+        # sequence, and the absent sequence's own KV is untouched).
+        fillers: list[tuple[int, int]] = []
+        room = self.max_batch_tokens - total
+        prev = None
+        for i in order:
+            s = batch[i].seq_id
+            if prev is not None and 1 < s - prev <= MAX_FILL_GAP + 1 and s - prev - 1 <= room:
+                for g in range(prev + 1, s):
+                    p = int(self._lib.llama_memory_seq_pos_max(self._mem, g)) + 1
+                    if p >= self.max_seq_len:
+                        fillers = [f for f in fillers if f[0] < prev]
+                        break
+                    fillers.append((g, p))
+                room = self.max_batch_tokens - total - len(fillers)
+            prev = s
+        fill_at = {g: p for g, p in fillers}
         rows: list[int] = []  # for each sampled entry (in sorted order), its caller-order index
+        prev = None
         for i in order:
             e = batch[i]
             k = len(e.tokens)
@@ -104,6 +132,17 @@ class LlamaCppExecutor:
                 raise BackendError(f"sequence id {e.seq_id} is outside [0, {self.max_sequences})")
             if e.start_pos + k > self.max_seq_len:
                 raise BackendError(f"sequence {e.seq_id} would exceed its {self.max_seq_len} KV cells")
+            if prev is not None:
+                for g in range(prev + 1, e.seq_id):
+                    if g in fill_at:
+                        tok[n] = 0
+                        pos[n] = fill_at[g]
+                        want[n] = 0
+                        if cur[n] != g:
+                            seq_ptrs[n][0] = g
+                            cur[n] = g
+                        n += 1
+            prev = e.seq_id
             if k == 1:
                 tok[n] = e.tokens[0]
                 pos[n] = e.start_pos
@@ -121,6 +160,8 @@ class LlamaCppExecutor:
                 rows.append(i)
         self._batch.n_tokens = n
         rc = self._lib.llama_decode(self._ctx, self._batch)
+        for g, p in fillers:  # forget the throw-away tokens (also after a failed pass)
+            self._lib.llama_memory_seq_rm(self._mem, g, p, -1)
         if rc != 0:
             raise BackendError(
                 f"llama_decode failed with code {rc} ({_DECODE_ERRORS.get(rc, 'fatal')}) on a step "
