@@ -119,5 +119,7 @@ def test_forced_scoring_matches_generated_logprobs(lora_backend):
     ids = lora_backend.tokenizer.encode(PROMPT)
     plain = run(lora_backend, ids, GenerationParams(max_tokens=3, logprobs=1, ignore_eos=True))
     forced = forced_logprobs(lora_backend, ids, list(plain.token_ids))
-    assert forced == pytest.approx([lp.logprob for lp in plain.logprobs], abs=1e-4)
+    # Scoring runs the continuation as one prefill, generation ran it one token at a time: the
+    # float32 sums differ in order, which moves log-probabilities by ~2e-4 (measured).
+    assert forced == pytest.approx([lp.logprob for lp in plain.logprobs], abs=1e-3)
     assert all(f < 0 for f in forced)
