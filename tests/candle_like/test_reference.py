@@ -65,6 +65,7 @@ def test_first_step_logits_agree(first_step):
         assert int(o.argmax()) == int(r.argmax())
 
 
+@pytest.mark.slow  # 8 x 32 fp32 tokens: about two minutes here; `make test-all` runs it
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_matches_llama_cpp(backend_fp32, reference_llama, prompt):
     ids = backend_fp32.tokenizer.encode(prompt, parse_special=True)
