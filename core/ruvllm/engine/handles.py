@@ -34,45 +34,6 @@ class Sink(abc.ABC):
         """Deliver outputs; ``result`` or ``error`` ends the request."""
 
 
-class _Relay:
-    """The thread that wakes event loops on the model thread's behalf.
-
-    ``call_soon_threadsafe`` writes to the loop's self-pipe, and that ``send`` releases the GIL:
-    the woken event-loop thread takes it, and the model thread then waits to get it back
-    (measured: ~3 ms per step at C=1 against a 13 ms step). The model thread therefore only
-    appends to a queue (no GIL release); this thread makes the wake-up call, which runs while
-    the model thread is inside its next forward pass with the GIL released.
-    """
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[_LoopMailbox] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="ruvllm-relay", daemon=True)
-        self._thread.start()
-
-    def wake(self, box: _LoopMailbox) -> None:
-        self._queue.put(box)
-
-    def _run(self) -> None:
-        while True:
-            box = self._queue.get()
-            try:
-                box.loop.call_soon_threadsafe(box._drain)
-            except RuntimeError:  # the loop is closed: nobody listens
-                box._discard()
-
-
-_relay: _Relay | None = None
-_relay_lock = threading.Lock()
-
-
-def _get_relay() -> _Relay:
-    global _relay
-    with _relay_lock:
-        if _relay is None:
-            _relay = _Relay()
-        return _relay
-
-
 class _LoopMailbox:
     """Deliveries waiting for one event loop; at most one drain is scheduled at a time."""
 
@@ -86,11 +47,11 @@ class _LoopMailbox:
             self._items.append((fn, args))
             if len(self._items) > 1:
                 return  # a drain is already scheduled and will deliver this one too
-        _get_relay().wake(self)
-
-    def _discard(self) -> None:
-        with self._lock:
-            self._items.clear()
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody listens
+            with self._lock:
+                self._items.clear()
 
     def _drain(self) -> None:
         with self._lock:
