@@ -8,9 +8,12 @@ library that exports an optimized ``sgemm_`` (PyTorch's CPU library, which carri
 pinned in this project's set-up) with ``RTLD_GLOBAL`` *before* MLX is imported makes MLX's
 matmuls use it: measured 30x faster at 16 rows with identical results (within float rounding).
 
-It must run before the first ``import mlx.core`` of the process. MKL is limited to one thread
-(``MKL_NUM_THREADS=1`` unless set) because its OpenMP workers spin-wait. ``RUVLLM_MLX_BLAS=bundled``
-turns it off; ``RUVLLM_MLX_BLAS=/path/lib.so`` names another library exporting ``sgemm_``.
+It must run before the first ``import mlx.core`` of the process. It is opt-in
+(``RUVLLM_MLX_BLAS=torch``, or ``=/path/lib.so`` for another library exporting ``sgemm_``):
+loading a second BLAS and OpenMP runtime into the global symbol scope changes every library
+loaded after it, and one test process that had imported torch, llama.cpp and mistral.rs before
+MLX aborted on the import. MKL is limited to one thread (``MKL_NUM_THREADS=1`` unless set)
+because its OpenMP workers spin-wait.
 """
 
 from __future__ import annotations
@@ -40,14 +43,14 @@ def preload() -> str:
     global status
     if status is not None:
         return status
-    choice = os.environ.get(ENV, "auto")
+    choice = os.environ.get(ENV, "bundled")
     if sys.platform != "linux" or choice == "bundled":
-        status = "CPU matmul: MLX's bundled BLAS"
+        status = f"CPU matmul: MLX's bundled BLAS (set {ENV}=torch to interpose MKL's sgemm, ~3x at C=16)"
         return status
     if "mlx.core" in sys.modules:
         status = "CPU matmul: MLX's bundled BLAS (MLX was imported before ruvllm_mlx could interpose)"
         return status
-    lib = Path(choice) if choice != "auto" else _torch_library()
+    lib = _torch_library() if choice == "torch" else Path(choice)
     if lib is None:
         status = "CPU matmul: MLX's bundled reference BLAS (slow; install torch to interpose MKL's sgemm)"
         return status
