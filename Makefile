@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject
 # embedded model on 127.0.0.1:8000 until interrupted.
 run: setup
 	$(BIN)/ruvllm backends
-	$(BIN)/ruvllm generate --backend auto --max-tokens 48 "$(PROMPT)"
+	$(BIN)/ruvllm generate --backend auto --chat --max-tokens 64 "$(PROMPT)"
 	$(BIN)/ruvllm serve --backend auto
 
 # CI's suite: everything but the long proofs marked `slow` (kept under 15 minutes here).
