@@ -70,22 +70,21 @@ class ChatSession:
         return f"system prompt set: {arg}" if arg else "system prompt removed"
 
     def _temp(self, arg: str) -> str:
-        try:
-            self.params = attrs.evolve(self.params, temperature=float(arg))
-        except ValueError:
-            return f"error: /temp needs a number between 0 and 2, got {arg!r}"
-        except RuvllmError as exc:
-            return f"error: {exc}"
-        return f"temperature = {self.params.temperature}"
+        return self._set_param("temperature", float, arg, "/temp needs a number between 0 and 2")
 
     def _max(self, arg: str) -> str:
+        return self._set_param("max_tokens", int, arg, "/max needs a whole number >= 1")
+
+    def _set_param(self, field: str, convert, arg: str, usage: str) -> str:
+        """Change one sampling parameter; GenerationParams validates it, the REPL keeps going."""
         try:
-            self.params = attrs.evolve(self.params, max_tokens=int(arg))
+            self.params = attrs.evolve(self.params, **{field: convert(arg)})
         except ValueError:
-            return f"error: /max needs a whole number >= 1, got {arg!r}"
+            return f"error: {usage}, got {arg!r}"
         except RuvllmError as exc:
             return f"error: {exc}"
-        return f"max tokens = {self.params.max_tokens}"
+        label = "max tokens" if field == "max_tokens" else field
+        return f"{label} = {getattr(self.params, field)}"
 
     def _history(self, arg: str) -> str:
         if not self.messages():
