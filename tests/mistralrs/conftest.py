@@ -1,5 +1,6 @@
 """Fixtures for the mistral.rs backend tests: the embedded GGUF, its Hugging Face conversion
-(through candle_like's ``gguf_to_hf``, i.e. ``ruvllm convert``) and a small real PEFT adapter."""
+(through candle_like's ``gguf_to_hf``, i.e. ``ruvllm convert``), small real PEFT adapters and an
+X-LoRA checkpoint built from them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ruvllm.models import ModelSource
 from ruvllm.registry import resolve
 
 pytest.importorskip("mistralrs", reason="mistral.rs (pip install mistralrs) is not installed")
@@ -60,6 +62,71 @@ def write_peft_adapter(dst: Path, *, seed: int, rank: int = 8, alpha: int = 16, 
         "fan_in_fan_out": False, "base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
     }))
     return dst
+
+
+@pytest.fixture(scope="session")
+def hf_source(hf_dir):
+    return ModelSource.from_path(hf_dir)
+
+
+@pytest.fixture(scope="session")
+def lora_backend(hf_source):
+    """The converted model with an empty dynamic-LoRA runtime: base output until adapters load."""
+    backend = MistralRsBackend.load(hf_source, {"lora": True, "threads": 1, "max_seqs": 4})
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="session")
+def hf_untied_dir(hf_dir, tmp_path_factory) -> Path:
+    """The converted model with its tied lm_head stored as its own tensor (same values), which
+    mistral.rs's X-LoRA models read. The original shard is linked, not copied."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    dst = tmp_path_factory.mktemp("smollm2-hf-untied")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        (dst / name).symlink_to(hf_dir / name)
+    config = json.loads((hf_dir / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    (dst / "model-00001-of-00002.safetensors").symlink_to(hf_dir / "model.safetensors")
+    with safe_open(str(hf_dir / "model.safetensors"), framework="np") as st:
+        lm_head = st.get_tensor("model.embed_tokens.weight")
+    save_file({"lm_head.weight": lm_head}, str(dst / "model-00002-of-00002.safetensors"))
+    return dst
+
+
+def write_xlora_checkpoint(dst: Path, *, names=("math", "poetry"), seed: int = 20) -> Path:
+    """An X-LoRA checkpoint in PEFT's layout: one real LoRA sub-directory per adapter, and a
+    trained-shape classifier (depth 1: one linear layer hidden -> adapters, with bias) whose
+    non-zero weights favour the first adapter."""
+    from safetensors.numpy import save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for k, name in enumerate(names):
+        write_peft_adapter(dst / name, seed=seed + k)
+    rng = np.random.default_rng(seed)
+    bias = np.linspace(1.0, -1.0, len(names)).astype(np.float32)
+    save_file({"last.weight": (rng.standard_normal((len(names), HIDDEN)) * 0.05).astype(np.float32),
+               "last.bias": bias}, str(dst / "xlora_classifier.safetensors"))
+    (dst / "xlora_config.json").write_text(json.dumps({
+        "hidden_size": HIDDEN, "base_model_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "adapters": {name: f"./{name}" for name in names}, "xlora_depth": 1, "layerwise_scalings": False,
+        "enable_softmax": True, "softmax_temperature": 1.0, "use_bias": True, "scaling_pass_value": 0.0,
+        "global_scaling_weight": 1.0, "peft_type": "XLORA", "task_type": "CAUSAL_LM",
+    }))
+    return dst
+
+
+@pytest.fixture(scope="session")
+def make_xlora_checkpoint():
+    """``make_xlora_checkpoint(dir, names=(...))`` writes an X-LoRA checkpoint for the embedded model."""
+    return write_xlora_checkpoint
+
+
+@pytest.fixture(scope="session")
+def xlora_checkpoint(tmp_path_factory) -> Path:
+    return write_xlora_checkpoint(tmp_path_factory.mktemp("xlora") / "ckpt")
 
 
 @pytest.fixture(scope="session")

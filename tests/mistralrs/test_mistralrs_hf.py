@@ -9,7 +9,6 @@ import time
 import pytest
 from ruvllm.errors import InvalidRequest
 from ruvllm.generation import GenerationStream, RequestOutputBuilder
-from ruvllm.models import ModelSource
 from ruvllm.types import GenerationParams
 from ruvllm_mistralrs import MistralRsBackend
 from ruvllm_mistralrs.evaluation import forced_logprobs, perplexity
@@ -24,18 +23,6 @@ GREEDY = GenerationParams(max_tokens=8, ignore_eos=True)
 def run(backend, ids, params=GREEDY, adapter=None):
     builder = RequestOutputBuilder(backend.tokenizer, ids, params)
     return GenerationStream(backend.generate(ids, params, adapter=adapter), builder).collect()
-
-
-@pytest.fixture(scope="module")
-def hf_source(hf_dir):
-    return ModelSource.from_path(hf_dir)
-
-
-@pytest.fixture(scope="module")
-def lora_backend(hf_source):
-    backend = MistralRsBackend.load(hf_source, {"lora": True, "threads": 1, "max_seqs": 4})
-    yield backend
-    backend.close()
 
 
 def test_hf_tokenizer_and_unquantized_output(lora_backend, hf_source):

@@ -31,7 +31,7 @@ CUDA = Build("mistralrs-cuda", "0.9.5", "cuda")
     ({"adapter": "missing"}, "adapter", "not in adapters (none)"),
     ({"no_such_option": 1}, "no_such_option", "known options: adapter, adapters"),
     ({"paged_attention": False, "paged_block_size": 32}, "paged_attention", "set paged_attention = true"),
-    ({"xlora": {"model_id": "x"}}, "xlora", "model_id = \"X-LoRA model dir\" and order"),
+    ({"xlora": {"order": "x.json"}}, "xlora", "model_id = \"X-LoRA checkpoint dir\""),
     ({"threads": True}, "threads", "integer >= 1, or left unset"),
 ])
 def test_bad_options_name_the_field(options, field, hint):

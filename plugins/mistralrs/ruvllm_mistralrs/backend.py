@@ -35,6 +35,8 @@ from ruvllm_mistralrs.platform import Build, installed_build
 from ruvllm_mistralrs.requests import SEED_UNSUPPORTED, chat_request
 from ruvllm_mistralrs.token_ids import TokenIdResolver
 from ruvllm_mistralrs.worker import RunnerThread
+from ruvllm_mistralrs.xlora import KNOWN_BROKEN as XLORA_KNOWN_BROKEN
+from ruvllm_mistralrs.xlora import probe, stage_xlora, xlora_unavailable_reason
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,10 @@ class MistralRsBackend(LlmBackend):
         ]
         if build is not None and not build.paged_attention:
             notes.append(f"paged_attention: {build.paged_attention_absent_reason}")
+        if build is not None and build.version in XLORA_KNOWN_BROKEN:
+            notes.append(f"xlora: mistral.rs {build.version} loads X-LoRA models but fails the prompt step "
+                         f"of any prompt longer than one token ({XLORA_KNOWN_BROKEN[build.version]!r}, "
+                         "measured); loading with option xlora checks this and raises BackendUnavailable")
         return Capabilities(
             streaming=True, executor=False, logprobs=True, core_sampler=False,
             concurrent_requests=True, lora=True, isq=True,
@@ -112,7 +118,14 @@ class MistralRsBackend(LlmBackend):
         self._tmp = tempfile.TemporaryDirectory(prefix="ruvllm-mistralrs-")
         template = Path(self._tmp.name) / "pass_through.jinja"
         template.write_text(PASS_THROUGH_TEMPLATE, encoding="utf-8")
-        which = which_for(mistralrs, model, opts)
+        staged = None
+        if opts.xlora is not None and model.format == "hf":
+            try:
+                staged = stage_xlora(opts.xlora, Path(model.path), Path(self._tmp.name) / "xlora")
+            except RuvllmError:
+                self._tmp.cleanup()
+                raise
+        which = which_for(mistralrs, model, opts, staged)
         kwargs = runner_kwargs(mistralrs, opts, build, template)
 
         if opts.threads is not None:
@@ -126,6 +139,11 @@ class MistralRsBackend(LlmBackend):
                 raise ModelLoadError(model.name, f"mistral.rs could not load it: {_first_line(exc)}") from exc
 
         self._runner = RunnerThread(create)
+        if staged is not None:
+            failure = self._runner.call(lambda r: probe(r, mistralrs))
+            if failure is not None:
+                self.close()
+                raise BackendUnavailable(self.name, xlora_unavailable_reason(build, failure))
         engine_ctx = self._runner.call(lambda r: r.max_sequence_length()) or files.context_length
         self._info = files.info(model, context_length=min(engine_ctx, files.context_length),
                                 quantization=opts.isq)

@@ -14,6 +14,7 @@ from ruvllm.models import ModelSource
 
 from ruvllm_mistralrs.options import MistralRsOptions
 from ruvllm_mistralrs.platform import Build
+from ruvllm_mistralrs.xlora import StagedXLora
 
 #: A chat template that emits each message's content verbatim. Core renders the model's own
 #: chat template and tokenizes it; mistral.rs must run those tokens, not template them again.
@@ -36,8 +37,9 @@ def check_paged_attention(opts: MistralRsOptions, build: Build) -> None:
                              f"{build.paged_attention_absent_reason}")
 
 
-def which_for(m: Any, source: ModelSource, opts: MistralRsOptions) -> Any:
-    """The ``mistralrs.Which`` selecting ``source`` with the options' weights and adapters."""
+def which_for(m: Any, source: ModelSource, opts: MistralRsOptions, xlora: StagedXLora | None = None) -> Any:
+    """The ``mistralrs.Which`` selecting ``source`` with the options' weights and adapters;
+    ``xlora`` is the staged checkpoint when ``opts.xlora`` is set (:func:`stage_xlora`)."""
     dtype = {"auto": m.ModelDType.Auto, "bf16": m.ModelDType.BF16, "f16": m.ModelDType.F16,
              "f32": m.ModelDType.F32}[opts.dtype]
     path = Path(source.path)
@@ -52,9 +54,10 @@ def which_for(m: Any, source: ModelSource, opts: MistralRsOptions) -> Any:
         return m.Which.GGUF(quantized_model_id=str(path.parent), quantized_filename=path.name,
                             dtype=dtype, tokenizer_json=opts.tokenizer_json, **extra)
     if opts.xlora is not None:
-        x = opts.xlora
-        return m.Which.XLora(xlora_model_id=x["model_id"], order=x["order"], model_id=str(path),
-                             tgt_non_granular_index=x.get("tgt_non_granular_index"), dtype=dtype,
+        if xlora is None:
+            raise ValueError("option xlora needs the staged checkpoint (ruvllm_mistralrs.xlora.stage_xlora)")
+        return m.Which.XLora(xlora_model_id=xlora.model_id, order=xlora.order, model_id=str(path),
+                             tgt_non_granular_index=opts.xlora["tgt_non_granular_index"], dtype=dtype,
                              tokenizer_json=opts.tokenizer_json)
     if opts.wants_lora:
         return m.Which.Lora(model_id=str(path), adapters=[], dtype=dtype, tokenizer_json=opts.tokenizer_json,

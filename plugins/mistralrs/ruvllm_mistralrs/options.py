@@ -58,11 +58,10 @@ def _adapters(value: Any) -> dict[str, str]:
 def _xlora(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
-    if not isinstance(value, Mapping) or not isinstance(value.get("model_id"), str) \
-            or not isinstance(value.get("order"), str):
+    if not isinstance(value, Mapping) or not isinstance(value.get("model_id"), (str, Path)):
         raise BackendOptionError(
-            BACKEND, "xlora", "must be a table with model_id = \"X-LoRA model dir\" and order = "
-            "\"ordering.json\" (and optionally tgt_non_granular_index = N)", value,
+            BACKEND, "xlora", "must be a table with model_id = \"X-LoRA checkpoint dir\" (and optionally "
+            "order = \"ordering.json\", tgt_non_granular_index = N)", value,
         )
     unknown = set(value) - {"model_id", "order", "tgt_non_granular_index"}
     if unknown:
@@ -70,7 +69,19 @@ def _xlora(value: Any) -> dict[str, Any] | None:
             BACKEND, "xlora", f"has unknown key(s) {', '.join(sorted(unknown))}; accepted keys: model_id, "
             "order, tgt_non_granular_index", value,
         )
-    return dict(value)
+    order = value.get("order")
+    if order is not None and not isinstance(order, (str, Path)):
+        raise BackendOptionError(BACKEND, "xlora", f"order must be the path of an ordering JSON file, "
+                                 f"got {order!r}", value)
+    index = value.get("tgt_non_granular_index")
+    if index is not None and (isinstance(index, bool) or not isinstance(index, int) or index < 0):
+        raise BackendOptionError(
+            BACKEND, "xlora", f"tgt_non_granular_index must be an integer >= 0 (completion tokens after "
+            f"which the scalings are frozen), got {index!r}", value,
+        )
+    out: dict[str, Any] = {"model_id": str(value["model_id"]), "order": str(order) if order else None,
+                           "tgt_non_granular_index": index}
+    return out
 
 
 _KV_SIZE_UNITS = ("GiB", "MiB", "GB", "MB", "tokens")
@@ -120,7 +131,7 @@ class MistralRsOptions:
     adapter: str | None = None
     max_adapters: int = attrs.field(default=16, validator=positive_int())
     max_lora_rank: int = attrs.field(default=256, validator=positive_int())
-    #: X-LoRA: {model_id, order, tgt_non_granular_index}; replaces dynamic LoRA.
+    #: X-LoRA: {model_id, order, tgt_non_granular_index}; replaces dynamic LoRA (see ruvllm_mistralrs.xlora).
     xlora: dict[str, Any] | None = attrs.field(default=None, converter=_xlora)
     #: tokenizer.json to use instead of the GGUF's own tokenizer metadata.
     tokenizer_json: str | None = None

@@ -1,0 +1,208 @@
+"""X-LoRA through mistral.rs: a checkpoint the tests build (two real PEFT adapters and a
+classifier) is staged in the layout mistral.rs reads; mistral.rs applies it; and the backend
+reports, with mistral.rs's own error, that this mistral.rs release cannot serve it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import mistralrs
+import pytest
+from ruvllm.errors import BackendOptionError, BackendUnavailable, ModelLoadError
+from ruvllm.models import ModelSource
+from ruvllm.options import parse_options
+from ruvllm_mistralrs import MistralRsBackend
+from ruvllm_mistralrs.options import MistralRsOptions
+from ruvllm_mistralrs.platform import installed_build
+from ruvllm_mistralrs.xlora import KNOWN_BROKEN, stage_xlora
+
+LAYERS = 30  # SmolLM2-135M
+PROMPT_ONE_TOKEN = "Paris"
+PROMPT = "The capital of France is"
+
+
+def test_checkpoint_is_staged_flat_with_derived_ordering(xlora_checkpoint, hf_untied_dir, tmp_path):
+    staged = stage_xlora({"model_id": str(xlora_checkpoint), "order": None}, hf_untied_dir, tmp_path / "s")
+    assert staged.adapters == ("math", "poetry")
+    files = sorted(p.name for p in (tmp_path / "s").iterdir())
+    assert files == ["adapter-000.json", "adapter-000.safetensors", "adapter-001.json",
+                     "adapter-001.safetensors", "ordering.json", "xlora_classifier.safetensors",
+                     "xlora_config.json"]
+    assert (tmp_path / "s" / "adapter-001.safetensors").resolve() == \
+        (xlora_checkpoint / "poetry" / "adapter_model.safetensors").resolve()
+    ordering = json.loads((tmp_path / "s" / "ordering.json").read_text())
+    assert ordering["base_model_id"] == str(hf_untied_dir)
+    # q_proj and v_proj of every layer, numbered in model order.
+    assert len(ordering["layers"]) == 2 * LAYERS
+    assert ordering["layers"]["model.layers.0.self_attn.q_proj"] == 0
+    assert ordering["layers"]["model.layers.29.self_attn.v_proj"] == 2 * LAYERS - 1
+    config = json.loads((tmp_path / "s" / "xlora_config.json").read_text())
+    assert config["base_model_id"] == str(hf_untied_dir) and config["hidden_size"] == 576
+
+
+def _runner(which):
+    return mistralrs.Runner(which=which, max_seqs=2, prefix_cache_n=0, token_source="none")
+
+
+def _greedy(runner, text, n=6):
+    request = mistralrs.ChatCompletionRequest(messages=[{"role": "user", "content": text}], model="default",
+                                              max_tokens=n, temperature=0.0)
+    return runner.send_chat_completion_request(request).choices[0].message.content
+
+
+def test_mistralrs_applies_the_staged_checkpoint(xlora_checkpoint, hf_untied_dir, tmp_path):
+    """Straight on mistral.rs: the staged X-LoRA model loads and generates from a one-token
+    prompt, differently from the same weights without X-LoRA (so the adapters and classifier are
+    read and applied); a longer prompt fails inside mistral.rs. This is the limitation the
+    backend reports, shown without the backend in between."""
+    staged = stage_xlora({"model_id": str(xlora_checkpoint), "order": None}, hf_untied_dir, tmp_path / "s")
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for message in messages %}{{ message['content'] }}{% endfor %}")
+    xl = mistralrs.Runner(which=mistralrs.Which.XLora(xlora_model_id=staged.model_id, order=staged.order,
+                                                      model_id=str(hf_untied_dir)),
+                          max_seqs=2, prefix_cache_n=0, token_source="none", jinja_explicit=str(template))
+    assert xl.tokenize_text(PROMPT_ONE_TOKEN, False, None) == [38634]
+    with_xlora = _greedy(xl, PROMPT_ONE_TOKEN)
+    failure = None
+    try:
+        _greedy(xl, PROMPT)
+    except ValueError as exc:
+        failure = str(exc)
+    del xl
+    base = mistralrs.Runner(which=mistralrs.Which.Plain(model_id=str(hf_untied_dir)), max_seqs=2,
+                            prefix_cache_n=0, token_source="none", jinja_explicit=str(template))
+    plain = _greedy(base, PROMPT_ONE_TOKEN)
+    del base
+    assert with_xlora and plain and with_xlora != plain, (with_xlora, plain)
+    if installed_build().version in KNOWN_BROKEN:
+        assert failure is not None and "RoPE positions length 1 does not match token count 5" in failure
+
+
+def test_backend_reports_xlora_absent_with_mistralrs_reason(xlora_checkpoint, hf_untied_dir, lora_backend):
+    source = ModelSource.from_path(hf_untied_dir)
+    options = {"xlora": {"model_id": str(xlora_checkpoint)}, "threads": 1, "max_seqs": 2}
+    if installed_build().version not in KNOWN_BROKEN:
+        # A release that runs X-LoRA: it must change the base model's greedy output.
+        backend = MistralRsBackend.load(source, options)
+        try:
+            from ruvllm.generation import GenerationStream, RequestOutputBuilder
+            from ruvllm.types import GenerationParams
+
+            params = GenerationParams(max_tokens=6, ignore_eos=True)
+            ids = backend.tokenizer.encode(PROMPT)
+
+            def run(b):
+                return GenerationStream(b.generate(ids, params),
+                                        RequestOutputBuilder(b.tokenizer, ids, params)).collect().token_ids
+
+            assert run(backend) != run(lora_backend)
+        finally:
+            backend.close()
+        return
+    with pytest.raises(BackendUnavailable) as err:
+        MistralRsBackend.load(source, options)
+    text = str(err.value)
+    assert "xlora" in text and "RoPE positions length 1 does not match token count" in text
+    assert installed_build().version in text
+    # The same reason is in the capability notes before anything is loaded.
+    notes = MistralRsBackend.capabilities().notes
+    assert any(n.startswith("xlora:") and "RoPE positions length" in n for n in notes)
+
+
+@pytest.mark.parametrize(("breakage", "message"), [
+    ("no_dir", "is not a directory"),
+    ("no_config", "xlora_config.json does not exist"),
+    ("bad_json", "is not readable JSON"),
+    ("no_classifier", "has no xlora_classifier.safetensors"),
+    ("missing_adapter", "adapter 'poetry' has no"),
+    ("no_adapters_listed", "must list the adapters"),
+])
+def test_broken_checkpoints_name_the_option(breakage, message, xlora_checkpoint, hf_untied_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(xlora_checkpoint, ckpt, symlinks=True)
+    if breakage == "no_dir":
+        shutil.rmtree(ckpt)
+    elif breakage == "no_config":
+        (ckpt / "xlora_config.json").unlink()
+    elif breakage == "bad_json":
+        (ckpt / "xlora_config.json").write_text("{not json")
+    elif breakage == "no_classifier":
+        (ckpt / "xlora_classifier.safetensors").unlink()
+    elif breakage == "missing_adapter":
+        shutil.rmtree(ckpt / "poetry")
+    elif breakage == "no_adapters_listed":
+        config = json.loads((ckpt / "xlora_config.json").read_text())
+        (ckpt / "xlora_config.json").write_text(json.dumps({**config, "adapters": []}))
+    with pytest.raises(BackendOptionError) as err:
+        stage_xlora({"model_id": str(ckpt), "order": None}, hf_untied_dir, tmp_path / "s")
+    assert err.value.option == "xlora" and "backends.mistralrs.xlora: " in str(err.value)
+    assert message in str(err.value)
+
+
+def test_ordering_file_is_checked(xlora_checkpoint, hf_untied_dir, tmp_path):
+    order = tmp_path / "ordering.json"
+    order.write_text(json.dumps({"order": ["math", "chemistry"], "layers": {}, "base_model_id": "x"}))
+    with pytest.raises(BackendOptionError, match=r"adapters \['chemistry'\] are not in the checkpoint"):
+        stage_xlora({"model_id": str(xlora_checkpoint), "order": str(order)}, hf_untied_dir, tmp_path / "s")
+    # A valid ordering file is used as given: its adapter order decides the classifier's outputs.
+    layers = {"model.layers.0.self_attn.q_proj": 0}
+    order.write_text(json.dumps({"order": ["poetry", "math"], "layers": layers, "base_model_id": "x"}))
+    option = {"model_id": str(xlora_checkpoint), "order": str(order)}
+    staged = stage_xlora(option, hf_untied_dir, tmp_path / "s")
+    assert staged.adapters == ("poetry", "math")
+    written = json.loads((tmp_path / "s" / "ordering.json").read_text())
+    assert written["layers"] == layers and written["base_model_id"] == str(hf_untied_dir)
+
+
+def test_ordering_cannot_be_derived_for_unknown_modules(hf_untied_dir, tmp_path, make_xlora_checkpoint):
+    ckpt = make_xlora_checkpoint(tmp_path / "ckpt", names=("a1",))
+    config = json.loads((ckpt / "a1" / "adapter_config.json").read_text())
+    (ckpt / "a1" / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["qkv_proj"]}))
+    with pytest.raises(BackendOptionError, match="cannot derive the layer ordering") as err:
+        stage_xlora({"model_id": str(ckpt), "order": None}, hf_untied_dir, tmp_path / "s")
+    assert "give xlora.order" in str(err.value)
+
+
+def test_base_model_mismatches_fail_at_load_before_weights(xlora_checkpoint, hf_dir, hf_untied_dir, tmp_path):
+    # The converted model ties lm_head to the embeddings; mistral.rs's X-LoRA Llama needs it stored.
+    with pytest.raises(ModelLoadError, match="tie_word_embeddings=true"):
+        MistralRsBackend.load(ModelSource.from_path(hf_dir), {"xlora": {"model_id": str(xlora_checkpoint)}})
+    # A classifier for another hidden size.
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(xlora_checkpoint, ckpt, symlinks=True)
+    config = json.loads((ckpt / "xlora_config.json").read_text())
+    (ckpt / "xlora_config.json").write_text(json.dumps({**config, "hidden_size": 4096}))
+    with pytest.raises(ModelLoadError, match="hidden_size 4096"):
+        MistralRsBackend.load(ModelSource.from_path(hf_untied_dir), {"xlora": {"model_id": str(ckpt)}})
+
+
+@pytest.mark.parametrize(("value", "hint"), [
+    ({"order": "o.json"}, 'model_id = "X-LoRA checkpoint dir"'),
+    ({"model_id": "d", "order": 5}, "order must be the path of an ordering JSON file"),
+    ({"model_id": "d", "tgt_non_granular_index": -1}, "tgt_non_granular_index must be an integer >= 0"),
+    ({"model_id": "d", "tgt_non_granular_index": True}, "tgt_non_granular_index must be an integer >= 0"),
+    ({"model_id": "d", "classifier": "c"}, "unknown key(s) classifier"),
+])
+def test_bad_xlora_options_name_the_option(value, hint):
+    with pytest.raises(BackendOptionError) as err:
+        parse_options(MistralRsOptions, "mistralrs", {"xlora": value})
+    assert err.value.option == "xlora" and hint in str(err.value)
+
+
+def test_xlora_options_map_onto_which(xlora_checkpoint, hf_untied_dir, tmp_path):
+    from ruvllm_mistralrs.engine import which_for
+
+    opts = parse_options(MistralRsOptions, "mistralrs",
+                         {"xlora": {"model_id": str(xlora_checkpoint), "tgt_non_granular_index": 2}})
+    staged = stage_xlora(opts.xlora, hf_untied_dir, tmp_path / "s")
+    which = which_for(mistralrs, ModelSource.from_path(hf_untied_dir), opts, staged)
+    assert (which.xlora_model_id, which.order) == (staged.model_id, staged.order)
+    assert which.model_id == str(hf_untied_dir) and which.tgt_non_granular_index == 2
+
+
+def test_adapter_writer_makes_nonzero_peft_adapters(tmp_path, make_adapter):
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(make_adapter(tmp_path / "a", seed=5) / "adapter_model.safetensors"))
+    assert len(tensors) == 4 * LAYERS and all(abs(t).sum() > 0 for t in tensors.values())
