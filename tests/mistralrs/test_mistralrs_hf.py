@@ -110,3 +110,42 @@ def test_forced_scoring_matches_generated_logprobs(lora_backend):
     # float32 sums differ in order, which moves log-probabilities by ~2e-4 (measured).
     assert forced == pytest.approx([lp.logprob for lp in plain.logprobs], abs=1e-3)
     assert all(f < 0 for f in forced)
+
+
+def test_engine_requests_choose_their_adapter(lora_backend, tmp_path, make_adapter):
+    """Through the ServingEngine's request-level path (what the server uses): requests in
+    flight together each run with the adapter their GenerationParams name, or the base model;
+    an adapter that is not loaded is refused at submit time, and after an unload too."""
+    import attrs
+    from ruvllm.engine import EngineOptions, ServingEngine
+
+    if "adapter" not in attrs.fields_dict(GenerationParams):
+        pytest.skip("this ruvllm core has no GenerationParams.adapter")
+    ids = lora_backend.tokenizer.encode(PROMPT)
+    lora_backend.load_adapter("style", make_adapter(tmp_path / "style", seed=1))
+    try:
+        direct = run(lora_backend, ids, adapter="style").token_ids
+        base = run(lora_backend, ids).token_ids
+        assert direct != base
+        options = EngineOptions(path="request", max_in_flight=4)
+        engine = ServingEngine(lora_backend, options, owns_backend=False)
+        try:
+            choices = ["style", None, "style", None]
+            handles = [engine.submit_sync(ids, attrs.evolve(GREEDY, adapter=a)) for a in choices]
+            got = [h.result(timeout=120).token_ids for h in handles]
+            assert got == [direct if a else base for a in choices]
+            with pytest.raises(InvalidRequest) as err:
+                engine.submit_sync(ids, attrs.evolve(GREEDY, adapter="nope"))
+            assert err.value.field == "adapter"
+            before = lora_backend.adapter_revision("style")
+            engine.call(lambda: lora_backend.unload_adapter("style"))
+            with pytest.raises(InvalidRequest):
+                engine.submit_sync(ids, attrs.evolve(GREEDY, adapter="style"))
+            assert lora_backend.adapter_names() == ()
+            engine.call(lambda: lora_backend.load_adapter("style", tmp_path / "style"))
+            assert lora_backend.adapter_revision("style") > before
+        finally:
+            engine.close()
+    finally:
+        if "style" in lora_backend.adapters:
+            lora_backend.unload_adapter("style")

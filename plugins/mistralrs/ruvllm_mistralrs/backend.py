@@ -150,6 +150,8 @@ class MistralRsBackend(LlmBackend):
         self._resolver = TokenIdResolver(self._tok.token_bytes())
         self.serial_prefill = serial_prefill(opts, model)
         self._adapters: dict[str, AdapterInfo] = {}
+        self._revisions: dict[str, int] = {}
+        self._revision_clock = 0
         try:
             for alias, path in opts.adapters.items():
                 self.load_adapter(alias, path)
@@ -174,12 +176,13 @@ class MistralRsBackend(LlmBackend):
 
     def generate(self, prompt_ids: Sequence[int], params: GenerationParams, *,
                  adapter: str | None = None) -> Iterator[SampledToken]:
-        """Stream the tokens mistral.rs samples; ``adapter`` picks a loaded LoRA adapter for this
-        request (default: :attr:`default_adapter`)."""
-        chosen = adapter if adapter is not None else self.default_adapter
-        if chosen is not None and chosen not in self._adapters:
-            raise InvalidRequest("adapter", f"{chosen!r} is not loaded; loaded adapters: "
-                                 f"{', '.join(self._adapters) or 'none'} (see load_adapter)", chosen)
+        """Stream the tokens mistral.rs samples with the LoRA adapter this request names: the
+        ``adapter`` argument, else ``params.adapter`` (how the engine and the server pass a
+        request's choice), else :attr:`default_adapter`; None runs the base model."""
+        chosen = next((a for a in (adapter, getattr(params, "adapter", None), self.default_adapter)
+                       if a is not None), None)
+        if chosen is not None:
+            self._check_loaded(chosen)
         hidden = self._hidden_specials(params)
         context = list(prompt_ids)
         remaining = params.max_tokens
@@ -288,10 +291,32 @@ class MistralRsBackend(LlmBackend):
         if tmp is not None:
             tmp.cleanup()
 
-    # -- LoRA adapters ------------------------------------------------------------------------
+    # -- LoRA adapters (ruvllm.adapters.AdapterHost) ------------------------------------------
     @property
     def adapters(self) -> dict[str, AdapterInfo]:
         return dict(self._adapters)
+
+    def adapter_names(self) -> tuple[str, ...]:
+        return tuple(self._adapters)
+
+    def adapter_revision(self, name: str) -> int:
+        """Grows with every load, replacement and unload of ``name``: core keys prefix-cache
+        entries on it, so KV computed with an older version is never reused."""
+        self._check_loaded(name)
+        return self._revisions[name]
+
+    def _check_loaded(self, name: str) -> None:
+        if name in self._adapters:
+            return
+        if not self.options.wants_lora:
+            raise InvalidRequest("adapter", f"{name!r}: this backend was loaded without the LoRA runtime; "
+                                 "load it with lora=true or adapters={...} to use adapters", name)
+        raise InvalidRequest("adapter", f"{name!r} is not loaded; loaded adapters: "
+                             f"{', '.join(self._adapters) or 'none'} (see load_adapter)", name)
+
+    def _bump_revision(self, name: str) -> None:
+        self._revision_clock += 1
+        self._revisions[name] = self._revision_clock
 
     def load_adapter(self, alias: str, path: str | Path) -> AdapterInfo:
         """Load (or replace) the PEFT LoRA adapter ``alias`` while the engine runs.
@@ -313,6 +338,7 @@ class MistralRsBackend(LlmBackend):
         info = self._adapter_call(load, alias)
         self._adapters[alias] = AdapterInfo(alias=alias, path=str(folder), rank=info.rank,
                                             bytes=info.bytes, generation=info.generation)
+        self._bump_revision(alias)
         return self._adapters[alias]
 
     def unload_adapter(self, alias: str) -> None:
@@ -321,6 +347,7 @@ class MistralRsBackend(LlmBackend):
             raise InvalidRequest("adapter", f"{alias!r} is not loaded", alias)
         self._adapter_call(lambda r: r.unload_lora_adapter(alias), alias)
         del self._adapters[alias]
+        self._bump_revision(alias)
         if self.default_adapter == alias:
             self.default_adapter = None
 
