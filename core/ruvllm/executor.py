@@ -40,6 +40,9 @@ class BatchEntry:
     #: True when the logits after the last token are needed (a decode step, or the final
     #: chunk of a prefill).
     sample: bool = True
+    #: LoRA adapter this sequence runs with (None: the base model). Executors of backends
+    #: without LoRA never receive one: the engine refuses such requests at submit time.
+    adapter: str | None = None
 
 
 @runtime_checkable

@@ -32,25 +32,43 @@ def ruvllm_register_commands(cli: Any) -> None:
 
 
 @hookspec
-def ruvllm_sona_instant(trajectory: Trajectory) -> None:
-    """Instant loop: called on the serving path for every finished request.
+def ruvllm_engine_started(engine: Any, config: Any) -> None:
+    """A ServingEngine built by ``ServingEngine.from_config`` is ready; ``config`` is the
+    :class:`ruvllm.config.Config` it came from. Plugins acting on a running engine (SONA)
+    attach here when their config section enables them."""
 
-    Must cost well under a millisecond: record, never train, here.
+
+@hookspec
+def ruvllm_sona_instant(engine: Any, trajectory: Trajectory) -> None:
+    """Instant loop: called on the engine's model thread for every request that finished with
+    a result (``trajectory.feedback`` is None: feedback arrives later, by
+    :func:`ruvllm_sona_feedback`).
+
+    Must cost well under a millisecond: record, never train or run the model, here.
     """
 
 
-@hookspec
-def ruvllm_sona_background(backend: LlmBackend) -> None:
-    """Background loop: called periodically off the serving path to turn buffered feedback
-    into adapter updates. Adapter swaps are applied between engine steps."""
+@hookspec(firstresult=True)
+def ruvllm_sona_feedback(request_id: str, score: float) -> bool | None:
+    """A user's score in [-1, 1] for a finished request (the id the engine or the server's
+    completion gave). Return True when the id was known and the score recorded."""
 
 
 @hookspec
-def ruvllm_sona_deep(backend: LlmBackend, reason: str) -> None:
+def ruvllm_sona_background(engine: Any) -> None:
+    """Background loop: run off the serving path (the plugin's own thread, or on demand) to
+    turn buffered feedback into adapter updates; new adapter versions are published with
+    ``engine.publish`` so the swap happens between engine steps."""
+
+
+@hookspec
+def ruvllm_sona_deep(engine: Any, reason: str) -> None:
     """Deep loop: consolidate adapters and patterns; triggered by accumulated feedback or on
     demand (``reason`` says which)."""
 
 
 @hookspec(firstresult=True)
-def ruvllm_select_adapter(prompt_ids: tuple[int, ...], embedding: Any) -> str | None:
-    """Name the adapter a new request should run with, or None for the base model."""
+def ruvllm_select_adapter(engine: Any, prompt_ids: tuple[int, ...], embedding: Any) -> str | None:
+    """Name the adapter a new request (submitted without one) should run with, or None for
+    the base model. Called at submit time on the caller's thread; ``embedding`` is None when
+    the caller has none (the implementation computes what it needs)."""

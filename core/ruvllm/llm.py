@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from ruvllm.adapters import adapter_cache_key
 from ruvllm.backend import LlmBackend
 from ruvllm.chat import render_chat
 from ruvllm.config import Config, load_config, merged_options
@@ -106,6 +107,7 @@ class LLM:
         p = make_params(params, overrides)
         ids = self.encode(prompt)
         check_prompt(ids, p, self.info.context_length, self.tokenizer.vocab_size)
+        adapter_cache_key(self.backend, p.adapter)  # an unknown adapter is refused before running
         builder = RequestOutputBuilder(self.tokenizer, ids, p)
         return GenerationStream(self._locked(ids, p), builder, queued_at=time.perf_counter())
 

@@ -90,6 +90,12 @@ def _int_tuple(value: Sequence[int] | None) -> tuple[int, ...]:
 MAX_LOGPROBS = 20
 
 
+def _adapter_name(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise InvalidRequest("adapter", f"must be a non-empty adapter name (or null for the base model), "
+                             f"got {value!r}", value)
+
+
 @attrs.frozen(kw_only=True)
 class GenerationParams:
     """What to generate: length, sampling, stopping and logprobs.
@@ -113,6 +119,9 @@ class GenerationParams:
     #: Number of top alternatives to report per token (0 = only the chosen token's logprob,
     #: None = no logprobs at all).
     logprobs: int | None = attrs.field(default=None, validator=_int_at_least(0, MAX_LOGPROBS))
+    #: Name of a loaded LoRA adapter to generate with (backends with ``Capabilities.lora``);
+    #: None runs the base model (or whatever adapter a SONA router picks).
+    adapter: str | None = attrs.field(default=None, validator=_adapter_name)
 
     @property
     def greedy(self) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from ruvllm.adapters import adapter_cache_key
 from ruvllm.backend import LlmBackend
 from ruvllm.config import Config, merged_options
 from ruvllm.engine.executor_core import ExecutorCore
@@ -35,7 +36,7 @@ from ruvllm.generation import RequestOutputBuilder, check_prompt
 from ruvllm.sampling import Sampler
 from ruvllm.serving import MetricsSnapshot
 from ruvllm.tokenizer import Tokenizer
-from ruvllm.types import Capabilities, GenerationParams, GenerationResult, ModelInfo
+from ruvllm.types import Capabilities, GenerationParams, GenerationResult, ModelInfo, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,11 @@ class ServingEngine:
     """
 
     def __init__(self, backend: BackendSource, options: EngineOptions | None = None, *,
-                 owns_backend: bool | None = None):
+                 owns_backend: bool | None = None, hooks: Any = None):
         self.options = options or EngineOptions()
+        # The plugins' hook relay (SONA's instant loop and adapter router); None: the
+        # process-wide registry's.
+        self._hooks = hooks
         self._owns_backend = (not isinstance(backend, LlmBackend)) if owns_backend is None else owns_backend
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._metrics = EngineMetrics()
@@ -96,7 +100,15 @@ class ServingEngine:
             options = EngineOptions.from_mapping(getattr(config, "engine", {}) or {})
         elif not isinstance(options, EngineOptions):
             options = EngineOptions.from_mapping(options)
-        return cls(lambda: backend_cls.load(source, backend_opts), options, owns_backend=True)
+        engine = cls(lambda: backend_cls.load(source, backend_opts), options, owns_backend=True,
+                     hooks=registry.pm.hook)
+        try:
+            # Plugins that act on a running engine (SONA) attach here, reading their own config.
+            registry.pm.hook.ruvllm_engine_started(engine=engine, config=config)
+        except BaseException:
+            engine.close()
+            raise
+        return engine
 
     # ----------------------------------------------------------------- AsyncEngine properties
 
@@ -189,6 +201,15 @@ class ServingEngine:
             raise InvalidRequest("timeout", f"must be a number of seconds > 0, got {timeout!r}", timeout)
         prompt = [int(t) for t in prompt_ids]
         check_prompt(prompt, params, self._info.context_length, self._info.vocab_size)
+        if params.adapter is None and self._router_active():
+            chosen = self._hooks.ruvllm_select_adapter(engine=self, prompt_ids=tuple(prompt), embedding=None)
+            if chosen is not None:
+                params = attrs.evolve(params, adapter=chosen)
+        # Refused here, never mid-batch; the key keeps KV of different adapters (or of another
+        # version of one) apart in the prefix cache.
+        adapter_key = adapter_cache_key(self._backend, params.adapter)
+        if adapter_key is not None:
+            cache_salt = f"{cache_salt or ''}\x00adapter:{adapter_key}"
         rid = request_id or uuid.uuid4().hex
         with self._lock:
             if rid in self._active:
@@ -204,7 +225,8 @@ class ServingEngine:
                              cache_salt=cache_salt)
         sampler = Sampler(params, self._info.vocab_size, prompt) if self.path == "executor" else None
         live = LiveRequest(sched, params, RequestOutputBuilder(self._backend.tokenizer, prompt, params),
-                           sampler, _Tracked(sink, self, rid), arrival=time.perf_counter(),
+                           sampler, _Tracked(sink, self, rid, tuple(prompt), params.adapter),
+                           arrival=time.perf_counter(),
                            timeout=timeout if timeout is not None else self.options.request_timeout)
         self._inbox.put(("add", live))
         return rid
@@ -224,6 +246,28 @@ class ServingEngine:
     def _released(self, request_id: str) -> None:
         with self._lock:
             self._active.discard(request_id)
+
+    # ----------------------------------------------------------------- learning hooks
+
+    def _router_active(self) -> bool:
+        return self._hooks is not None and bool(self._hooks.ruvllm_select_adapter.get_hookimpls())
+
+    def _finished(self, request_id: str, prompt: tuple[int, ...], adapter: str | None,
+                  result: GenerationResult) -> None:
+        """SONA's instant loop, on the model thread, for every request that produced a result."""
+        hook = self._hooks.ruvllm_sona_instant if self._hooks is not None else None
+        if hook is None or not hook.get_hookimpls():
+            return
+        try:
+            hook(engine=self, trajectory=Trajectory(request_id=request_id, prompt_ids=prompt,
+                                                    output_ids=result.token_ids, adapter=adapter))
+        except Exception:  # a learning plugin must never break serving
+            log.exception("ruvllm_sona_instant failed")
+
+    def publish(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run ``fn`` (e.g. an adapter swap) on the model thread between two steps, so no forward
+        pass sees it half done; the future completes once it has run."""
+        return self.call_future(fn)
 
     # ----------------------------------------------------------------- metrics and shutdown
 
@@ -280,6 +324,10 @@ class ServingEngine:
     def _setup(self, source: BackendSource) -> None:
         backend = source if isinstance(source, LlmBackend) else source()
         self._backend = backend
+        if self._hooks is None:
+            from ruvllm.plugins import get_registry
+
+            self._hooks = get_registry().pm.hook
         caps = backend.capabilities()
         want = self.options.path
         if want == "executor" and not caps.executor:
@@ -376,10 +424,13 @@ class ServingEngine:
 class _Tracked(Sink):
     """Wraps a caller's sink to keep the engine's admission counters right."""
 
-    def __init__(self, inner: Sink, engine: ServingEngine, request_id: str):
+    def __init__(self, inner: Sink, engine: ServingEngine, request_id: str, prompt: tuple[int, ...],
+                 adapter: str | None):
         self.inner = inner
         self.engine = engine
         self.request_id = request_id
+        self.prompt = prompt
+        self.adapter = adapter
         self._queued = True
 
     def left_queue(self) -> None:
@@ -391,4 +442,7 @@ class _Tracked(Sink):
         if result is not None or error is not None:
             self.left_queue()
             self.engine._released(self.request_id)
+        if result is not None:
+            # Before the caller sees the result, so feedback sent right after it finds the trajectory.
+            self.engine._finished(self.request_id, self.prompt, self.adapter, result)
         self.inner.push(outputs, result, error)

@@ -108,6 +108,7 @@ class ExecutorCore:
             entries.append(BatchEntry(
                 seq_id=req.slot, tokens=chunk.tokens, start_pos=chunk.start_pos,  # type: ignore[arg-type]
                 block_table=self.blocks.block_table(req.slot), sample=chunk.sample,  # type: ignore[arg-type]
+                adapter=self.live[req.request_id].params.adapter,
             ))
         try:
             if plan.copies:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from ruvllm.backend import LlmBackend, sample_stream
-from ruvllm.errors import BackendError, ModelLoadError, RuvllmError
+from ruvllm.errors import BackendError, InvalidRequest, ModelLoadError, RuvllmError
 from ruvllm.executor import BatchExecutor
 from ruvllm.hf_tokenizer import HfTokenizer
 from ruvllm.models import ModelSource
@@ -26,6 +27,7 @@ from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
 from ruvllm_candle_like.kv_contiguous import ContiguousCache
 from ruvllm_candle_like.kv_two_tier import TwoTierCache, TwoTierSettings
 from ruvllm_candle_like.loading import LoadedModel, load
+from ruvllm_candle_like.lora import AdapterRegistry, LoraAdapter, LoraPlan, load_peft
 from ruvllm_candle_like.options import BackendOptions
 
 RequestCache = ContiguousCache | TwoTierCache
@@ -45,6 +47,8 @@ class CandleLikeBackend(LlmBackend):
         self._source = source
         self._live_tokens = 0
         self._lock = threading.Lock()
+        #: Named LoRA adapters, shared by generate() and every executor of this backend.
+        self.adapters = AdapterRegistry()
         cfg = loaded.config
         tok = loaded.tokenizer
         self._info = ModelInfo(
@@ -87,8 +91,7 @@ class CandleLikeBackend(LlmBackend):
             device = "mps"
         return Capabilities(
             streaming=True, executor=True, logprobs=True, core_sampler=True,
-            concurrent_requests=False, paged_attention=True, device=device,
-            notes=("LoRA is not wired into this backend yet: lora=False",),
+            concurrent_requests=False, paged_attention=True, lora=True, embeddings=True, device=device,
         )
 
     @classmethod
@@ -128,8 +131,49 @@ class CandleLikeBackend(LlmBackend):
         return ContiguousCache(cfg, capacity, kv_dtype=self.kv_dtype, compute_dtype=self.dtype,
                                device=self.device)
 
+    # -- LoRA adapters (ruvllm.adapters.AdapterHost) -------------------------------------
+
+    def load_adapter(self, name: str, path: str | Path) -> LoraAdapter:
+        """Load a PEFT LoRA directory under ``name`` (replacing an adapter of that name)."""
+        adapter = load_peft(path, name, self._loaded.config, dtype=self.dtype, device=self.device)
+        self.adapters.publish(adapter)
+        return adapter
+
+    def publish_adapter(self, adapter: LoraAdapter) -> int:
+        """Make ``adapter`` (built for this model) available under its name; returns its revision.
+        Through a ServingEngine, call this via ``engine.publish`` so it lands between steps."""
+        return self.adapters.publish(adapter)
+
+    def unload_adapter(self, name: str) -> None:
+        """New requests naming ``name`` are refused; requests already running keep it."""
+        self.adapters.unload(name)
+
+    def adapter_names(self) -> tuple[str, ...]:
+        return self.adapters.names()
+
+    def adapter_revision(self, name: str) -> int:
+        return self.adapters.revision(name)
+
+    # -- embeddings ----------------------------------------------------------------------
+
     @torch.inference_mode()
-    def step(self, cache: RequestCache, tokens: Sequence[int]) -> torch.Tensor:
+    def embed(self, ids: Sequence[int]) -> np.ndarray:
+        """Mean-pooled final hidden state of ``ids`` under the base model (float32 [hidden]).
+
+        Runs in a private cache, so it is safe beside generation on another thread."""
+        if not ids:
+            raise InvalidRequest("ids", "need at least one token to embed")
+        ids = list(ids)[: self.model.max_positions]
+        cache = ContiguousCache(self._loaded.config, len(ids), kv_dtype=self.kv_dtype,
+                                compute_dtype=self.dtype, device=self.device)
+        cache.begin(len(ids))
+        hidden = self.model.hidden(torch.tensor(ids, dtype=torch.long, device=self.device),
+                                   torch.arange(len(ids), device=self.device), cache)
+        return hidden.float().mean(dim=0).cpu().numpy()
+
+    @torch.inference_mode()
+    def step(self, cache: RequestCache, tokens: Sequence[int],
+             lora: LoraPlan | None = None) -> torch.Tensor:
         """Append ``tokens`` to ``cache`` and return the float32 logits of the last one."""
         chunk = self.options.prefill_chunk
         logits = None
@@ -140,7 +184,7 @@ class CandleLikeBackend(LlmBackend):
             ids = torch.tensor(part, dtype=torch.long, device=self.device)
             pos = torch.arange(cache.position, cache.position + n, device=self.device)
             last = torch.tensor([n - 1], device=self.device)
-            logits = self.model.forward(ids, pos, cache, last)
+            logits = self.model.forward(ids, pos, cache, last, lora)
             cache.advance()
         assert logits is not None
         return logits[0]
@@ -150,11 +194,14 @@ class CandleLikeBackend(LlmBackend):
         room = ctx - len(prompt_ids)
         if room <= 0:
             return
+        # The adapter is taken once: the whole request runs with this version of it.
+        adapter = None if params.adapter is None else self.adapters.resolve(params.adapter)
+        lora = None if adapter is None else LoraPlan([(adapter, None)])
         cache = self.new_cache(len(prompt_ids) + min(params.max_tokens, room))
 
         def evaluate(tokens: Sequence[int]) -> np.ndarray:
             try:
-                logits = self.step(cache, tokens)
+                logits = self.step(cache, tokens, lora)
             except RuntimeError as exc:
                 raise BackendError(f"candle_like forward failed: {exc}") from exc
             self._live_tokens = cache.length
@@ -173,7 +220,8 @@ class CandleLikeBackend(LlmBackend):
 
         return PagedExecutor(self.model, max_sequences=max_sequences, block_size=block_size,
                              num_tokens=self.options.kv_cache_tokens,
-                             max_batch_tokens=self.options.max_batch_tokens, kv_dtype=self.kv_dtype)
+                             max_batch_tokens=self.options.max_batch_tokens, kv_dtype=self.kv_dtype,
+                             adapters=self.adapters)
 
     def close(self) -> None:
         self._loaded = None  # type: ignore[assignment]

@@ -23,6 +23,7 @@ from ruvllm.errors import BackendError, InvalidRequest
 from ruvllm.executor import BatchEntry
 
 from ruvllm_candle_like.attention_ops import attend_decode_batch, attend_sequence
+from ruvllm_candle_like.lora import AdapterRegistry, LoraAdapter, LoraPlan
 from ruvllm_candle_like.model import Transformer
 
 
@@ -82,12 +83,14 @@ class PagedExecutor:
     kv_layout = "paged"
 
     def __init__(self, model: Transformer, *, max_sequences: int, block_size: int, num_tokens: int,
-                 max_batch_tokens: int, kv_dtype: torch.dtype):
+                 max_batch_tokens: int, kv_dtype: torch.dtype, adapters: AdapterRegistry | None = None):
         if block_size < 1:
             raise InvalidRequest("block_size", f"must be >= 1; got {block_size}")
         if max_sequences < 1:
             raise InvalidRequest("max_sequences", f"must be >= 1; got {max_sequences}")
         self.model = model
+        #: LoRA adapters by name; rows of one step are grouped per adapter (base rows: none).
+        self.adapters = adapters or AdapterRegistry()
         self.block_size = block_size
         self.num_blocks = max(num_tokens // block_size, 1)
         self.max_batch_tokens = max_batch_tokens
@@ -147,10 +150,14 @@ class PagedExecutor:
         decode_lengths: list[int] = []
         decode_tables: list[Sequence[int]] = []
         prefills: list[_Prefill] = []
+        # Each adapter object is taken once for the whole step: a swap published meanwhile
+        # reaches the next step, never half of this one.
+        spans: list[tuple[int, int, LoraAdapter | None]] = []
         row = 0
         for e in batch:
             n = len(e.tokens)
             end = e.start_pos + n
+            spans.append((row, n, None if e.adapter is None else self.adapters.resolve(e.adapter)))
             tokens.extend(e.tokens)
             positions.append(np.arange(e.start_pos, end))
             slots.append(self._slots(e.block_table, e.start_pos, end))
@@ -179,16 +186,17 @@ class PagedExecutor:
             self, torch.from_numpy(np.concatenate(slots)).to(dev), decode_rows_t, decode_gather,
             decode_valid, prefills, all_decode_in_order=not prefills,
         )
+        lora = LoraPlan.for_rows(spans, dev)
         if not logit_rows:
             # Nothing to sample (e.g. only non-final prefill chunks): run for the KV only.
             self.model.forward(torch.tensor(tokens, device=dev),
                                torch.from_numpy(np.concatenate(positions)).to(dev), plan,
-                               torch.tensor([0], device=dev))
+                               torch.tensor([0], device=dev), lora)
             return np.zeros((0, self.model.cfg.vocab_size), dtype=np.float32)
         try:
             logits = self.model.forward(
                 torch.tensor(tokens, device=dev), torch.from_numpy(np.concatenate(positions)).to(dev),
-                plan, torch.tensor(logit_rows, device=dev),
+                plan, torch.tensor(logit_rows, device=dev), lora,
             )
         except RuntimeError as exc:
             raise BackendError(f"candle_like batched forward failed: {exc}") from exc

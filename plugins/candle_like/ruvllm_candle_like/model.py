@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from ruvllm.errors import ModelLoadError
 
 from ruvllm_candle_like.config import ModelConfig
+from ruvllm_candle_like.lora import LoraPlan
 
 
 class Attention(Protocol):
@@ -154,11 +155,20 @@ class Transformer:
         return n
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attention: Attention,
-                logit_rows: torch.Tensor | None = None) -> torch.Tensor:
+                logit_rows: torch.Tensor | None = None, lora: LoraPlan | None = None) -> torch.Tensor:
         """Logits (float32) of the rows ``logit_rows`` (all rows when None).
 
-        ``tokens`` and ``positions`` are flat [T] int64 tensors on the model's device.
+        ``tokens`` and ``positions`` are flat [T] int64 tensors on the model's device; ``lora``
+        adds adapter deltas to the rows it names (None: the base model only).
         """
+        x = self.hidden(tokens, positions, attention, lora)
+        if logit_rows is not None:
+            x = x[logit_rows]
+        return F.linear(x, self.lm_head).float()
+
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, attention: Attention,
+               lora: LoraPlan | None = None) -> torch.Tensor:
+        """The final (normed) hidden state of every row, [T, hidden], in the model's dtype."""
         cfg = self.cfg
         h_q, h_kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_end, k_end = h_q * d, (h_q + h_kv) * d
@@ -170,17 +180,27 @@ class Transformer:
         for i, layer in enumerate(self.layers):
             y = F.rms_norm(x, (hidden,), layer.ln1, eps)
             qkv = F.linear(y, layer.qkv, layer.qkv_bias)
+            if lora is not None:
+                qkv = lora.apply(i, "qkv", y, qkv)
             q = apply_rope(qkv[:, :q_end].view(n, h_q, d), cos, sin)
             k = apply_rope(qkv[:, q_end:k_end].view(n, h_kv, d), cos, sin)
-            v = qkv[:, k_end:].view(n, h_kv, d)
-            x = x + F.linear(attention.attend(i, q, k, v), layer.o)
+            v = qkv[:, k_end:].reshape(n, h_kv, d)
+            attn = attention.attend(i, q, k, v)
+            o = F.linear(attn, layer.o)
+            if lora is not None:
+                o = lora.apply(i, "o", attn, o)
+            x = x + o
             y = F.rms_norm(x, (hidden,), layer.ln2, eps)
-            gate, up = F.linear(y, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
-        if logit_rows is not None:
-            x = x[logit_rows]
-        x = F.rms_norm(x, (hidden,), self.norm, eps)
-        return F.linear(x, self.lm_head).float()
+            gu = F.linear(y, layer.gate_up)
+            if lora is not None:
+                gu = lora.apply(i, "gate_up", y, gu)
+            gate, up = gu.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+            down = F.linear(act, layer.down)
+            if lora is not None:
+                down = lora.apply(i, "down", act, down)
+            x = x + down
+        return F.rms_norm(x, (hidden,), self.norm, eps)
 
 
 def to_torch_weights(items: Iterable[tuple[str, Any]]) -> dict[str, torch.Tensor]:
