@@ -10,8 +10,10 @@ import shutil
 import mistralrs
 import pytest
 from ruvllm.errors import BackendOptionError, BackendUnavailable, ModelLoadError
+from ruvllm.generation import GenerationStream, RequestOutputBuilder
 from ruvllm.models import ModelSource
 from ruvllm.options import parse_options
+from ruvllm.types import GenerationParams
 from ruvllm_mistralrs import MistralRsBackend
 from ruvllm_mistralrs.options import MistralRsOptions
 from ruvllm_mistralrs.platform import installed_build
@@ -41,17 +43,7 @@ def test_checkpoint_is_staged_flat_with_derived_ordering(xlora_checkpoint, hf_un
     assert config["base_model_id"] == str(hf_untied_dir) and config["hidden_size"] == 576
 
 
-def _runner(which):
-    return mistralrs.Runner(which=which, max_seqs=2, prefix_cache_n=0, token_source="none")
-
-
-def _greedy(runner, text, n=6):
-    request = mistralrs.ChatCompletionRequest(messages=[{"role": "user", "content": text}], model="default",
-                                              max_tokens=n, temperature=0.0)
-    return runner.send_chat_completion_request(request).choices[0].message.content
-
-
-def test_mistralrs_applies_the_staged_checkpoint(xlora_checkpoint, hf_untied_dir, tmp_path):
+def test_mistralrs_applies_the_staged_checkpoint(xlora_checkpoint, hf_untied_dir, lora_backend, tmp_path):
     """Straight on mistral.rs: the staged X-LoRA model loads and generates from a one-token
     prompt, differently from the same weights without X-LoRA (so the adapters and classifier are
     read and applied); a longer prompt fails inside mistral.rs. This is the limitation the
@@ -62,19 +54,27 @@ def test_mistralrs_applies_the_staged_checkpoint(xlora_checkpoint, hf_untied_dir
     xl = mistralrs.Runner(which=mistralrs.Which.XLora(xlora_model_id=staged.model_id, order=staged.order,
                                                       model_id=str(hf_untied_dir)),
                           max_seqs=2, prefix_cache_n=0, token_source="none", jinja_explicit=str(template))
-    assert xl.tokenize_text(PROMPT_ONE_TOKEN, False, None) == [38634]
-    with_xlora = _greedy(xl, PROMPT_ONE_TOKEN)
-    failure = None
     try:
-        _greedy(xl, PROMPT)
-    except ValueError as exc:
-        failure = str(exc)
-    del xl
-    base = mistralrs.Runner(which=mistralrs.Which.Plain(model_id=str(hf_untied_dir)), max_seqs=2,
-                            prefix_cache_n=0, token_source="none", jinja_explicit=str(template))
-    plain = _greedy(base, PROMPT_ONE_TOKEN)
-    del base
-    assert with_xlora and plain and with_xlora != plain, (with_xlora, plain)
+        one_token = xl.tokenize_text(PROMPT_ONE_TOKEN, False, None)
+        assert len(one_token) == 1
+        request = mistralrs.ChatCompletionRequest(
+            messages=[{"role": "user", "content": PROMPT_ONE_TOKEN}], model="default", max_tokens=6,
+            temperature=0.0, ignore_eos=True)
+        with_xlora = xl.send_chat_completion_request(request).choices[0].message.content
+        failure = None
+        try:
+            xl.send_chat_completion_request(mistralrs.ChatCompletionRequest(
+                messages=[{"role": "user", "content": PROMPT}], model="default", max_tokens=2,
+                temperature=0.0))
+        except ValueError as exc:
+            failure = str(exc)
+    finally:
+        del xl
+    # The base model (the same weights, lm_head tied) on the same one-token prompt.
+    params = GenerationParams(max_tokens=6, ignore_eos=True)
+    base = GenerationStream(lora_backend.generate(one_token, params),
+                            RequestOutputBuilder(lora_backend.tokenizer, one_token, params)).collect().text
+    assert with_xlora and base and with_xlora != base, (with_xlora, base)
     if installed_build().version in KNOWN_BROKEN:
         assert failure is not None and "RoPE positions length 1 does not match token count 5" in failure
 
@@ -86,9 +86,6 @@ def test_backend_reports_xlora_absent_with_mistralrs_reason(xlora_checkpoint, hf
         # A release that runs X-LoRA: it must change the base model's greedy output.
         backend = MistralRsBackend.load(source, options)
         try:
-            from ruvllm.generation import GenerationStream, RequestOutputBuilder
-            from ruvllm.types import GenerationParams
-
             params = GenerationParams(max_tokens=6, ignore_eos=True)
             ids = backend.tokenizer.encode(PROMPT)
 
