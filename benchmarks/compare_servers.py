@@ -7,8 +7,14 @@ a ``logit_bias`` of -100 on the EOS ids for llama-cpp-python, which has no ``ign
 request that returns fewer tokens was cut short by the server. llama_cpp.server runs with its
 default settings, as users run it.
 
+``--backends`` serves the same model with several ruvllm backends in turn, one line each in the
+table and the plot; ``-o BACKEND:KEY=VALUE`` passes a backend option to one of them (defaults:
+``n_threads=--threads`` for llamacpp, ``dtype=bfloat16`` for candle_like, which batches well
+in bf16 on CPUs with AVX-512 BF16 / AMX).
+
     .venv/bin/python benchmarks/compare_servers.py                  # writes benchmarks/results/
-    .venv/bin/python benchmarks/compare_servers.py --clients 1,4,16 --gen-length 64
+    .venv/bin/python benchmarks/compare_servers.py --clients 1,4,16 --gen-length 64 \
+        --backends llamacpp,candle_like
 """
 
 from __future__ import annotations
@@ -33,6 +39,22 @@ from ruvllm.bench.serving import HttpTarget, sweep
 from ruvllm.llm import LLM
 
 ROOT = Path(__file__).resolve().parent
+
+
+def backend_options(backends: list[str], given: list[str], threads: int) -> dict[str, dict[str, str]]:
+    """Each backend's ``-o`` options: the defaults above, overridden by ``BACKEND:KEY=VALUE``."""
+    opts: dict[str, dict[str, str]] = {
+        b: {"llamacpp": {"n_threads": str(threads)}, "candle_like": {"dtype": "bfloat16"}}.get(b, {})
+        for b in backends}
+    for item in given:
+        backend, sep, kv = item.partition(":")
+        key, eq, value = kv.partition("=")
+        if not sep or not eq or not key:
+            raise SystemExit(f"-o {item!r}: expected BACKEND:KEY=VALUE, e.g. candle_like:dtype=bfloat16")
+        if backend not in opts:
+            raise SystemExit(f"-o {item!r}: {backend!r} is not one of --backends {','.join(backends)}")
+        opts[backend][key] = value
+    return opts
 
 
 def free_port() -> int:
@@ -94,8 +116,13 @@ def main() -> int:
     ap.add_argument("--min-requests", type=int, default=4, help="requests per level: max(this, 2 x clients)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--output-dir", type=Path, default=ROOT / "results")
+    ap.add_argument("--backends", default="llamacpp",
+                    help="ruvllm backends to serve in turn, comma-separated (e.g. llamacpp,candle_like)")
+    ap.add_argument("-o", "--option", action="append", default=[], metavar="BACKEND:KEY=VALUE",
+                    help="backend option for one of --backends (repeatable), e.g. candle_like:dtype=float32")
     ap.add_argument("--skip-llamacpp-server", action="store_true")
     args = ap.parse_args()
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     args.output_dir.mkdir(parents=True, exist_ok=True)
 
     with LLM(backend="llamacpp") as llm:
@@ -106,18 +133,23 @@ def main() -> int:
     bin_dir = Path(sys.executable).parent
     results: list[dict] = []
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    print(f"ruvllm serve on {url}", file=sys.stderr)
-    proc = run_server([str(bin_dir / "ruvllm"), "serve", "--backend", "llamacpp", "--port", str(port),
-                       "-o", f"n_threads={args.threads}", "--log-level", "warning"], url,
-                      args.output_dir / "ruvllm-serve.log")
-    try:
-        health = httpx.get(url + "/health").json()
-        results += asyncio.run(measure(url, f"ruvllm serve ({health['backend']}, {health['engine_path']})",
-                                       prompts, {"ignore_eos": True}, args))
-    finally:
-        stop(proc)
+    for backend, opts in backend_options(backends, args.option, args.threads).items():
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        print(f"ruvllm serve --backend {backend} on {url}", file=sys.stderr)
+        cmd = [str(bin_dir / "ruvllm"), "serve", "--backend", backend, "--port", str(port),
+               "--log-level", "warning"]
+        for key, value in opts.items():
+            cmd += ["-o", f"{key}={value}"]
+        proc = run_server(cmd, url, args.output_dir / f"ruvllm-serve-{backend}.log")
+        try:
+            health = httpx.get(url + "/health").json()
+            label = ", ".join([health["backend"], health["engine_path"],
+                               *(f"{k}={v}" for k, v in opts.items())])
+            results += asyncio.run(measure(url, f"ruvllm serve ({label})", prompts, {"ignore_eos": True},
+                                           args))
+        finally:
+            stop(proc)
 
     if not args.skip_llamacpp_server:
         port = free_port()
@@ -135,22 +167,23 @@ def main() -> int:
 
     report = {"machine": machine_info(), "model": model_name, "serving": results,
               "settings": {"clients": args.clients, "gen_length": args.gen_length,
-                           "prompt_length": args.prompt_length, "threads": args.threads}}
+                           "prompt_length": args.prompt_length, "threads": args.threads,
+                           "backends": backend_options(backends, args.option, args.threads),
+                           "load_average": os.getloadavg()}}
     (args.output_dir / "compare_servers.json").write_text(rep.to_json(report))
     (args.output_dir / "compare_servers.csv").write_text(rep.to_csv(report))
     rep.plot(results, args.output_dir / "compare_servers.png",
              title=f"{model_name} | {report['machine']['cpu']} x{report['machine']['logical_cpus']}")
     rep.print_tables(report, Console(width=200))
-    by = {}
+    peers = {r["concurrency"]: r for r in results if not r["target"].startswith("ruvllm")}
     for r in results:
-        by.setdefault(r["concurrency"], {})["ruvllm" if r["target"].startswith("ruvllm") else "peer"] = r
-    for c, pair in sorted(by.items()):
-        if "ruvllm" in pair and "peer" in pair:
-            a, b = pair["ruvllm"], pair["peer"]
-            ratio = a["output_tok_s"] / b["output_tok_s"] if b["output_tok_s"] else float("inf")
-            print(f"{c:>3} clients: ruvllm {a['output_tok_s']:.1f} tok/s vs {b['output_tok_s']:.1f} "
-                  f"(x{ratio:.2f}); TTFT p50 {a['ttft_s']['p50']:.2f} s vs {b['ttft_s']['p50']:.2f} s; "
-                  f"cut short {a['cut_short']} vs {b['cut_short']}")
+        b = peers.get(r["concurrency"])
+        if b is None or b is r:
+            continue
+        ratio = r["output_tok_s"] / b["output_tok_s"] if b["output_tok_s"] else float("inf")
+        print(f"{r['concurrency']:>3} clients: {r['target']} {r['output_tok_s']:.1f} tok/s vs "
+              f"{b['output_tok_s']:.1f} (x{ratio:.2f}); TTFT p50 {r['ttft_s']['p50']:.2f} s vs "
+              f"{b['ttft_s']['p50']:.2f} s; cut short {r['cut_short']} vs {b['cut_short']}")
     print(json.dumps({"written": str(args.output_dir)}))
     return 0
 

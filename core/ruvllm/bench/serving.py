@@ -127,13 +127,10 @@ class HttpTarget:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
                 raise RuntimeError(f"HTTP {resp.status_code}: {text[:200]}")
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+            async for payload in sse_data(resp.aiter_raw()):
+                if payload == b"[DONE]":
                     break
-                event = json.loads(data)
+                event = json.loads(payload)
                 if "error" in event:
                     raise RuntimeError(f"server error mid-stream: {event['error']}")
                 if event.get("usage"):
@@ -146,6 +143,23 @@ class HttpTarget:
                         record.finish_reason = choice["finish_reason"]
         if not record.output_tokens:
             record.output_tokens = chunks
+
+
+async def sse_data(raw: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The payload of every ``data:`` line of a server-sent event stream, as the bytes arrive.
+
+    The client shares the cores with the server it measures, so it splits the raw body itself
+    (LF or CRLF line ends, lines split across reads) instead of decoding it to text line by line.
+    """
+    pending = b""
+    async for piece in raw:
+        lines = (pending + piece).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
+    if pending.startswith(b"data:"):
+        yield pending[5:].strip()
 
 
 @attrs.frozen(kw_only=True)

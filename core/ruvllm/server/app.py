@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest, ModelNotFound, RuvllmError
 from ruvllm.server import responses
 from ruvllm.server.errors import install_error_handlers, ruvllm_error_body
+from ruvllm.server.feedback import register_feedback
 from ruvllm.server.limits import RequestLimitsMiddleware
 from ruvllm.server.metrics import CONTENT_TYPE, render_metrics
 from ruvllm.server.params import (
@@ -78,6 +79,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=settings.max_body_bytes,
                        api_key=settings.api_key)
     install_error_handlers(app)
+    register_feedback(app, engine)  # POST /v1/feedback (SONA)
     accepted = {settings.model_name, *settings.aliases}
 
     def check_model(name: str | None) -> None:
@@ -142,49 +144,82 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
                 if not c.finished:
                     c.handle.cancel()
 
-    async def stream_events(choices: list[_Choice], fmt: responses.ChunkFormatter,
-                            include_usage: bool, prompt_tokens: int) -> AsyncIterator[str]:
+    async def arrivals(choices: list[_Choice]) -> AsyncIterator[list[tuple[_Choice, object]]]:
+        """Batches of ``(choice, TokenOutput | GenerationResult | Exception)``, as they arrive.
+
+        One choice is read straight from its handle. Several are pumped into one queue by a task
+        each; a batch is everything the queue holds when the consumer looks, so the outputs one
+        engine step produced for all choices leave in one write.
+        """
+        if len(choices) == 1:
+            c = choices[0]
+            try:
+                async for out in c.handle:
+                    yield [(c, out)]
+                yield [(c, await c.handle.result())]
+            except Exception as exc:  # reported in the stream by the consumer
+                yield [(c, exc)]
+            return
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(c: _Choice) -> None:
             try:
                 async for out in c.handle:
-                    await queue.put((c, out))
-                await queue.put((c, await c.handle.result()))
-            except Exception as exc:  # handed to the consumer, which reports it in the stream
-                await queue.put((c, exc))
+                    queue.put_nowait((c, out))
+                queue.put_nowait((c, await c.handle.result()))
+            except Exception as exc:
+                queue.put_nowait((c, exc))
 
         tasks = [asyncio.ensure_future(pump(c)) for c in choices]
         try:
-            for c in choices:
-                first = fmt.opening(c.index)
-                if first is not None:
-                    yield sse_event(first)
-            remaining, completion_tokens = len(choices), 0
-            while remaining:
-                c, item = await queue.get()
-                if isinstance(item, TokenOutput):
-                    chunk = fmt.token(c.index, item)
-                    if chunk is not None:
-                        yield sse_event(chunk)
-                    continue
-                c.finished = True
-                remaining -= 1
-                if isinstance(item, GenerationResult) and item.finish_reason is not FinishReason.ERROR:
-                    completion_tokens += item.usage.completion_tokens
-                    yield sse_event(fmt.finish(c.index, item.finish_reason.value))
-                    continue
-                exc = item if isinstance(item, RuvllmError) else BackendError(
-                    f"request {c.handle.request_id} failed: {item}")
-                yield sse_event(ruvllm_error_body(exc)[1])
-                break
-            else:
-                if include_usage:
-                    yield sse_event(fmt.usage(prompt_tokens, completion_tokens))
-            yield DONE
+            while True:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                yield batch
         finally:
             for t in tasks:
                 t.cancel()
+
+    async def stream_events(choices: list[_Choice], fmt: responses.ChunkFormatter,
+                            include_usage: bool, prompt_tokens: int) -> AsyncIterator[str]:
+        """The SSE body: one OpenAI chunk per token; chunks ready at the same time share one write."""
+        events = [sse_event(first) for first in (fmt.opening(c.index) for c in choices) if first is not None]
+        remaining, completion_tokens, failed = len(choices), 0, False
+        source = arrivals(choices)
+        try:
+            if events:  # the role / echo chunks go out at once, before the first token
+                yield "".join(events)
+                events.clear()
+            async for batch in source:
+                for c, item in batch:
+                    if isinstance(item, TokenOutput):
+                        event = fmt.token_event(c.index, item)
+                        if event is not None:
+                            events.append(event)
+                        continue
+                    c.finished = True
+                    remaining -= 1
+                    if isinstance(item, GenerationResult) and item.finish_reason is not FinishReason.ERROR:
+                        completion_tokens += item.usage.completion_tokens
+                        events.append(sse_event(fmt.finish(c.index, item.finish_reason.value)))
+                        continue
+                    exc = item if isinstance(item, RuvllmError) else BackendError(
+                        f"request {c.handle.request_id} failed: {item}")
+                    events.append(sse_event(ruvllm_error_body(exc)[1]))
+                    failed = True
+                    break
+                if failed or not remaining:
+                    break
+                if events:
+                    yield "".join(events)
+                    events.clear()
+            if not failed and include_usage:
+                events.append(sse_event(fmt.usage(prompt_tokens, completion_tokens)))
+            events.append(DONE)
+            yield "".join(events)
+        finally:
+            await source.aclose()
             for c in choices:
                 if not c.finished:
                     c.handle.cancel()

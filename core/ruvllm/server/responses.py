@@ -6,10 +6,13 @@ tokens summed over every choice, as OpenAI bills them.
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Sequence
+from json.encoder import encode_basestring
 from typing import Any, Protocol
 
+from ruvllm.server.sse import sse_event
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import GenerationResult, TokenOutput
@@ -35,6 +38,8 @@ class ChunkFormatter(Protocol):
 
     def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None: ...
 
+    def token_event(self, index: int, out: TokenOutput) -> str | None: ...
+
     def finish(self, index: int, reason: str) -> dict[str, Any]: ...
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]: ...
@@ -43,7 +48,7 @@ class ChunkFormatter(Protocol):
                  prompt_lengths: Sequence[int]) -> dict[str, Any]: ...
 
 
-class _Base:
+class _Base(abc.ABC):
     object_name = ""
     chunk_name = ""
 
@@ -53,6 +58,7 @@ class _Base:
         self.tok = tokenizer
         self.logprobs = logprobs
         self.created = int(time.time())
+        self._templates: dict[int, tuple[str, str]] = {}
 
     def _envelope(self, name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": name, "created": self.created, "model": self.model,
@@ -65,6 +71,31 @@ class _Base:
 
     def _token_text(self, out: TokenOutput) -> str:
         return self.tok.token_text(out.token_id) if out.token_id is not None else out.text
+
+    @abc.abstractmethod
+    def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
+        """The chunk of one streamed token, or None when it carries nothing to send."""
+
+    @abc.abstractmethod
+    def _text_chunk(self, index: int, text: str) -> dict[str, Any]:
+        """The chunk carrying ``text`` for choice ``index`` (no logprobs, not finished)."""
+
+    def token_event(self, index: int, out: TokenOutput) -> str | None:
+        """The SSE event of one streamed token, byte for byte ``sse_event(self.token(index, out))``.
+
+        The common case (text, no logprobs) splices the JSON-escaped text into the chunk's
+        serialised envelope, built once per choice: at 16 streams this runs ~1000 times a second
+        on the event loop's thread, which shares the cores with the model's threads.
+        """
+        if self.logprobs is not None or not out.text:
+            chunk = self.token(index, out)
+            return None if chunk is None else sse_event(chunk)
+        parts = self._templates.get(index)
+        if parts is None:
+            marker = "\x00ruvllm-text\x00"
+            before, _, after = sse_event(self._text_chunk(index, marker)).partition(encode_basestring(marker))
+            parts = self._templates[index] = (before, after)
+        return parts[0] + encode_basestring(out.text) + parts[1]
 
 
 class ChatFormatter(_Base):
@@ -85,12 +116,16 @@ class ChatFormatter(_Base):
     def opening(self, index: int) -> dict[str, Any]:
         return self._chunk(index, {"role": "assistant", "content": ""}, None)
 
+    def _text_chunk(self, index: int, text: str) -> dict[str, Any]:
+        return self._chunk(index, {"content": text}, None)
+
     def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
         has_lp = self.logprobs is not None and out.token_id is not None and out.logprob is not None
         if not out.text and not has_lp:
             return None
-        lp = {"content": [self._lp_entry(out)]} if has_lp else None
-        return self._chunk(index, {"content": out.text}, None, lp)
+        if not has_lp:
+            return self._text_chunk(index, out.text)
+        return self._chunk(index, {"content": out.text}, None, {"content": [self._lp_entry(out)]})
 
     def finish(self, index: int, reason: str) -> dict[str, Any]:
         return self._chunk(index, {}, reason)
@@ -143,6 +178,9 @@ class CompletionFormatter(_Base):
         echo = self.echo.get(index)
         self._offsets[index] = len(echo or "")
         return self._chunk(index, echo, None) if echo else None
+
+    def _text_chunk(self, index: int, text: str) -> dict[str, Any]:
+        return self._chunk(index, text, None)
 
     def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
         has_lp = self.logprobs is not None and out.token_id is not None and out.logprob is not None

@@ -15,9 +15,12 @@ from starlette.responses import StreamingResponse
 
 DONE = "data: [DONE]\n\n"
 
+# One encoder for every event: json.dumps with options builds a new JSONEncoder on each call.
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
 
 def sse_event(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {_encode(payload)}\n\n"
 
 
 class SSEResponse(StreamingResponse):

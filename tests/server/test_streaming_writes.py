@@ -1,0 +1,88 @@
+"""The streaming hot path: pre-serialised chunks, batched writes, and the benchmark's SSE reader.
+
+Chunks that are ready together leave the server in one write, and the token chunks are spliced
+into a pre-serialised envelope; neither may change what an OpenAI client sees: one chunk per
+token, the same bytes as the plain JSON encoding, exact usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from ruvllm.bench.serving import sse_data
+from ruvllm.server.responses import ChatFormatter, CompletionFormatter
+from ruvllm.server.sse import sse_event
+from ruvllm.types import TokenOutput
+
+TEXTS = ["Hello", " world", "\n", 'say "hi"', "back\\slash", "\t", "\x00\x1f", "é", "日本", "🙂", "</s>",
+         "\u2028"]
+
+
+@pytest.mark.parametrize("formatter", [ChatFormatter, CompletionFormatter])
+def test_spliced_token_events_equal_plain_json(formatter):
+    fmt = formatter("id-1", "model-x", tokenizer=None, logprobs=None)
+    for index in (0, 3):
+        for i, text in enumerate(TEXTS):
+            out = TokenOutput(index=i, token_id=i, text=text)
+            event = fmt.token_event(index, out)
+            assert event == sse_event(fmt.token(index, out))
+            assert json.loads(event[len("data: "):])["choices"][0]["index"] == index
+    # A token that decodes to no text yet (half a UTF-8 character) sends nothing, as before.
+    assert fmt.token_event(0, TokenOutput(index=0, token_id=5, text="")) is None
+
+
+def test_sse_reader_splits_lines_across_reads_with_lf_or_crlf():
+    body = b'data: {"a":1}\r\n\r\n: comment\n\ndata: {"b":"x\\ny"}\n\ndata: [DONE]\n\n'
+
+    async def pieces(cut: int):
+        yield body[:cut]
+        yield body[cut:]
+
+    async def read(cut: int) -> list[bytes]:
+        return [p async for p in sse_data(pieces(cut))]
+
+    for cut in range(len(body) + 1):
+        assert asyncio.run(read(cut)) == [b'{"a":1}', b'{"b":"x\\ny"}', b"[DONE]"], cut
+
+
+def test_several_streamed_choices_give_one_chunk_per_token_and_exact_usage(client, model_name):
+    """n=3 streams are interleaved and batched per write; each token is still its own chunk."""
+    n, max_tokens = 3, 12
+    stream = client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "Name three colours."}], n=n,
+        max_tokens=max_tokens, temperature=0, logprobs=True, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    per_choice: dict[int, list[str]] = {i: [] for i in range(n)}
+    finish: dict[int, str] = {}
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.logprobs is not None and c.logprobs.content:
+                assert len(c.logprobs.content) == 1  # never two tokens in one chunk
+                per_choice[c.index].append(c.delta.content or "")
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    assert finish == {i: "length" for i in range(n)}
+    assert all(len(tokens) == max_tokens for tokens in per_choice.values()), per_choice
+    assert usage is not None and usage.completion_tokens == n * max_tokens
+    # Greedy choices of the same prompt are the same text: interleaving mixed nothing up.
+    assert len({"".join(tokens) for tokens in per_choice.values()}) == 1
+
+
+def test_streamed_completion_text_and_chunk_count_match_usage(client, model_name):
+    prompt, max_tokens = "The capital of France is", 16
+    ref = client.completions.create(model=model_name, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    chunks = list(client.completions.create(model=model_name, prompt=prompt, max_tokens=max_tokens,
+                                            temperature=0, stream=True, extra_body={"ignore_eos": True},
+                                            stream_options={"include_usage": True}))
+    text_chunks = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
+    assert "".join(text_chunks) == ref.choices[0].text
+    assert chunks[-1].usage.completion_tokens == ref.usage.completion_tokens == max_tokens
+    # One chunk per token whose text is complete; a token ending mid-character waits for the next.
+    assert len(text_chunks) <= max_tokens
+    assert len(text_chunks) >= max_tokens - sum(1 for t in text_chunks if not t.isascii())
