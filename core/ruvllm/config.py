@@ -86,6 +86,8 @@ class Config:
     #: block_size, num_blocks, policy, max_queue, request_timeout, enable_prefix_caching...),
     #: validated by ``ruvllm.engine.EngineOptions.from_mapping``.
     engine: Mapping[str, Any] = attrs.field(factory=dict)
+    #: ``[sona]`` table: learning from feedback (validated by the SONA plugin; see docs/sona.md).
+    sona: Mapping[str, Any] = attrs.field(factory=dict)
     #: ``[server]`` table for ``ruvllm serve``.
     server: ServerConfig = attrs.field(factory=ServerConfig, converter=_server_config)
     #: The file the values came from, if any (for messages).
@@ -117,6 +119,8 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: [backends.NAME] must be tables of options")
     if not isinstance(data.get("engine", {}), dict):
         raise ConfigError(f"config file {path}: [engine] must be a table of engine options")
+    if not isinstance(data.get("sona", {}), dict):
+        raise ConfigError(f"config file {path}: [sona] must be a table of SONA options")
     return data
 
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 from ruvllm.errors import InvalidRequest
 from ruvllm.types import GenerationParams
-
 from ruvllm_candle_like.kv_contiguous import ContiguousCache
 from ruvllm_candle_like.lora import LoraPlan, build_adapter, load_peft, projection_shapes
 

@@ -264,6 +264,17 @@ class ServingEngine:
         except Exception:  # a learning plugin must never break serving
             log.exception("ruvllm_sona_instant failed")
 
+    @property
+    def hooks(self) -> Any:
+        """The plugin hook relay this engine calls (SONA's loops, adapter routing)."""
+        return self._hooks
+
+    def feedback(self, request_id: str, score: float) -> None:
+        """A user's score in [-1, 1] for a finished request of this engine (see ruvllm.feedback)."""
+        from ruvllm.feedback import send_feedback
+
+        send_feedback(request_id, score, hooks=self._hooks)
+
     def publish(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         """Run ``fn`` (e.g. an adapter swap) on the model thread between two steps, so no forward
         pass sees it half done; the future completes once it has run."""

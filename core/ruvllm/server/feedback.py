@@ -1,0 +1,41 @@
+"""``POST /v1/feedback``: a user's score for a completion, for SONA to learn from.
+
+Body: ``{"id": "<completion id>", "score": <number in [-1, 1]>, "index": <choice, default 0>}``.
+The id is the ``id`` of a chat/completion response (``chatcmpl-...``/``cmpl-...``); ``index``
+picks the choice when ``n > 1``. 400 for a bad body or score, 404 for an id no learning
+plugin holds (unknown, evicted, or SONA is not enabled).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt
+
+from ruvllm.feedback import FeedbackNotFound, check_score, send_feedback
+
+
+class FeedbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    score: StrictFloat | StrictInt
+    index: StrictInt = 0
+
+
+def register_feedback(app: FastAPI, engine: Any) -> None:
+    hooks = getattr(engine, "hooks", None)
+
+    @app.post("/v1/feedback")
+    async def feedback(body: FeedbackRequest) -> dict[str, Any]:
+        score = check_score(body.score)
+        # Engine request ids are "<completion id>-<choice index>"; plain engine ids work too.
+        for request_id in (f"{body.id}-{body.index}", body.id):
+            try:
+                send_feedback(request_id, score, hooks=hooks)
+            except FeedbackNotFound:
+                continue
+            return {"id": body.id, "index": body.index, "score": score, "status": "recorded"}
+        raise FeedbackNotFound(f"no finished completion {body.id!r} (choice {body.index}) is waiting for "
+                               "feedback: unknown id, too old, or SONA is not enabled on this server")

@@ -1,0 +1,81 @@
+"""Entry point of the ``ruvllm`` plugin group: SONA's hook implementations.
+
+Each engine has at most one :class:`~ruvllm_sona.controller.Sona`, attached explicitly
+(:func:`attach`) or by ``ServingEngine.from_config`` when ``[sona] enabled = true``. The hooks
+find it by engine; engines without one are left alone (a dictionary lookup on the serving path).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import ruvllm
+from ruvllm.types import Trajectory
+
+from ruvllm_sona.options import SonaOptions
+
+_attached: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def attach(engine: Any, options: SonaOptions | None = None, *, start: bool = True):
+    """Bind SONA to ``engine`` (replacing an earlier binding) and start its background loop."""
+    from ruvllm_sona.controller import Sona
+
+    old = _attached.pop(engine, None)
+    if old is not None:
+        old.close()
+    sona = Sona(engine, options)
+    _attached[engine] = sona
+    return sona.start() if start else sona
+
+
+def detach(engine: Any) -> None:
+    sona = _attached.pop(engine, None)
+    if sona is not None:
+        sona.close()
+
+
+def sona_for(engine: Any):
+    """The Sona bound to ``engine``, or None."""
+    return _attached.get(engine)
+
+
+@ruvllm.hookimpl
+def ruvllm_engine_started(engine: Any, config: Any) -> None:
+    options = SonaOptions.from_mapping(getattr(config, "sona", None))
+    if options.enabled:
+        attach(engine, options)
+
+
+@ruvllm.hookimpl
+def ruvllm_sona_instant(engine: Any, trajectory: Trajectory) -> None:
+    sona = _attached.get(engine)
+    if sona is not None:
+        sona.on_finished(trajectory)
+
+
+@ruvllm.hookimpl
+def ruvllm_sona_feedback(request_id: str, score: float) -> bool | None:
+    for sona in list(_attached.values()):
+        if request_id in sona.store:
+            return sona.feedback(request_id, score)
+    return None
+
+
+@ruvllm.hookimpl
+def ruvllm_sona_background(engine: Any) -> None:
+    if engine in _attached:
+        _attached[engine].background_step()
+
+
+@ruvllm.hookimpl
+def ruvllm_sona_deep(engine: Any, reason: str) -> None:
+    if engine in _attached:
+        _attached[engine].deep(reason)
+
+
+@ruvllm.hookimpl
+def ruvllm_select_adapter(engine: Any, prompt_ids: tuple[int, ...], embedding: Any) -> str | None:
+    sona = _attached.get(engine)
+    return None if sona is None else sona.select_adapter(prompt_ids)

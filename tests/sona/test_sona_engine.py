@@ -1,0 +1,148 @@
+"""SONA on the real engine and model (bf16 SmolLM2-135M): the instant loop records every
+finished request cheaply, feedback flows through the engine, the background loop's gradient
+steps make rated responses more (or less) likely and reach generation, EWC++ limits drift on
+held-out text, reset restores the base model exactly, and adapters round-trip as PEFT."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from ruvllm.errors import InvalidRequest
+from ruvllm.feedback import FeedbackNotFound
+from ruvllm.types import GenerationParams
+from ruvllm_candle_like.lora import LoraPlan, load_peft
+from ruvllm_sona import SonaOptions, attach, sona_for
+from ruvllm_sona.trainer import Example, perplexity, token_logprobs
+
+TOPICS = ["the sea", "a cat", "coffee", "winter"]
+HELD_OUT = ("The water cycle describes how water moves between the oceans, the air and the land. Heat "
+            "from the sun evaporates water from the surface of seas and lakes, and the vapour condenses "
+            "into clouds that fall again as rain or snow.")
+SAMPLE = dict(max_tokens=16, temperature=0.8)
+
+
+def serve(engine, prompts, seeds, **params):
+    handles = [engine.submit_sync(p, GenerationParams(seed=s, **{**SAMPLE, **params})) for s in seeds
+               for p in prompts]
+    return [(h.request_id, h.result()) for h in handles]
+
+
+def greedy(engine, ask):
+    ids = [ask(f"Write one short sentence about {t}.") for t in TOPICS[:2]]
+    return [list(r.token_ids) for r in engine.generate_sync(ids, GenerationParams(max_tokens=12))]
+
+
+def mean_logprob(sona, examples, adapter_on: bool) -> float:
+    plan = sona.micro.as_plan(sona.model.dtype) if adapter_on else None
+    with torch.no_grad():
+        logp, _ = token_logprobs(sona.model, examples, plan)
+    return float(logp.float().mean())
+
+
+def test_feedback_trains_publishes_and_reset_restores_base(engine, backend, ask):
+    base = greedy(engine, ask)
+    sona = attach(engine, SonaOptions(interval=0, learning_rate=1e-2, steps_per_update=3, batch_size=8,
+                                      ewc_lambda=5.0), start=False)
+    prompts = [ask(f"Write one short sentence about {t}.") for t in TOPICS]
+    served = serve(engine, prompts, range(2))
+    assert len(sona.store) == len(served)  # the instant loop saw every finished request
+    assert sona.instant_p99() < 1e-3
+    liked = served[: len(served) // 2]
+    for rid, _ in liked:
+        engine.feedback(rid, 1.0)
+    with pytest.raises(FeedbackNotFound):
+        engine.feedback("no-such-request", 1.0)
+    with pytest.raises(InvalidRequest):
+        engine.feedback(served[0][0], 3.0)
+    examples = [Example(tuple(p), tuple(r.token_ids)) for p, (_, r) in
+                zip([p for _ in range(2) for p in prompts], served, strict=True)][: len(liked)]
+    before = mean_logprob(sona, examples, adapter_on=True)
+    stats = engine.hooks.ruvllm_sona_background(engine=engine) or sona.last_stats
+    assert stats["examples"] == len(liked) and sona.version == 1
+    assert mean_logprob(sona, examples, adapter_on=True) > before + 0.05  # liked answers became likelier
+    assert "sona" in backend.adapter_names()
+    assert greedy(engine, ask) != base  # apply="all": requests now run with the learned adapter
+    sona.reset()
+    assert backend.adapter_names() == ()
+    assert greedy(engine, ask) == base  # exactly the base model again
+
+
+def test_negative_feedback_makes_a_response_less_likely(engine, backend, ask):
+    sona = attach(engine, SonaOptions(interval=0, learning_rate=1e-2, steps_per_update=3, ewc_lambda=0.0),
+                  start=False)
+    prompt = ask("Write one short sentence about rain.")
+    (rid, res), = serve(engine, [prompt], [7])
+    engine.feedback(rid, -1.0)
+    ex = [Example(tuple(prompt), tuple(res.token_ids))]
+    before = mean_logprob(sona, ex, adapter_on=True)
+    sona.background_step()
+    assert mean_logprob(sona, ex, adapter_on=True) < before - 0.05
+
+
+def test_ewc_limits_drift_on_held_out_text(engine, backend, ask):
+    """The same feedback, trained with and without EWC++: the held-out perplexity moves less
+    with it (the full-size comparison is benchmarks/sona_learning.py)."""
+    prompts = [ask(f"Write one short sentence about {t}.") for t in TOPICS]
+    held = backend.tokenizer.encode(HELD_OUT)
+    base_ppl = perplexity(backend.model, held, None)
+    drift = {}
+    for lam in (0.0, 200.0):
+        sona = attach(engine, SonaOptions(interval=0, learning_rate=2e-2, steps_per_update=6, batch_size=8,
+                                          ewc_lambda=lam), start=False)
+        for rid, _ in serve(engine, prompts, range(2)):
+            engine.feedback(rid, 1.0)
+        sona.background_step()
+        ppl = perplexity(backend.model, held, sona.micro.as_plan(backend.model.dtype))
+        drift[lam] = abs(ppl / base_ppl - 1)
+        sona.reset()
+    assert drift[0.0] > 0.01  # the training really moved the model
+    assert drift[200.0] < drift[0.0]
+
+
+def test_deep_loop_routes_similar_prompts_and_saves_peft(engine, backend, ask, tmp_path):
+    sona = attach(engine, SonaOptions(interval=0, apply="routed", route_threshold=0.9, steps_per_update=2,
+                                      learning_rate=1e-2), start=False)
+    prompts = [ask(f"Write one short sentence about {t}.") for t in TOPICS]
+    for rid, _ in serve(engine, prompts, range(1)):
+        engine.feedback(rid, 1.0)
+    sona.background_step()
+    out = sona.deep("test")
+    assert out["patterns"] >= 1 and out["adapter"] in backend.adapter_names()
+    # A prompt like the rated ones is routed to the pattern's adapter; code is not.
+    similar = ask("Write one short sentence about a dog.")
+    assert sona.select_adapter(tuple(similar)) == out["adapter"]
+    assert sona.select_adapter(tuple(backend.tokenizer.encode("import numpy as np\nx = np.zeros(3)"))) is None
+    h = engine.submit_sync(similar, GenerationParams(max_tokens=4))
+    h.result()
+    assert sona.store.snapshot()[-1].trajectory.adapter == out["adapter"]  # the engine used the route
+    path = sona.save(tmp_path / "sona-peft")
+    conf = json.loads((path / "adapter_config.json").read_text())
+    assert conf["target_modules"] == ["q_proj", "v_proj"] and conf["peft_type"] == "LORA"
+    loaded = load_peft(path, "copy", backend.model.cfg, dtype=backend.dtype, device=backend.device)
+    served = sona.current_adapter()
+    for key, pair in served.pairs.items():
+        assert torch.allclose((pair.b.float() @ pair.a.float()) * served.scale,
+                              (loaded.pairs[key].b.float() @ loaded.pairs[key].a.float()) * loaded.scale,
+                              atol=1e-3)
+    held = backend.tokenizer.encode(HELD_OUT)
+    assert perplexity(backend.model, held, LoraPlan([(loaded, None)])) == pytest.approx(
+        perplexity(backend.model, held, LoraPlan([(served, None)])), rel=1e-3)
+
+
+def test_background_thread_learns_without_being_called(engine, backend, ask):
+    import time
+
+    sona = attach(engine, SonaOptions(interval=0.2, min_feedback=1, steps_per_update=1))
+    assert sona_for(engine) is sona
+    (rid, _), = serve(engine, [ask("Write one short sentence about tea.")], [1])
+    engine.feedback(rid, 1.0)
+    deadline = time.monotonic() + 60
+    while sona.version == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sona.version >= 1 and "sona" in backend.adapter_names()
+    sona.freeze()
+    (rid, _), = serve(engine, [ask("Write one short sentence about tea.")], [2])
+    engine.feedback(rid, 1.0)
+    assert sona.background_step() is None  # frozen: nothing learned
