@@ -178,33 +178,49 @@ class MistralRsBackend(LlmBackend):
                  adapter: str | None = None) -> Iterator[SampledToken]:
         """Stream the tokens mistral.rs samples with the LoRA adapter this request names: the
         ``adapter`` argument, else ``params.adapter`` (how the engine and the server pass a
-        request's choice), else :attr:`default_adapter`; None runs the base model."""
+        request's choice), else :attr:`default_adapter`; None runs the base model.
+
+        The request is checked and handed to mistral.rs *now*, not at the first ``next()``: the
+        engine's request path starts every admitted request before it reads any of them, so
+        mistral.rs sees them all at once and can batch their prompts (where prefill is not serial)
+        instead of receiving each only after the previous one produced a token."""
         chosen = next((a for a in (adapter, getattr(params, "adapter", None), self.default_adapter)
                        if a is not None), None)
         if chosen is not None:
             self._check_loaded(chosen)
-        hidden = self._hidden_specials(params)
+        hidden = sorted(self._hidden_specials(params))
         context = list(prompt_ids)
+        submitted = self._start(context, params, params.max_tokens, chosen, hidden)
+        return self._stream(context, params, chosen, hidden, submitted)
+
+    def _start(self, context: list[int], params: GenerationParams, remaining: int, adapter: str | None,
+               hidden: list[int]) -> tuple[Any, Any]:
+        """Submit one mistral.rs request for ``context``: (stream, first chunk or None)."""
+        # mistral.rs always stops on EOS (it streams no chunk for it); under ignore_eos the
+        # backend hands core the EOS and continues with a new request on prompt + output.
+        segment = attrs.evolve(params, max_tokens=remaining, ignore_eos=False)
+        text = self._tok.decode(context, skip_special=False)
+        request = chat_request(self._m, text, segment, adapter=adapter, banned=hidden)
+        return self._submit(context, text, request)
+
+    def _stream(self, context: list[int], params: GenerationParams, adapter: str | None, hidden: list[int],
+                submitted: tuple[Any, Any]) -> Iterator[SampledToken]:
         remaining = params.max_tokens
-        while remaining > 0:
-            # mistral.rs always stops on EOS (it streams no chunk for it); under ignore_eos the
-            # backend hands core the EOS and continues with a new request on prompt + output.
-            segment = attrs.evolve(params, max_tokens=remaining, ignore_eos=False)
-            text = self._tok.decode(context, skip_special=False)
-            request = chat_request(self._m, text, segment, adapter=chosen, banned=sorted(hidden))
+        while True:
             ended_on_eos = False
-            for token in self._segment(context, text, request, params):
+            for token in self._segment(submitted, params):
                 context.append(token.token_id)
                 remaining -= 1
                 ended_on_eos = token.token_id in self._tok.eos_ids
                 yield token
-            if not (ended_on_eos and params.ignore_eos):
+            if remaining <= 0 or not (ended_on_eos and params.ignore_eos):
                 return
+            submitted = self._start(context, params, remaining, adapter, hidden)
 
-    def _segment(self, context: list[int], text: str, request: Any,
-                 params: GenerationParams) -> Iterator[SampledToken]:
+    def _segment(self, submitted: tuple[Any, Any], params: GenerationParams) -> Iterator[SampledToken]:
         """One mistral.rs request: its streamed tokens, then EOS if it stopped on EOS."""
-        stream, first = self._submit(context, text, request)
+        stream, first = submitted
+        del submitted
         produced = 0
         try:
             for chunk in self._chunks(first, stream):
@@ -254,15 +270,19 @@ class MistralRsBackend(LlmBackend):
 
     def _submit(self, ids: list[int], text: str, request: Any) -> tuple[Any, Any]:
         serial = self.serial_prefill
+        # mistral.rs takes the prompt as text and tokenizes it with the same tokenizer core uses
+        # (tests/mistralrs check they agree), so the ids it will run are checked here. Not with
+        # Runner.tokenize_text: that waits for the engine's current step (0.2-0.8 s measured with
+        # requests in flight), which serialised the admission of concurrent requests.
+        seen = self._tok.encode(text, add_special=False, parse_special=True)
+        if seen != ids:
+            raise InvalidRequest(
+                "prompt", "mistral.rs takes prompts as text, and these token ids do not survive "
+                f"decode+encode ({len(ids)} ids became {len(seen)}); send text or the ids the "
+                "model's tokenizer produces for it", None,
+            )
 
         def submit(runner: Any) -> tuple[Any, Any]:
-            seen = runner.tokenize_text(text, False, None)
-            if list(seen) != ids:
-                raise InvalidRequest(
-                    "prompt", "mistral.rs takes prompts as text, and these token ids do not survive "
-                    f"decode+encode ({len(ids)} ids became {len(seen)}); send text or the ids the "
-                    "model's tokenizer produces for it", None,
-                )
             stream = runner.send_chat_completion_request(request)
             # Serial prefill: wait here, on the Runner thread, until this prompt's first token
             # exists, so mistral.rs never prefills two prompts in one step.
