@@ -7,17 +7,6 @@ import pytest
 from ruvllm.models import ModelSource
 from ruvllm.registry import embedded_model_path
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):\n    ",
-    "Once upon a time, in a small village,",
-    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
-    "List three primary colors:\n1.",
-    "import numpy as np\nx = np.arange(10)\nprint(",
-    "<|im_start|>user\nTranslate 'good morning' to French.<|im_end|>\n<|im_start|>assistant\n",
-    "The quick brown fox",
-]
-
 
 def llama_cpp_or_skip():
     try:

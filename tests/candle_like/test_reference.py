@@ -1,42 +1,26 @@
 """Greedy output and first-step logits against llama.cpp on the embedded model.
 
 Tolerance, and why: the embedded model's weights are Q4_1/Q8_0. We dequantise them exactly,
-but llama.cpp also quantises the *activations* (to Q8_1/Q8_0) inside every matmul, which moves
-logits by up to ~1.5 (measured; see LOGIT_BOUND). So where llama.cpp's own top two candidates
-are closer than that, the two engines may legitimately pick different tokens. The test demands
-exact agreement for 32 tokens, except that a divergence is accepted at a step where the two
-choices are within LOGIT_BOUND of each other in llama.cpp's logits (a near-tie), and the
-divergence points are printed. With F32 weights (no activation quantisation) the tiny-model
-test shows agreement to 2e-2.
+but llama.cpp also quantises the *activations* (to Q8_1/Q8_0) inside every matmul and keeps KV
+in F16, which moves logits by up to ~1.5 (measured; see LOGIT_BOUND). So greedy output is
+compared teacher-forced (ruvllm.testing.parity): at >= 90 % of 8 x 32 positions the top-1 must
+equal llama.cpp's, and wherever it differs llama.cpp's own margin between the two tokens must be
+under NEAR_TIE (a near-tie that rounding breaks either way). With F32 weights (no activation
+quantisation) the tiny-model test shows agreement to 2e-2.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from ruvllm.types import GenerationParams
-
-from .conftest import PROMPTS
+import torch
+from ruvllm.testing.parity import PROMPTS, LlamaCppReference, teacher_forced
 
 LOGIT_BOUND = 2.0
-N_TOKENS = 32
-
-
-def _ours(backend, ids):
-    gen = backend.generate(ids, GenerationParams(max_tokens=N_TOKENS))
-    out = [t.token_id for _, t in zip(range(N_TOKENS), gen, strict=False)]
-    gen.close()
-    return out
-
-
-def _reference(ll, ids):
-    ll.reset()
-    out = []
-    for tok in ll.generate(ids, temp=0.0, top_k=1, reset=True):
-        out.append(tok)
-        if len(out) == N_TOKENS:
-            break
-    return out
+#: Where llama.cpp's own top two are closer than this, rounding may pick either (measured widest
+#: miss: 0.333); a wrong model misses by several logits.
+NEAR_TIE = 0.5
+TOKENS = 32
 
 
 def _ref_logits(ll, ids):
@@ -65,16 +49,26 @@ def test_first_step_logits_agree(first_step):
         assert int(o.argmax()) == int(r.argmax())
 
 
-@pytest.mark.slow  # 8 x 32 fp32 tokens: about two minutes here; `make test-all` runs it
-@pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_matches_llama_cpp(backend_fp32, reference_llama, prompt):
-    ids = backend_fp32.tokenizer.encode(prompt, parse_special=True)
-    ours, ref = _ours(backend_fp32, ids), _reference(reference_llama, ids)
-    assert len(ours) == len(ref) == N_TOKENS
-    split = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=True)) if a != b), N_TOKENS)
-    print(f"{prompt[:30]!r}: identical for {split}/{N_TOKENS} tokens")
-    if split < N_TOKENS:
-        logits = _ref_logits(reference_llama, ids + ref[:split])
-        # Either sign: llama.cpp's batched eval and its token-by-token decode differ slightly too.
-        gap = abs(float(logits[ref[split]] - logits[ours[split]]))
-        assert gap < LOGIT_BOUND, f"diverged at {split} where llama.cpp's margin was {gap:.3f}"
+@pytest.mark.slow  # ~1-2 min of CPU; `make test-all` runs it
+def test_greedy_matches_llama_cpp_teacher_forced(backend_fp32, embedded_source):
+    """8 prompts x 32 greedy positions, both engines fed llama.cpp's greedy prefix (see
+    ruvllm.testing.parity for why teacher-forced, and benchmarks/parity_vs_llamacpp.py for the
+    figures: 247/256 here, every miss at a llama.cpp margin below 0.34 logit)."""
+    reference = LlamaCppReference(embedded_source.path)
+    model = backend_fp32.model
+
+    @torch.inference_mode()
+    def logits(sequence, first):
+        cache = backend_fp32.new_cache(len(sequence))
+        cache.begin(len(sequence))
+        return model.forward(torch.tensor(sequence), torch.arange(len(sequence)), cache,
+                             torch.arange(first, len(sequence))).numpy()
+
+    prompts = [backend_fp32.tokenizer.encode(p, parse_special=True) for p in PROMPTS]
+    try:
+        report = teacher_forced(reference, prompts, logits, TOKENS)
+    finally:
+        reference.close()
+    print(report.summary())
+    problems = report.problems(expected_total=len(PROMPTS) * TOKENS, near_tie=NEAR_TIE, min_rate=0.9)
+    assert not problems, problems
