@@ -84,8 +84,11 @@ def rate(results, word: str) -> float:
 
 
 def greedy(engine, backend, max_tokens=24):
-    ids = [backend.tokenizer.encode(t) for t in GREEDY_CHECK]
-    return [list(r.token_ids) for r in engine.generate_sync(ids, GenerationParams(max_tokens=max_tokens))]
+    """Greedy tokens of each check prompt, one request at a time: a batch's composition depends
+    on arrival timing, and bf16 results on the batch's shapes, so like is compared with like."""
+    params = GenerationParams(max_tokens=max_tokens)
+    return [list(engine.submit_sync(backend.tokenizer.encode(t), params).result().token_ids)
+            for t in GREEDY_CHECK]
 
 
 def run(engine, backend, args, *, ewc_lambda: float, label: str, held_out_ids, eval_prompts,
@@ -144,16 +147,16 @@ def main() -> None:
     ap.add_argument("--word", default="ancient")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--samples", type=int, default=4, help="samples per training prompt per round")
-    ap.add_argument("--eval-seeds", type=int, default=8, help="samples per held-out prompt")
+    ap.add_argument("--eval-seeds", type=int, default=16, help="samples per held-out prompt")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--miss-score", type=float, default=0.0, help="score of an answer without the word")
     ap.add_argument("--rank", type=int, default=2)
     ap.add_argument("--alpha", type=float, default=4.0)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--ewc-lambda", type=float, default=50.0)
+    ap.add_argument("--ewc-lambda", type=float, default=5e4)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-no-ewc", action="store_true")

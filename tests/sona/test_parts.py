@@ -41,7 +41,7 @@ def test_ewc_penalty_is_zero_at_anchor_and_weighs_by_fisher():
     assert torch.allclose(ewc.fisher[0], torch.tensor([1.0, 0.0, 2.0]))
     with torch.no_grad():
         p.copy_(torch.tensor([1.0, 1.0, 0.0]))
-    # Fisher normalised to mean 1: [1, 0, 2] / 1; penalty = 0.5 * 2 * (1*1 + 0*1) = 1
+    # penalty = 0.5 * strength * sum F (p - anchor)^2 = 0.5 * 2 * (1*1 + 0*1 + 2*0) = 1
     assert ewc.penalty().item() == pytest.approx(1.0)
     ewc.consolidate()
     assert ewc.penalty().item() == 0.0

@@ -30,8 +30,10 @@ def serve(engine, prompts, seeds, **params):
 
 
 def greedy(engine, ask):
-    ids = [ask(f"Write one short sentence about {t}.") for t in TOPICS[:2]]
-    return [list(r.token_ids) for r in engine.generate_sync(ids, GenerationParams(max_tokens=12))]
+    """One request at a time: batch composition depends on arrival timing, bf16 results on it."""
+    return [list(engine.submit_sync(ask(f"Write one short sentence about {t}."),
+                                    GenerationParams(max_tokens=12)).result().token_ids)
+            for t in TOPICS[:2]]
 
 
 def mean_logprob(sona, examples, adapter_on: bool) -> float:
@@ -88,7 +90,7 @@ def test_ewc_limits_drift_on_held_out_text(engine, backend, ask):
     held = backend.tokenizer.encode(HELD_OUT)
     base_ppl = perplexity(backend.model, held, None)
     drift = {}
-    for lam in (0.0, 200.0):
+    for lam in (0.0, 1e5):
         sona = attach(engine, SonaOptions(interval=0, learning_rate=2e-2, steps_per_update=6, batch_size=8,
                                           ewc_lambda=lam), start=False)
         for rid, _ in serve(engine, prompts, range(2)):
@@ -98,7 +100,7 @@ def test_ewc_limits_drift_on_held_out_text(engine, backend, ask):
         drift[lam] = abs(ppl / base_ppl - 1)
         sona.reset()
     assert drift[0.0] > 0.01  # the training really moved the model
-    assert drift[200.0] < drift[0.0]
+    assert drift[1e5] < drift[0.0]
 
 
 def test_deep_loop_routes_similar_prompts_and_saves_peft(engine, backend, ask, tmp_path):

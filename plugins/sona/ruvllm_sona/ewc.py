@@ -4,8 +4,9 @@ The penalty ``lambda/2 * sum F (theta - theta*)^2`` keeps the adapter's paramete
 anchor ``theta*`` in the directions that matter for what the model already does. ``F`` is a
 diagonal Fisher estimate from real gradients: squared gradients of the log-likelihood of the
 model's own served outputs (samples of its distribution, so this is the true Fisher, not the
-empirical one), blended online as EWC++ does (``F <- decay F + (1 - decay) F_new``), and
-normalised to mean 1 so ``lambda`` is a relative strength. The deep loop moves the anchor.
+empirical one), blended online as EWC++ does (``F <- decay F + (1 - decay) F_new``). The
+Fisher is kept unnormalised: it scales with the squared gradients, so the penalty's pull stays
+commensurate with the task loss's gradients whatever their size. The deep loop moves the anchor.
 """
 
 from __future__ import annotations
@@ -36,10 +37,9 @@ class EwcPlusPlus:
     def penalty(self) -> torch.Tensor:
         if self.updates == 0 or self.strength == 0:
             return torch.zeros(())
-        mean = torch.stack([f.mean() for f in self.fisher]).mean().clamp_min(1e-30)
         total = torch.zeros(())
         for p, f, a in zip(self.params, self.fisher, self.anchor, strict=True):
-            total = total + ((f / mean) * (p - a) ** 2).sum()
+            total = total + (f * (p - a) ** 2).sum()
         return 0.5 * self.strength * total
 
     def consolidate(self) -> None:

@@ -50,7 +50,7 @@ class SonaOptions:
     alpha: float = attrs.field(default=4.0, validator=_non_negative)
     targets: tuple[str, ...] = attrs.field(default=("q_proj", "v_proj"), converter=tuple, validator=_targets)
     #: Adam learning rate and gradient steps per background run.
-    learning_rate: float = attrs.field(default=2e-3, validator=_non_negative)
+    learning_rate: float = attrs.field(default=5e-3, validator=_non_negative)
     steps_per_update: int = attrs.field(default=4, validator=_positive_int)
     #: Rated trajectories per gradient step (most recent first) and longest sequence trained on.
     batch_size: int = attrs.field(default=16, validator=_positive_int)
@@ -59,7 +59,7 @@ class SonaOptions:
     interval: float = attrs.field(default=2.0, validator=_non_negative)
     min_feedback: int = attrs.field(default=4, validator=_positive_int)
     #: EWC++: penalty strength (0 disables it), Fisher decay, sequences per Fisher estimate.
-    ewc_lambda: float = attrs.field(default=50.0, validator=_non_negative)
+    ewc_lambda: float = attrs.field(default=5e4, validator=_non_negative)
     fisher_decay: float = attrs.field(default=0.9, validator=_unit_interval)
     fisher_batch: int = attrs.field(default=4, validator=_positive_int)
     #: Deep loop: run after this many feedbacks (0: only on demand), base LoRA rank, patterns.
