@@ -180,15 +180,14 @@ def main() -> None:
     opts = EngineOptions(max_num_seqs=16, block_size=16, enable_prefix_caching=False)
     with ServingEngine(backend, opts) as engine:
         base_greedy = greedy(engine, backend)
-        base_rate = rate(sample(engine, eval_prompts, range(args.eval_seeds), args.max_tokens, args.temperature),
-                         args.word)
+        base_samples = sample(engine, eval_prompts, range(args.eval_seeds), args.max_tokens, args.temperature)
+        base_rate = rate(base_samples, args.word)
         base_ppl = perplexity(backend.model, held_out_ids, None)
         print(f"base: rate {base_rate:.3f}, held-out perplexity {base_ppl:.3f}", flush=True)
-        runs = [run(engine, backend, args, ewc_lambda=args.ewc_lambda, label="EWC++", held_out_ids=held_out_ids,
-                    eval_prompts=eval_prompts, train_prompts=train_prompts)]
+        common = dict(held_out_ids=held_out_ids, eval_prompts=eval_prompts, train_prompts=train_prompts)
+        runs = [run(engine, backend, args, ewc_lambda=args.ewc_lambda, label="EWC++", **common)]
         if not args.skip_no_ewc:
-            runs.append(run(engine, backend, args, ewc_lambda=0.0, label="no EWC", held_out_ids=held_out_ids,
-                            eval_prompts=eval_prompts, train_prompts=train_prompts))
+            runs.append(run(engine, backend, args, ewc_lambda=0.0, label="no EWC", **common))
     print()
     print(f"{'run':8} {'rate':>14} {'x base':>7} {'perplexity':>18} {'instant p99':>12} {'reset exact':>12}")
     for r in runs:
@@ -196,11 +195,13 @@ def main() -> None:
         dppl = 100 * (r["perplexity"] / base_ppl - 1)
         exact = r["greedy_after_reset"] == base_greedy
         print(f"{r['label']:8} {base_rate:.3f} -> {r['final_rate']:.3f} {ratio:6.1f}x "
-              f"{base_ppl:7.3f} -> {r['perplexity']:7.3f} ({dppl:+.1f}%) {r['instant_served_p99_ms']:9.3f} ms "
+              f"{base_ppl:7.3f} -> {r['perplexity']:7.3f} ({dppl:+.1f}%) "
+              f"{r['instant_served_p99_ms']:9.3f} ms "
               f"{'yes' if exact else 'NO':>12}")
         r.update(rate_ratio=ratio, perplexity_change_pct=dppl, reset_exact=exact)
-    print(f"instant loop: p99 {runs[0]['instant_served_p99_ms']:.3f} ms per finished request on the serving "
-          f"path ({runs[0]['instant_calls']} requests; hook body alone p99 {runs[0]['instant_p99_ms']:.3f} ms)")
+    first = runs[0]
+    print(f"instant loop: p99 {first['instant_served_p99_ms']:.3f} ms per finished request on the serving "
+          f"path ({first['instant_calls']} requests; hook body alone p99 {first['instant_p99_ms']:.3f} ms)")
     print(f"total {time.perf_counter() - started:.0f} s")
     if args.json:
         with open(args.json, "w") as fh:
