@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ruvllm.testing.parity import PROMPTS, LlamaCppReference, teacher_forced
+from ruvllm.testing.parity import PROMPTS, against_llama_cpp
 from ruvllm_mlx.model import Segment
 
 TOKENS = 32
@@ -35,12 +35,8 @@ def test_greedy_matches_llama_cpp_teacher_forced(backend, model_path):
         rows = list(range(first, len(sequence)))
         return np.array(backend.model.forward(sequence, [Segment(cache, 0, len(sequence))], rows))
 
-    reference = LlamaCppReference(model_path)
-    try:
-        prompts = [backend.tokenizer.encode(p, parse_special=True) for p in PROMPTS]
-        report = teacher_forced(reference, prompts, logits, TOKENS)
-    finally:
-        reference.close()
+    prompts = [backend.tokenizer.encode(p, parse_special=True) for p in PROMPTS]
+    report = against_llama_cpp(model_path, prompts, logits, TOKENS)
     print(report.summary())
     problems = report.problems(expected_total=len(PROMPTS) * TOKENS, near_tie=NEAR_TIE, min_rate=0.9)
     assert not problems, problems

@@ -137,3 +137,13 @@ def teacher_forced(reference: LlamaCppReference, prompts: Sequence[Sequence[int]
             disagreements.append(Disagreement(p, i, want, got, margin))
         prefixes.append(len(ref) if prefix is None else prefix)
     return ParityReport(agree, total, tuple(disagreements), tuple(prefixes))
+
+
+def against_llama_cpp(model_path: str | Path, prompts: Sequence[Sequence[int]], our_logits: LogitsFn,
+                      tokens: int) -> ParityReport:
+    """:func:`teacher_forced` against a llama.cpp reference loaded from ``model_path``."""
+    reference = LlamaCppReference(model_path)
+    try:
+        return teacher_forced(reference, prompts, our_logits, tokens)
+    finally:
+        reference.close()
