@@ -8,9 +8,12 @@ request that returns fewer tokens was cut short by the server. llama_cpp.server 
 default settings, as users run it.
 
 ``--backends`` serves the same model with several ruvllm backends in turn, one line each in the
-table and the plot; ``-o BACKEND:KEY=VALUE`` passes a backend option to one of them (defaults:
-``n_threads=--threads`` for llamacpp, ``dtype=bfloat16`` for candle_like, which batches well
-in bf16 on CPUs with AVX-512 BF16 / AMX).
+table and the plot; ``-o BACKEND:KEY=VALUE`` passes a backend option to one of them. Defaults:
+llamacpp gets ``n_threads=--threads`` and ``n_ctx=512`` (context per sequence: 4x what a request
+here needs; the backend's default is the model's whole training context, 8192 for the embedded
+model, and the multi-sequence context then ran about half as fast at 16 clients on this
+machine, see docs/benchmark.md); candle_like gets ``dtype=bfloat16``, in which it batches well
+on CPUs with bf16 matrix instructions. Every option is named in the target's label.
 
     .venv/bin/python benchmarks/compare_servers.py                  # writes benchmarks/results/
     .venv/bin/python benchmarks/compare_servers.py --clients 1,4,16 --gen-length 64 \
@@ -44,7 +47,8 @@ ROOT = Path(__file__).resolve().parent
 def backend_options(backends: list[str], given: list[str], threads: int) -> dict[str, dict[str, str]]:
     """Each backend's ``-o`` options: the defaults above, overridden by ``BACKEND:KEY=VALUE``."""
     opts: dict[str, dict[str, str]] = {
-        b: {"llamacpp": {"n_threads": str(threads)}, "candle_like": {"dtype": "bfloat16"}}.get(b, {})
+        b: dict({"llamacpp": {"n_threads": str(threads), "n_ctx": "512"},
+                 "candle_like": {"dtype": "bfloat16"}}.get(b, {}))
         for b in backends}
     for item in given:
         backend, sep, kv = item.partition(":")
@@ -116,7 +120,7 @@ def main() -> int:
     ap.add_argument("--min-requests", type=int, default=4, help="requests per level: max(this, 2 x clients)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--output-dir", type=Path, default=ROOT / "results")
-    ap.add_argument("--backends", default="llamacpp",
+    ap.add_argument("--backends", default="llamacpp,candle_like",
                     help="ruvllm backends to serve in turn, comma-separated (e.g. llamacpp,candle_like)")
     ap.add_argument("-o", "--option", action="append", default=[], metavar="BACKEND:KEY=VALUE",
                     help="backend option for one of --backends (repeatable), e.g. candle_like:dtype=float32")
