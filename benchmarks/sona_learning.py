@@ -145,7 +145,7 @@ def run(engine, backend, args, *, ewc_lambda: float, label: str, held_out_ids, e
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--word", default="ancient")
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--samples", type=int, default=4, help="samples per training prompt per round")
     ap.add_argument("--eval-seeds", type=int, default=16, help="samples per held-out prompt")
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -156,7 +156,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--ewc-lambda", type=float, default=5e4)
+    ap.add_argument("--ewc-lambda", type=float, default=3e4)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-no-ewc", action="store_true")

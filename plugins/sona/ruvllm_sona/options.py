@@ -59,7 +59,7 @@ class SonaOptions:
     interval: float = attrs.field(default=2.0, validator=_non_negative)
     min_feedback: int = attrs.field(default=4, validator=_positive_int)
     #: EWC++: penalty strength (0 disables it), Fisher decay, sequences per Fisher estimate.
-    ewc_lambda: float = attrs.field(default=5e4, validator=_non_negative)
+    ewc_lambda: float = attrs.field(default=3e4, validator=_non_negative)
     fisher_decay: float = attrs.field(default=0.9, validator=_unit_interval)
     fisher_batch: int = attrs.field(default=4, validator=_positive_int)
     #: Deep loop: run after this many feedbacks (0: only on demand), base LoRA rank, patterns.
