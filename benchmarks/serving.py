@@ -39,17 +39,23 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(round(q * (len(s) - 1)), len(s) - 1)]
 
 
-async def run_engine(engine: ServingEngine, prompts: list[list[int]], max_tokens: int) -> dict:
+async def run_engine(engine: ServingEngine, prompts: list[list[int]], max_tokens: int,
+                     stream: bool = True) -> dict:
+    """``stream``: read every token as it comes (TTFT by the client's clock); else await only
+    the final result (TTFT from the engine's timings), so the event loop wakes once."""
     params = GenerationParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     start = time.perf_counter()
     handles = [await engine.submit(p, params) for p in prompts]
 
     async def consume(h):
         first = None
-        async for out in h:
-            if first is None and out.token_id is not None:
-                first = time.perf_counter()
+        if stream:
+            async for out in h:
+                if first is None and out.token_id is not None:
+                    first = time.perf_counter()
         res = await h.result()
+        if first is None:
+            first = start + res.timings.time_to_first_token  # measured from arrival
         return first, time.perf_counter(), res
 
     done = await asyncio.gather(*(consume(h) for h in handles))
@@ -115,6 +121,8 @@ def main() -> None:
                     help="also run llama-cpp-python's Llama.generate single stream at C=1 (llamacpp only)")
     ap.add_argument("--flash-attn", action="store_true",
                     help="flash attention on for every side (engine, ceiling, direct); default off")
+    ap.add_argument("--consume", choices=("stream", "result"), default="stream",
+                    help="read every streamed token (default) or await only each final result")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -142,7 +150,7 @@ def main() -> None:
         engine.generate_sync([prompts[0]], GenerationParams(max_tokens=4))  # warm-up
         runs, ceil_runs, direct_runs = [], [], []
         for _ in range(args.repeats):
-            runs.append(asyncio.run(run_engine(engine, prompts, args.max_tokens)))
+            runs.append(asyncio.run(run_engine(engine, prompts, args.max_tokens, args.consume == "stream")))
             if ceiling_model is not None:
                 ceil_runs.append(run_ceiling(ceiling_model, load_prompts(c), args.max_tokens, args.n_ctx,
                                              flash_attn=args.flash_attn))
@@ -173,7 +181,7 @@ def main() -> None:
             f"engine path {path}; model {source.name}; {threads} llama.cpp threads; "
             f"{args.max_tokens} tokens/request, greedy, "
             f"flash attention {'on' if args.flash_attn else 'off'}, "
-            f"EOS ignored; median of {args.repeats}")
+            f"EOS ignored; engine outputs consumed as {args.consume}; median of {args.repeats}")
     print(head)
     cols = f"{'C':>4} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p95':>9} {'TPOT ms':>8}"
     if ceiling_model is not None:
