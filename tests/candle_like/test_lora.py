@@ -59,8 +59,8 @@ def test_adapter_changes_output_and_unload_restores_base_exactly(backend_fp32):
 def test_lora_deltas_equal_merged_weights(backend_fp32):
     """The q/k/v/o/gate/up/down deltas land on the right slices of the fused projections."""
     model = backend_fp32.model
-    adapter = random_adapter(backend_fp32, "t-merge", seed=2, rank=2,
-                             targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    every_projection = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    adapter = random_adapter(backend_fp32, "t-merge", seed=2, rank=2, targets=every_projection)
     ids = torch.tensor(backend_fp32.tokenizer.encode(PROMPT))
     pos = torch.arange(len(ids))
 
@@ -98,7 +98,8 @@ def test_engine_batches_adapter_and_base_rows_like_the_request_path(backend_fp32
                    ("The capital of France is", "Once upon a time", "List three colors:")]
         jobs = [(prompts[0], "t-a"), (prompts[1], None), (prompts[2], "t-b"), (prompts[0], None),
                 (prompts[1], "t-a")]
-        expected = [greedy_ids(backend_fp32, ids, GenerationParams(max_tokens=10, adapter=a)) for ids, a in jobs]
+        expected = [greedy_ids(backend_fp32, ids, GenerationParams(max_tokens=10, adapter=a))
+                    for ids, a in jobs]
         opts = engine_mod.EngineOptions(max_num_seqs=8, block_size=16, path="executor")
         with engine_mod.ServingEngine(backend_fp32, opts) as engine:
             handles = [engine.submit_sync(ids, GenerationParams(max_tokens=10, adapter=a)) for ids, a in jobs]
