@@ -10,8 +10,7 @@ default settings, as users run it.
 ``--backends`` serves the same model with several ruvllm backends in turn, one line each in the
 table and the plot; ``-o BACKEND:KEY=VALUE`` passes a backend option to one of them. Defaults:
 llamacpp gets ``n_threads=--threads`` and ``n_ctx=512`` (context per sequence: 4x what a request
-here needs; the backend's default is the model's whole training context, 8192 for the embedded
-model, and the multi-sequence context then ran about half as fast at 16 clients on this
+here needs; the backend's default is 4096, which cost about 10 % at 16 sequences on a quiet
 machine, see docs/benchmark.md); candle_like gets ``dtype=bfloat16``, in which it batches well
 on CPUs with bf16 matrix instructions. Every option is named in the target's label.
 

@@ -7,7 +7,8 @@ as the direct llama.cpp ceiling (benchmarks/llamacpp_multiseq_ceiling.py), which
 ``--compare-ceiling`` runs in the same process, alternating with the engine, and puts side by
 side as ratios. ``--compare-direct`` also runs llama-cpp-python's own single-stream generation
 (``Llama.generate``, no ruvllm code) on the C=1 prompt, alternating with the engine, for the
-C=1 comparison. Figures are medians of ``--repeats`` runs; every figure is wall time from
+C=1 comparison. Every side runs its llama.cpp calls on the engine's model thread (see
+``main``). Figures are medians of ``--repeats`` runs; every figure is wall time from
 submission to the last token (prefill included), the same for all sides.
 
     .venv/bin/python benchmarks/serving.py --compare-ceiling --compare-direct --json serving.json
@@ -151,11 +152,14 @@ def main() -> None:
         runs, ceil_runs, direct_runs = [], [], []
         for _ in range(args.repeats):
             runs.append(asyncio.run(run_engine(engine, prompts, args.max_tokens, args.consume == "stream")))
+            # The other sides run on the engine's model thread too: llama.cpp's OpenMP team
+            # belongs to the OS thread that calls it, and two threads taking turns (each with
+            # its own team) ran every side 30-40 % slower here than one thread alone.
             if ceiling_model is not None:
-                ceil_runs.append(run_ceiling(ceiling_model, load_prompts(c), args.max_tokens, args.n_ctx,
-                                             flash_attn=args.flash_attn))
+                ceil_runs.append(engine.call(lambda c=c: run_ceiling(
+                    ceiling_model, load_prompts(c), args.max_tokens, args.n_ctx, flash_attn=args.flash_attn)))
             if direct is not None and c == 1:
-                direct_runs.append(direct.run(prompts[0], args.max_tokens))
+                direct_runs.append(engine.call(lambda p=prompts[0]: direct.run(p, args.max_tokens)))
         engine.close()
         row = {"concurrency": c}
         for k in ("output_tok_s", "ttft_p50", "ttft_p95", "tpot"):
