@@ -5,7 +5,9 @@ Each server runs alone (started, measured, stopped in turn), is warmed up, then 
 Every request asks for ``--gen-length`` tokens with EOS suppressed (``ignore_eos`` for ruvllm,
 a ``logit_bias`` of -100 on the EOS ids for llama-cpp-python, which has no ``ignore_eos``), so a
 request that returns fewer tokens was cut short by the server. llama_cpp.server runs with its
-default settings, as users run it.
+default settings, as users run it, and a second time with ``--interrupt_requests False`` (its
+setting that lets every stream finish: requests are then served one after another), so the
+ratios are also given against a peer that cuts nothing short.
 
 ``--backends`` serves the same model with several ruvllm backends in turn, one line each in the
 table and the plot; ``-o BACKEND:KEY=VALUE`` passes a backend option to one of them. Defaults:
@@ -154,17 +156,18 @@ def main() -> int:
         finally:
             stop(proc)
 
-    if not args.skip_llamacpp_server:
+    peer_settings = {"defaults": [], "interrupt_requests=False": ["--interrupt_requests", "False"]}
+    for setting, extra in ({} if args.skip_llamacpp_server else peer_settings).items():
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        print(f"llama_cpp.server on {url}", file=sys.stderr)
+        print(f"llama_cpp.server ({setting}) on {url}", file=sys.stderr)
         proc = run_server([sys.executable, "-m", "llama_cpp.server", "--model", str(model_path),
-                           "--port", str(port), "--n_threads", str(args.threads), "--n_ctx", "4096"],
-                          url, args.output_dir / "llama_cpp-server.log")
+                           "--port", str(port), "--n_threads", str(args.threads), "--n_ctx", "4096", *extra],
+                          url, args.output_dir / f"llama_cpp-server-{'-'.join(extra) or 'defaults'}.log")
         try:
             bias = {str(t): -100 for t in eos_ids}
-            results += asyncio.run(measure(url, "llama_cpp.server (defaults)", prompts, {"logit_bias": bias},
-                                           args))
+            results += asyncio.run(measure(url, f"llama_cpp.server ({setting})", prompts,
+                                           {"logit_bias": bias}, args))
         finally:
             stop(proc)
 
@@ -178,15 +181,16 @@ def main() -> int:
     rep.plot(results, args.output_dir / "compare_servers.png",
              title=f"{model_name} | {report['machine']['cpu']} x{report['machine']['logical_cpus']}")
     rep.print_tables(report, Console(width=200))
-    peers = {r["concurrency"]: r for r in results if not r["target"].startswith("ruvllm")}
+    peers = [r for r in results if not r["target"].startswith("ruvllm")]
     for r in results:
-        b = peers.get(r["concurrency"])
-        if b is None or b is r:
-            continue
-        ratio = r["output_tok_s"] / b["output_tok_s"] if b["output_tok_s"] else float("inf")
-        print(f"{r['concurrency']:>3} clients: {r['target']} {r['output_tok_s']:.1f} tok/s vs "
-              f"{b['output_tok_s']:.1f} (x{ratio:.2f}); TTFT p50 {r['ttft_s']['p50']:.2f} s vs "
-              f"{b['ttft_s']['p50']:.2f} s; cut short {r['cut_short']} vs {b['cut_short']}")
+        for b in peers:
+            if r["target"].startswith("llama_cpp") or b["concurrency"] != r["concurrency"]:
+                continue
+            ratio = r["output_tok_s"] / b["output_tok_s"] if b["output_tok_s"] else float("inf")
+            print(f"{r['concurrency']:>3} clients: {r['target']} {r['output_tok_s']:.1f} tok/s vs "
+                  f"{b['target']} {b['output_tok_s']:.1f} (x{ratio:.2f}); TTFT p50 "
+                  f"{r['ttft_s']['p50']:.2f} s vs {b['ttft_s']['p50']:.2f} s; "
+                  f"cut short {r['cut_short']} vs {b['cut_short']}")
     print(json.dumps({"written": str(args.output_dir)}))
     return 0
 
