@@ -181,10 +181,11 @@ def main() -> int:
     rep.plot(results, args.output_dir / "compare_servers.png",
              title=f"{model_name} | {report['machine']['cpu']} x{report['machine']['logical_cpus']}")
     rep.print_tables(report, Console(width=200))
+    ours = [r for r in results if r["target"].startswith("ruvllm")]
     peers = [r for r in results if not r["target"].startswith("ruvllm")]
-    for r in results:
+    for r in ours:
         for b in peers:
-            if r["target"].startswith("llama_cpp") or b["concurrency"] != r["concurrency"]:
+            if b["concurrency"] != r["concurrency"]:
                 continue
             ratio = r["output_tok_s"] / b["output_tok_s"] if b["output_tok_s"] else float("inf")
             print(f"{r['concurrency']:>3} clients: {r['target']} {r['output_tok_s']:.1f} tok/s vs "
