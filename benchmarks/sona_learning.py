@@ -14,7 +14,7 @@ without), sends the scores through the feedback API (``engine.feedback``: the sa
   call of the hook for every finished request while the engine serves;
 - that reset restores the base model's greedy output exactly.
 
-    .venv/bin/python benchmarks/sona_learning.py            # ~5-10 min on 2 CPU cores
+    .venv/bin/python benchmarks/sona_learning.py            # ~16 min on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -36,8 +36,14 @@ from ruvllm_candle_like.lora import LoraPlan
 from ruvllm_sona import SonaOptions, attach, detach
 from ruvllm_sona.trainer import perplexity
 
+#: Many topics, one sample each per round: with few topics sampled many times the adapter
+#: learned those topics (training-prompt rate 3-4x) and little of it reached held-out topics.
 TRAIN_TOPICS = ["the sea", "a cat", "coffee", "winter", "a city at night", "music", "a forest", "bread",
-                "the moon", "trains", "a library", "rain"]
+                "the moon", "trains", "a library", "rain", "a bridge", "horses", "a lighthouse", "cheese",
+                "a castle", "the wind", "a violin", "apples", "a harbour", "clocks", "a village", "honey",
+                "a museum", "the stars", "a road", "candles", "a lake", "dogs", "a temple", "spring",
+                "a kite", "the ocean floor", "a farm", "maps", "a cave", "summer", "a ship", "owls",
+                "a chair", "fire", "a valley", "books", "a well", "salt", "a tower", "the morning"]
 EVAL_TOPICS = ["a garden", "the desert", "a market", "autumn", "a mountain", "tea", "a river", "birds",
                "a festival", "the sky", "a bakery", "snow"]
 GREEDY_CHECK = ["The capital of France is", "Write one short sentence about a lighthouse.",
@@ -145,9 +151,9 @@ def run(engine, backend, args, *, ewc_lambda: float, label: str, held_out_ids, e
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--word", default="ancient")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--samples", type=int, default=4, help="samples per training prompt per round")
-    ap.add_argument("--eval-seeds", type=int, default=16, help="samples per held-out prompt")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=1, help="samples per training prompt per round")
+    ap.add_argument("--eval-seeds", type=int, default=48, help="samples per held-out prompt")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--miss-score", type=float, default=0.0, help="score of an answer without the word")
