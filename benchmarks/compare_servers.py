@@ -157,15 +157,15 @@ def main() -> int:
             stop(proc)
 
     peer_settings = {"defaults": [], "interrupt_requests=False": ["--interrupt_requests", "False"]}
+    bias = {str(t): -100 for t in eos_ids}
     for setting, extra in ({} if args.skip_llamacpp_server else peer_settings).items():
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         print(f"llama_cpp.server ({setting}) on {url}", file=sys.stderr)
         proc = run_server([sys.executable, "-m", "llama_cpp.server", "--model", str(model_path),
                            "--port", str(port), "--n_threads", str(args.threads), "--n_ctx", "4096", *extra],
-                          url, args.output_dir / f"llama_cpp-server-{'-'.join(extra) or 'defaults'}.log")
+                          url, args.output_dir / f"llama_cpp-server-{setting.replace('=', '-')}.log")
         try:
-            bias = {str(t): -100 for t in eos_ids}
             results += asyncio.run(measure(url, f"llama_cpp.server ({setting})", prompts,
                                            {"logit_bias": bias}, args))
         finally:

@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -156,10 +157,11 @@ def main() -> None:
             # belongs to the OS thread that calls it, and two threads taking turns (each with
             # its own team) ran every side 30-40 % slower here than one thread alone.
             if ceiling_model is not None:
-                ceil_runs.append(engine.call(lambda c=c: run_ceiling(
-                    ceiling_model, load_prompts(c), args.max_tokens, args.n_ctx, flash_attn=args.flash_attn)))
+                ceiling = partial(run_ceiling, ceiling_model, load_prompts(c), args.max_tokens, args.n_ctx,
+                                  flash_attn=args.flash_attn)
+                ceil_runs.append(engine.call(ceiling))
             if direct is not None and c == 1:
-                direct_runs.append(engine.call(lambda p=prompts[0]: direct.run(p, args.max_tokens)))
+                direct_runs.append(engine.call(partial(direct.run, prompts[0], args.max_tokens)))
         engine.close()
         row = {"concurrency": c}
         for k in ("output_tok_s", "ttft_p50", "ttft_p95", "tpot"):

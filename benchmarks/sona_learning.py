@@ -184,9 +184,9 @@ def main() -> None:
     # No prefix cache: a cached prefix changes the shapes of the matmuls that compute the rest of
     # a prompt, and bf16 results depend on those shapes; the reset check compares like with like.
     # Each sampling wave is submitted at once: the queue must hold the largest one.
-    waves = max(len(EVAL_TOPICS) * args.eval_seeds, len(TRAIN_TOPICS) * args.samples)
+    largest_wave = max(len(EVAL_TOPICS) * args.eval_seeds, len(TRAIN_TOPICS) * args.samples)
     opts = EngineOptions(max_num_seqs=16, block_size=16, enable_prefix_caching=False,
-                         max_queue=max(256, waves))
+                         max_queue=max(256, largest_wave))
     with ServingEngine(backend, opts) as engine:
         base_greedy = greedy(engine, backend)
         base_samples = sample(engine, eval_prompts, range(args.eval_seeds), args.max_tokens, args.temperature)
