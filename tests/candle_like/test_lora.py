@@ -12,6 +12,7 @@ from ruvllm.errors import InvalidRequest
 from ruvllm.types import GenerationParams
 from ruvllm_candle_like.kv_contiguous import ContiguousCache
 from ruvllm_candle_like.lora import LoraPlan, build_adapter, load_peft, projection_shapes
+from ruvllm_candle_like.projection import Projection
 
 engine_mod = pytest.importorskip("ruvllm.engine")
 
@@ -76,11 +77,12 @@ def test_lora_deltas_equal_merged_weights(backend_fp32):
     saved = [{name: getattr(layer, name) for name in site_attr.values()} for layer in model.layers]
     try:
         for (i, site), pairs in adapter.by_site().items():
-            w = getattr(model.layers[i], site_attr[site]).clone()
+            base = getattr(model.layers[i], site_attr[site])
+            w = base.weight.clone()
             for p in pairs:
                 lo, hi = p.cols
                 w[lo:hi] += adapter.scale * (p.b @ p.a)
-            setattr(model.layers[i], site_attr[site], w)
+            setattr(model.layers[i], site_attr[site], Projection(w, base.bias))
         merged = logits(None)
     finally:
         for layer, orig in zip(model.layers, saved, strict=True):

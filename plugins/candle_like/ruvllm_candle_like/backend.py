@@ -102,7 +102,8 @@ class CandleLikeBackend(LlmBackend):
         if opts.n_threads is not None and device.type == "cpu":
             torch.set_num_threads(opts.n_threads)
         try:
-            loaded = load(model, dtype=dtype, device=device, context_length=opts.context_length)
+            loaded = load(model, dtype=dtype, device=device, context_length=opts.context_length,
+                          prepack=opts.prepack_weights)
         except RuvllmError:
             raise
         except Exception as exc:  # torch/safetensors errors become a load error with the reason

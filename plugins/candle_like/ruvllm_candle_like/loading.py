@@ -54,7 +54,7 @@ def hf_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load(source: ModelSource, *, dtype: torch.dtype, device: torch.device,
-         context_length: int | None = None) -> LoadedModel:
+         context_length: int | None = None, prepack: bool = True) -> LoadedModel:
     path = Path(source.path)
     if not path.exists():
         raise ModelLoadError(str(path), "the path does not exist")
@@ -65,12 +65,13 @@ def load(source: ModelSource, *, dtype: torch.dtype, device: torch.device,
         weights = to_torch_weights(g.tensors())
         ctx = context_length or cfg.max_position_embeddings
         model = Transformer(cfg, weights, dtype=dtype, device=device, max_positions=ctx,
-                            rope_freqs=g.rope_freqs)
+                            rope_freqs=g.rope_freqs, prepack=prepack)
         return LoadedModel(config=cfg, model=model, tokenizer=tok, chat_template=tok.chat_template,
                            name=g.name, quantization=g.quantization, rope_freqs=g.rope_freqs)
     cfg = read_hf_config(path)
     tok = HfTokenizer.from_hf_dir(path)
     ctx = context_length or cfg.max_position_embeddings
-    model = Transformer(cfg, hf_weights(path), dtype=dtype, device=device, max_positions=ctx)
+    model = Transformer(cfg, hf_weights(path), dtype=dtype, device=device, max_positions=ctx,
+                        prepack=prepack)
     return LoadedModel(config=cfg, model=model, tokenizer=tok, chat_template=tok.chat_template,
                        name=source.name, quantization=None)

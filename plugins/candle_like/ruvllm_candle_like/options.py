@@ -12,7 +12,7 @@ from typing import ClassVar
 import attrs
 import torch
 from ruvllm.errors import BackendOptionError, BackendUnavailable
-from ruvllm.options import accepts, one_of, optional, positive_int
+from ruvllm.options import accepts, boolean, one_of, optional, positive_int
 
 BACKEND = "candle_like"
 
@@ -39,6 +39,9 @@ class BackendOptions:
     #: output; float16 on CUDA/MPS).
     dtype: str = attrs.field(default="auto", validator=one_of(("auto", *DTYPES)))
     n_threads: int | None = attrs.field(default=None, validator=optional(positive_int()))
+    #: Keep a oneDNN-packed copy of every projection for faster CPU matmuls (costs as much
+    #: memory again as the projection weights; ignored off CPU).
+    prepack_weights: bool = attrs.field(default=True, validator=boolean())
     #: "fp16": unquantised 16-bit KV; "two_tier": FP16 hot tail + packed Q4/Q8 cold store.
     kv_cache: str = attrs.field(default="fp16", validator=one_of(KV_CACHES))
     #: Storage dtype of the unquantised cache: auto (float16, as llama.cpp's default cache,
