@@ -8,7 +8,7 @@ Each measurement is its own ``ruvllm benchmark`` process (engine libraries never
 process, and each gets the machine alone), with the same prompt length and generation length:
 the single-stream run, then each concurrency level C as one wave of C simultaneous requests.
 Prints one table (single-stream decode tok/s, aggregate tok/s per level, the decode rate
-at C_max (C_max / TPOT p50) and its ratio to the single stream, TTFT p50 at C_max) and writes
+at C_max (C_max / ITL p50) and its ratio to the single stream, TTFT p50 at C_max) and writes
 ``benchmarks/results/side_by_side/{summary.json,throughput.png}`` plus each run's own
 benchmark.json/csv. Run it on an otherwise idle machine: the figures are only comparable
 within one run.
@@ -76,7 +76,7 @@ def run_backend(spec: str, args: argparse.Namespace, levels: list[int], console:
 def summary_table(results: list[dict], levels: list[int]) -> Table:
     top = max(levels)
     table = Table(title=f"backends side by side, tok/s (aggregate at C includes prefill; decode C={top} "
-                        f"= {top} / TPOT p50, the rate while all {top} decode together)")
+                        f"= {top} / ITL p50, the rate of a step in which all {top} decode together)")
     for col in ("backend", "single-stream decode", *(f"C={c}" for c in levels), f"decode C={top}",
                 "decode ratio", f"TTFT p50 C={top} (s)"):
         table.add_column(col, justify="left" if col == "backend" else "right")
@@ -88,7 +88,9 @@ def summary_table(results: list[dict], levels: list[int]) -> Table:
         by_level = {s["concurrency"]: s for s in r["serving"]}
         agg = [by_level[c]["output_tok_s"] if c in by_level else float("nan") for c in levels]
         ttft = by_level[top]["ttft_s"]["p50"] if top in by_level else float("nan")
-        decode = top / by_level[top]["tpot_s"]["p50"] if top in by_level else float("nan")
+        # Not TPOT: a request's TPOT also counts the steps that prefilled the wave's later
+        # prompts, while the median gap between two tokens is a step where all decode.
+        decode = top / by_level[top]["itl_s"]["p50"] if top in by_level else float("nan")
         table.add_row(r["label"], f"{single:.1f}", *(f"{a:.1f}" for a in agg), f"{decode:.1f}",
                       f"{decode / single:.2f}x", f"{ttft:.2f}")
     return table
