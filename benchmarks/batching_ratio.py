@@ -25,27 +25,15 @@ from rich.console import Console
 from rich.table import Table
 from ruvllm.bench.prompts import prompt_ids
 from ruvllm.bench.serving import EngineTarget, sweep
-from ruvllm.config import load_config
+from ruvllm.config import load_config, parse_option
 from ruvllm.engine import ServingEngine
 
 RESULTS = Path(__file__).parent / "results" / "batching_ratio"
 
 
-def parse_options(pairs: list[str]) -> dict[str, object]:
-    """``key=value`` pairs; values parsed as JSON where they can be (numbers, booleans)."""
-    out: dict[str, object] = {}
-    for pair in pairs:
-        key, _, raw = pair.partition("=")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
 async def measure(args: argparse.Namespace, console: Console) -> list[dict]:
     config = load_config(overrides={"backend": args.backend},
-                         backend_options=parse_options(args.option))
+                         backend_options=dict(parse_option(o) for o in args.option))
     engine = ServingEngine.from_config(config)
     try:
         prompts = [prompt_ids(engine.tokenizer, args.prompt_length, i) for i in range(args.concurrency)]

@@ -17,9 +17,9 @@ def test_packed_matches_plain_linear(dtype, rows):
     w = torch.randn(96, 64, generator=g).to(dtype)
     bias = torch.randn(96, generator=g).to(dtype)
     x = torch.randn(rows, 64, generator=g).to(dtype)
-    proj = Projection(w, bias)
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch build has no oneDNN: nothing is packed")
+    proj = Projection(w, bias)
     assert proj.packed is not None
     with torch.inference_mode():
         got = proj(x)

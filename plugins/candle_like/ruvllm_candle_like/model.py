@@ -136,14 +136,14 @@ class Transformer:
             layer = Layer()
             layer.ln1 = get(p + "input_layernorm.weight")
             layer.ln2 = get(p + "post_attention_layernorm.weight")
-            qkv = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0).contiguous()
+            qkv = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)
             bias = None
             if cfg.attention_bias:
-                bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]).contiguous()
+                bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
             layer.qkv = Projection(qkv, bias, prepack=prepack)
             layer.o = Projection(get(p + "self_attn.o_proj.weight"), prepack=prepack)
             gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], dim=0)
-            layer.gate_up = Projection(gate_up.contiguous(), prepack=prepack)
+            layer.gate_up = Projection(gate_up, prepack=prepack)
             layer.down = Projection(get(p + "mlp.down_proj.weight"), prepack=prepack)
             self.layers.append(layer)
         expected = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
