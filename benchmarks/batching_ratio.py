@@ -46,11 +46,12 @@ async def measure(args: argparse.Namespace, console: Console) -> list[dict]:
             )
             single = 1 / alone["itl_s"]["p50"]
             batched = args.concurrency / together["itl_s"]["p50"]
-            rounds.append({"load_1m": os.getloadavg()[0], "single_decode_tok_s": single,
+            load = os.getloadavg()[0]
+            rounds.append({"load_1m": load, "single_decode_tok_s": single,
                            "batched_decode_tok_s": batched, "ratio": batched / single,
                            "alone": alone, "together": together})
             console.print(f"round {r + 1}: alone {single:.1f} tok/s, {args.concurrency} together "
-                          f"{batched:.1f} tok/s -> {batched / single:.2f}x (load {os.getloadavg()[0]:.2f})")
+                          f"{batched:.1f} tok/s -> {batched / single:.2f}x (load {load:.2f})")
         return rounds
     finally:
         await engine.shutdown()
