@@ -8,13 +8,20 @@ looked for among the top candidates first and the full sort only happens when it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ruvllm.types import GenerationParams, SampledToken
 
 _NUCLEUS_PROBE = 1024
+
+#: ``processor(output_ids, logits) -> logits``: rewrites one request's logits row before the
+#: sampler chooses (vLLM's per-request logits processors). ``output_ids`` are the tokens this
+#: request has generated so far; the row returned must keep the vocabulary's length. Reported
+#: logprobs stay the model's own: processors steer the choice, they do not change what the
+#: model said.
+LogitsProcessor = Callable[[Sequence[int], np.ndarray], np.ndarray]
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -29,9 +36,12 @@ class Sampler:
     counts the penalties need, so one instance serves exactly one request.
     """
 
-    def __init__(self, params: GenerationParams, vocab_size: int, prompt_ids: Sequence[int] = ()):
+    def __init__(self, params: GenerationParams, vocab_size: int, prompt_ids: Sequence[int] = (),
+                 logits_processors: Sequence[LogitsProcessor] = ()):
         self.params = params
         self._rng = np.random.default_rng(params.seed)
+        self._processors = tuple(logits_processors)
+        self._output: list[int] = []
         self._counts: np.ndarray | None = None
         self._seen: np.ndarray | None = None
         if params.has_penalties:
@@ -44,15 +54,19 @@ class Sampler:
         """Pick a token from a 1-D logits row (any float dtype) and record it."""
         raw = np.asarray(logits, dtype=np.float32)
         p = self.params
-        scores = self._penalised(raw) if self._counts is not None else raw
+        scores = raw
+        for processor in self._processors:
+            # A copy per processor: a processor may write in place, the model's row stays intact.
+            scores = np.asarray(processor(tuple(self._output), scores.copy()), dtype=np.float32)
+        scores = self._penalised(scores) if self._counts is not None else scores
         token = int(np.argmax(scores)) if p.greedy else self._draw(scores / np.float32(p.temperature))
         self._record(token)
         return self._with_logprobs(token, raw)
 
-    def _penalised(self, raw: np.ndarray) -> np.ndarray:
+    def _penalised(self, scores: np.ndarray) -> np.ndarray:
         p = self.params
         assert self._counts is not None and self._seen is not None
-        scores = raw.copy()
+        scores = scores.copy()
         vocab = min(len(scores), len(self._counts))
         if p.repetition_penalty != 1.0:
             seen = np.flatnonzero(self._seen[:vocab])
@@ -89,6 +103,7 @@ class Sampler:
         return int(idx if candidates is None else candidates[idx])
 
     def _record(self, token: int) -> None:
+        self._output.append(token)
         if self._counts is not None and token < len(self._counts):
             self._counts[token] += 1
             assert self._seen is not None

@@ -258,6 +258,11 @@ class Capabilities:
     isq: bool = False
     paged_attention: bool = False
     embeddings: bool = False
+    #: A sequence's logits do not depend on what else shares its forward pass (bit for bit), so
+    #: batched and solo greedy output must be identical. Most CPU and GPU kernels pick other
+    #: blocking or reduction orders by batch size and flip near-ties: those backends leave this
+    #: False and the conformance suite checks isolation with its near-tie rule instead.
+    batch_invariant: bool = False
     device: str = "cpu"
     #: Why a capability is absent where a user might expect it.
     notes: tuple[str, ...] = ()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from ruvllm.testing.isolation import NearTieRule
 from ruvllm.testing.parity import PROMPTS, against_llama_cpp
 
 LOGIT_BOUND = 2.0
@@ -41,12 +42,18 @@ def first_step(backend_fp32, reference_llama):
 
 
 def test_first_step_logits_agree(first_step):
+    """Close logits everywhere, and the same top token unless llama.cpp itself is at a near-tie
+    (the conformance suite's rule, with this comparison's bounds: the top-2 margin under
+    NEAR_TIE and the rows within LOGIT_BOUND). On an AVX2 CPU llama.cpp's kernels move one
+    prompt's top two (margin ~0.1) across each other; a wrong model misses by whole logits."""
     diffs = [float(np.abs(o - r).max()) for o, r in first_step]
     print("first-step max |logit diff| per prompt:", [round(d, 3) for d in diffs])
     assert max(diffs) < LOGIT_BOUND
-    for o, r in first_step:
+    rule = NearTieRule(margin_bound=NEAR_TIE, distance_bound=LOGIT_BOUND)
+    for i, (o, r) in enumerate(first_step):
         assert np.corrcoef(o, r)[0, 1] > 0.995
-        assert int(o.argmax()) == int(r.argmax())
+        divergence = rule.compare_row(0, r, o)
+        assert divergence is None or divergence.allowed, f"prompt {PROMPTS[i]!r}: {divergence.describe()}"
 
 
 @pytest.mark.slow  # ~1-2 min of CPU; `make test-all` runs it

@@ -9,6 +9,12 @@ then continues on top of the previous ones, so its greedy output changes.
 
 Sampling goes through :func:`ruvllm.sample_stream`, so the suite's sampling, stop and logprob
 tests exercise core's real code paths on top of it.
+
+The executor toys put the same "model" under the ServingEngine (iteration level, KV kept per
+sequence id as llama.cpp does) to prove the engine tests can fail: ``toy-batched`` adds a small
+batch-size-dependent perturbation to its logits (as kernels that block by batch size do), so its
+batched greedy output flips near-ties yet is correct; ``toy-stale-kv`` forgets to drop a freed
+sequence's KV, so the next request in that slot attends to a previous one's tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 from ruvllm import Capabilities, LlmBackend, ModelInfo, ModelSource, SampledToken, SpecialTokens
 from ruvllm.backend import sample_stream
+from ruvllm.executor import BatchEntry
 from ruvllm.types import GenerationParams
 
 BOS, EOS, IM_START = 256, 257, 258
@@ -181,7 +188,89 @@ class NoLogprobsToyBackend(ToyBackend):
                             notes=("toy backend declaring fewer capabilities",))
 
 
-TOY_BACKENDS = (ToyBackend, LeakyToyBackend, NoLogprobsToyBackend)
+class ToyExecutor:
+    """The toy model one step at a time: KV per sequence id (the ``per_sequence`` layout).
+
+    ``batch_noise`` perturbs each row by a deterministic function of the batch size, which is
+    what batched kernels do to real logits; ``keep_stale`` makes :meth:`free` a no-op (the bug).
+    """
+
+    kv_layout = "per_sequence"
+    max_batch_tokens = 4096
+
+    def __init__(self, backend: ToyBackend, *, max_sequences: int, block_size: int, batch_noise: float,
+                 keep_stale: bool):
+        self._backend = backend
+        self.block_size = block_size
+        self.max_sequences = max_sequences
+        self.max_seq_len = CONTEXT
+        self.num_blocks = max_sequences * CONTEXT // block_size
+        self._noise = batch_noise
+        self._keep_stale = keep_stale
+        #: What attention sees for each sequence id: every token written to it since its last free.
+        self._cells: dict[int, list[int]] = {}
+
+    def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
+        rows = []
+        for entry in batch:
+            cells = self._cells.setdefault(entry.seq_id, [])
+            cells.extend(entry.tokens)
+            if entry.sample:
+                row = self._backend._logits(cells)
+                if self._noise and len(batch) > 1:
+                    digest = hashlib.blake2b(np.asarray(cells, np.int32).tobytes(), digest_size=8,
+                                             salt=len(batch).to_bytes(8, "little")).digest()
+                    jitter = np.random.default_rng(int.from_bytes(digest, "little")).standard_normal(VOCAB)
+                    row = row + (self._noise * jitter).astype(np.float32)
+                rows.append(row)
+        return np.stack(rows) if rows else np.zeros((0, VOCAB), np.float32)
+
+    def free(self, seq_id: int) -> None:
+        if not self._keep_stale:
+            self._cells.pop(seq_id, None)
+
+    def copy_prefix(self, src_seq_id: int, dst_seq_id: int, num_tokens: int) -> None:
+        self._cells[dst_seq_id] = list(self._cells.get(src_seq_id, ())[:num_tokens])
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        raise NotImplementedError("the per_sequence layout never copies blocks")
+
+
+class BatchedToyBackend(ToyBackend):
+    """Correct, served through an executor whose batched logits differ slightly from solo ones."""
+
+    name: ClassVar[str] = "toy-batched"
+    batch_noise: ClassVar[float] = 0.05
+    keep_stale: ClassVar[bool] = False
+    batch_invariant: ClassVar[bool] = False
+
+    @classmethod
+    def capabilities(cls) -> Capabilities:
+        return Capabilities(streaming=True, logprobs=True, core_sampler=True, executor=True,
+                            batch_invariant=cls.batch_invariant)
+
+    def create_executor(self, *, max_sequences: int, block_size: int) -> ToyExecutor:
+        return ToyExecutor(self, max_sequences=max_sequences, block_size=block_size,
+                           batch_noise=self.batch_noise, keep_stale=self.keep_stale)
+
+
+class ClaimsInvariantToyBackend(BatchedToyBackend):
+    """The same batch-dependent numerics, wrongly declared batch-invariant: exact equality then
+    applies, and the near-tie flips make it fail."""
+
+    name: ClassVar[str] = "toy-batched-claims-invariant"
+    batch_invariant: ClassVar[bool] = True
+
+
+class StaleKvToyBackend(BatchedToyBackend):
+    """The executor bug: freeing a sequence leaves its KV, so the slot's next request sees it."""
+
+    name: ClassVar[str] = "toy-stale-kv"
+    keep_stale: ClassVar[bool] = True
+
+
+TOY_BACKENDS = (ToyBackend, LeakyToyBackend, NoLogprobsToyBackend, BatchedToyBackend,
+                ClaimsInvariantToyBackend, StaleKvToyBackend)
 
 
 def register_toy_backends() -> None:

@@ -279,3 +279,27 @@ def test_unexpected_step_failure_fails_requests_and_engine_survives():
         assert list(ok.token_ids) == reference_greedy([1, 2, 3], 5)
     finally:
         eng.close()
+
+
+def test_logits_processors_steer_each_request_alone(engine):
+    """A processor sees the request's own output so far and only its row: forcing one request's
+    tokens leaves a request batched with it untouched."""
+    from ruvllm.testing.isolation import TeacherForcer
+
+    forced = [5, 6, 7, 8]
+    forcer = TeacherForcer(forced)
+    params = GenerationParams(max_tokens=4, ignore_eos=True)
+    steered = engine.submit_sync(P[0], params, logits_processors=[forcer])
+    plain = engine.submit_sync(P[1], params)
+    assert list(steered.result().token_ids) == forced
+    assert list(plain.result().token_ids) == expected(P[1], 4)
+    assert len(forcer.rows) == 4  # the model's own rows were recorded before forcing
+
+
+def test_logits_processors_need_the_executor_path():
+    eng = ServingEngine(FakeBackend(executor_capable=False), EngineOptions())
+    try:
+        with pytest.raises(InvalidRequest, match="logits_processors"):
+            eng.submit_sync(P[0], GenerationParams(max_tokens=2), logits_processors=[lambda ids, row: row])
+    finally:
+        eng.close()

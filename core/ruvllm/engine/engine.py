@@ -33,7 +33,7 @@ from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.request_level import RequestLevelCore
 from ruvllm.errors import BackendError, InvalidRequest, Overloaded, RuvllmError
 from ruvllm.generation import RequestOutputBuilder, check_prompt
-from ruvllm.sampling import Sampler
+from ruvllm.sampling import LogitsProcessor, Sampler
 from ruvllm.serving import MetricsSnapshot
 from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import Capabilities, GenerationParams, GenerationResult, ModelInfo, Trajectory
@@ -138,17 +138,23 @@ class ServingEngine:
 
     async def submit(self, prompt_ids: Sequence[int], params: GenerationParams, *,
                      request_id: str | None = None, priority: int = 0, timeout: float | None = None,
-                     cache_salt: str | None = None) -> RequestHandle:
+                     cache_salt: str | None = None,
+                     logits_processors: Sequence[LogitsProcessor] = ()) -> RequestHandle:
+        """Queue one request; ``logits_processors`` rewrite its logits before each choice (core's
+        sampler runs them, so they need the executor path)."""
         sink = AsyncSink(asyncio.get_running_loop())
-        rid = self._enqueue(prompt_ids, params, sink, request_id, priority, timeout, cache_salt)
+        rid = self._enqueue(prompt_ids, params, sink, request_id, priority, timeout, cache_salt,
+                            logits_processors)
         return RequestHandle(rid, sink, self._cancel)
 
     def submit_sync(self, prompt_ids: Sequence[int], params: GenerationParams, *,
                     request_id: str | None = None, priority: int = 0, timeout: float | None = None,
-                    cache_salt: str | None = None) -> SyncRequestHandle:
+                    cache_salt: str | None = None,
+                    logits_processors: Sequence[LogitsProcessor] = ()) -> SyncRequestHandle:
         """:meth:`submit` for plain threads: the handle iterates and waits without asyncio."""
         sink = SyncSink()
-        rid = self._enqueue(prompt_ids, params, sink, request_id, priority, timeout, cache_salt)
+        rid = self._enqueue(prompt_ids, params, sink, request_id, priority, timeout, cache_salt,
+                            logits_processors)
         return SyncRequestHandle(rid, sink, self._cancel)
 
     def generate_sync(self, prompts: Sequence[str | Sequence[int]], params: GenerationParams | None = None,
@@ -190,8 +196,14 @@ class ServingEngine:
         return fut
 
     def _enqueue(self, prompt_ids: Sequence[int], params: GenerationParams, sink: Sink,
-                 request_id: str | None, priority: int, timeout: float | None, cache_salt: str | None) -> str:
+                 request_id: str | None, priority: int, timeout: float | None, cache_salt: str | None,
+                 logits_processors: Sequence[LogitsProcessor] = ()) -> str:
         self._check_open()
+        if logits_processors and self.path != "executor":
+            raise InvalidRequest(
+                "logits_processors", f"need core's sampler on the executor path, but backend "
+                f"{self.backend_name!r} is served request by request (its generate() samples); "
+                "drop the processors or use a backend with an executor")
         if not isinstance(params, GenerationParams):
             raise InvalidRequest("params", f"must be GenerationParams, got {type(params).__name__}")
         if isinstance(priority, bool) or not isinstance(priority, int):
@@ -223,7 +235,8 @@ class ServingEngine:
             self._active.add(rid)
         sched = SchedRequest(rid, prompt, params.max_tokens, priority=priority, arrival=time.monotonic(),
                              cache_salt=cache_salt)
-        sampler = Sampler(params, self._info.vocab_size, prompt) if self.path == "executor" else None
+        sampler = Sampler(params, self._info.vocab_size, prompt, logits_processors) \
+            if self.path == "executor" else None
         live = LiveRequest(sched, params, RequestOutputBuilder(self._backend.tokenizer, prompt, params),
                            sampler, _Tracked(sink, self, rid, tuple(prompt), params.adapter),
                            arrival=time.perf_counter(),

@@ -5,12 +5,14 @@ These run the backend's model through :class:`ruvllm.engine.ServingEngine`: thro
 iteration-level executor when the backend has one (``capabilities().executor``), else through
 the request-level path. Tests about KV blocks need the executor path and skip without it.
 
-Tolerance for batched numerics: none. Every comparison here is exact, token for token, at
-temperature 0. A backend whose batched forward pass is numerically different from its
-single-sequence pass (some GPU kernels pick different reduction orders per batch size) may
-legitimately flip a near-tie; such a backend should say so in a capability note, and this
-module would then need a stated tolerance. llama.cpp with split KV streams (``kv_unified =
-false``) needs none: its batched greedy output is identical to the single-stream output.
+Isolation under batching: a backend whose capabilities declare ``batch_invariant`` (and any
+backend served request by request, which never batches) must give, at temperature 0, exactly
+the tokens each prompt gives alone. Every other executor backend is judged by the near-tie rule
+of :mod:`ruvllm.testing.isolation`: the batched run is teacher-forced on the solo tokens, and a
+position may pick another token only where the solo run's top-2 margin is under
+``MARGIN_BOUND`` and the batched logits stay within ``DISTANCE_BOUND`` of the solo ones. A KV
+leak moves logits by whole logits and fails it; batch-size-dependent kernels (llama.cpp on AVX2,
+bf16 blocking) do not.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import attrs
 import pytest
 
 from ruvllm.engine import EngineOptions, ServingEngine
 from ruvllm.errors import ContextLengthExceeded
 from ruvllm.llm import LLM
+from ruvllm.testing.isolation import LogitsRecorder, NearTieRule, TeacherForcer, max_distance
 from ruvllm.testing.support import PROMPT_A, PROMPT_C
 from ruvllm.types import FinishReason, GenerationParams
 
@@ -57,17 +61,52 @@ def _ids(engine: ServingEngine, text: str) -> list[int]:
     return engine.encode(text)
 
 
+def _assert_isolated_within_near_ties(engine: ServingEngine, prompts: list[list[int]]) -> None:
+    """Solo runs recorded one by one; then all 16 batched, teacher-forced on the solo tokens."""
+    solo = []
+    for prompt in prompts:
+        recorder = LogitsRecorder()
+        result = engine.submit_sync(prompt, GREEDY, logits_processors=[recorder]).result()
+        solo.append((result, recorder))
+    forcers = [TeacherForcer(result.token_ids) for result, _ in solo]
+    handles = [
+        engine.submit_sync(prompt, attrs.evolve(GREEDY, max_tokens=len(result.token_ids)),
+                           logits_processors=[forcer])
+        for prompt, (result, _), forcer in zip(prompts, solo, forcers, strict=True)
+    ]
+    batched = [h.result() for h in handles]
+    rule = NearTieRule()
+    token_text = engine.tokenizer.token_text
+    problems, allowed, widest = [], 0, 0.0
+    for text, (result, recorder), forcer, forced in zip(SIXTEEN_PROMPTS, solo, forcers, batched, strict=True):
+        assert forced.token_ids == result.token_ids, f"prompt {text!r}: teacher forcing did not hold"
+        widest = max(widest, max_distance(recorder.rows, forcer.rows))
+        for d in rule.compare(result.token_ids, recorder.rows, forcer.rows):
+            allowed += d.allowed
+            if not d.allowed:
+                problems.append(f"prompt {text!r}: {d.describe(token_text)}")
+    print(f"isolation: {allowed} near-tie flips allowed, widest batched-vs-solo logit distance {widest:.4f} "
+          f"(bounds: margin < {rule.margin_bound}, distance < {rule.distance_bound})")
+    assert not problems, "batched sequences diverged from their solo runs beyond rounding:\n" + \
+        "\n".join(problems)
+
+
 class TestEngine:
     def test_isolation_under_concurrency(self, engine: ServingEngine) -> None:
-        """16 distinct prompts submitted at once give, at temperature 0, exactly the tokens each
-        gives alone: batching must not let sequences see each other's KV."""
+        """16 distinct prompts submitted at once give, at temperature 0, what each gives alone
+        (exactly, or within the near-tie rule where batched numerics legitimately differ):
+        batching must not let sequences see each other's KV."""
         prompts = [_ids(engine, p) for p in SIXTEEN_PROMPTS]
-        alone = [engine.generate_sync([p], GREEDY)[0] for p in prompts]
-        together = engine.generate_sync(prompts, GREEDY)
-        for text, a, t in zip(SIXTEEN_PROMPTS, alone, together, strict=True):
-            assert t.token_ids == a.token_ids, (
-                f"prompt {text!r}: batched output {t.text!r} != alone {a.text!r}"
-            )
+        if engine.backend.capabilities().batch_invariant or engine.path != "executor":
+            alone = [engine.generate_sync([p], GREEDY)[0] for p in prompts]
+            together = engine.generate_sync(prompts, GREEDY)
+            for text, a, t in zip(SIXTEEN_PROMPTS, alone, together, strict=True):
+                assert t.token_ids == a.token_ids, (
+                    f"prompt {text!r}: batched output {t.text!r} != alone {a.text!r} (the backend "
+                    "declares batch-invariant numerics, or serves one request at a time)"
+                )
+        else:
+            _assert_isolated_within_near_ties(engine, prompts)
         assert engine.metrics().running == 0
 
     def test_cancellation_mid_stream_frees_blocks(self, engine: ServingEngine) -> None:

@@ -1,0 +1,172 @@
+"""What this CPU computes fast: ISA features, cores and memory, detected once, in one place.
+
+Machines differ in ways that change what is fast and even what is numerically identical: an
+AMD EPYC with AVX-512 and native bf16 runs torch's bf16 matmuls (and their backward) in oneDNN
+kernels, while an AVX2-only CPU falls back to a slow reference kernel for bf16 and oneDNN packs
+no bf16 weights; a Raspberry Pi has NEON and maybe dotprod, no AVX at all. Every choice that
+depends on this (``dtype = "auto"``, packed weights, which tests make sense here) asks this
+module instead of guessing, and ``ruvllm backends`` / ``ruvllm info`` / benchmark headers /
+``/health`` show what it found.
+
+Detection reads ``/proc/cpuinfo`` (Linux, x86 and Arm) or ``sysctl`` (macOS) and imports no
+engine library, so it costs nothing at start-up. oneDNN's ``ONEDNN_MAX_CPU_ISA`` (the knob used
+to emulate an older CPU on a newer one) is honoured: below ``AVX512_CORE_BF16`` torch has no
+native bf16 kernels even on a CPU that has the instructions.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+import sys
+from typing import Any
+
+import attrs
+
+#: The features ruvllm reports, in display order. x86 names are the kernel's flag names; Arm's
+#: ``asimd`` is reported as ``neon`` and ``asimddp`` as ``dotprod``.
+FEATURES = (
+    "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+    "amx_tile", "amx_bf16", "amx_int8", "neon", "dotprod", "i8mm", "sve", "sve2", "bf16",
+)
+_ARM_ALIASES = {"asimd": "neon", "asimddp": "dotprod"}
+#: macOS ``sysctl hw.optional.*`` keys for the Arm features (Apple Silicon has NEON always).
+_MACOS_KEYS = {"dotprod": "hw.optional.arm.FEAT_DotProd", "i8mm": "hw.optional.arm.FEAT_I8MM",
+               "bf16": "hw.optional.arm.FEAT_BF16", "avx2": "hw.optional.avx2_0",
+               "avx512f": "hw.optional.avx512f"}
+#: oneDNN ISA levels (``ONEDNN_MAX_CPU_ISA``) below which it dispatches no native bf16 kernel.
+_ONEDNN_NO_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                             "AVX512_CORE_VNNI"})
+#: What the warning quotes for bf16 on a CPU without native bf16 (measured on a 2-core AMD EPYC
+#: with AVX2 only, embedded SmolLM2-135M; see docs/hardware.md).
+BF16_WITHOUT_NATIVE_COST = ("bf16 backward (training) falls to torch's single-threaded reference "
+                            "gemm: a 2-minute SONA run took over 20 minutes; oneDNN packs no bf16 weights")
+
+
+@attrs.frozen(kw_only=True)
+class CpuInfo:
+    """One machine's CPU as ruvllm sees it."""
+
+    arch: str
+    model: str
+    features: frozenset[str]
+    #: CPUs this process may run on (affinity), and all logical CPUs of the machine.
+    usable_cores: int
+    logical_cores: int
+    memory_bytes: int | None
+    #: ``ONEDNN_MAX_CPU_ISA`` when set (an emulated, lower ISA for torch's kernels).
+    onednn_isa_limit: str | None = None
+
+    def has(self, feature: str) -> bool:
+        return feature in self.features
+
+    @property
+    def bf16_instructions(self) -> bool:
+        """The CPU has native bf16 arithmetic (AVX512_BF16, AMX-BF16 or Armv8.6 BF16)."""
+        return bool(self.features & {"avx512_bf16", "amx_bf16", "bf16"})
+
+    @property
+    def native_bf16(self) -> bool:
+        """torch's CPU kernels can use native bf16 here (instructions present and not masked)."""
+        limit = (self.onednn_isa_limit or "").upper()
+        return self.bf16_instructions and limit not in _ONEDNN_NO_BF16
+
+    def bf16_missing(self) -> str | None:
+        """Why bf16 is not native here, naming the missing feature (None when it is)."""
+        if self.native_bf16:
+            return None
+        if self.bf16_instructions:
+            return f"ONEDNN_MAX_CPU_ISA={self.onednn_isa_limit} masks this CPU's bf16 instructions"
+        wanted = "bf16 (Armv8.6)" if self.arch in ("aarch64", "arm64") else "avx512_bf16 or amx_bf16"
+        return f"this CPU has no native bf16 instructions ({wanted} missing)"
+
+    def fast_float_dtype(self) -> str:
+        """The float dtype ``dtype = "auto"`` picks on the CPU: bf16 only where it is native."""
+        return "bfloat16" if self.native_bf16 else "float32"
+
+    def summary(self) -> str:
+        """One line for logs and benchmark headers."""
+        shown = [f for f in FEATURES if f in self.features] or ["none of " + "/".join(FEATURES[:3])]
+        mem = f"{self.memory_bytes / 2**30:.1f} GiB" if self.memory_bytes else "memory unknown"
+        limit = f", ONEDNN_MAX_CPU_ISA={self.onednn_isa_limit}" if self.onednn_isa_limit else ""
+        bf16 = "native bf16" if self.native_bf16 else "no native bf16"
+        return (f"{self.model} ({self.arch}), {self.usable_cores}/{self.logical_cores} cores, {mem}; "
+                f"{' '.join(shown)}; {bf16}{limit}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "arch": self.arch, "model": self.model,
+            "features": [f for f in FEATURES if f in self.features],
+            "usable_cores": self.usable_cores, "logical_cores": self.logical_cores,
+            "memory_bytes": self.memory_bytes, "native_bf16": self.native_bf16,
+            "fast_float_dtype": self.fast_float_dtype(), "onednn_isa_limit": self.onednn_isa_limit,
+        }
+
+
+def parse_cpuinfo(text: str) -> tuple[str, frozenset[str]]:
+    """Model name and reported features from ``/proc/cpuinfo`` text (x86 ``flags`` or Arm
+    ``Features``); only the first CPU's lines are read, the others repeat them."""
+    model = ""
+    raw: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "hardware", "cpu model") and not model:
+            model = value.strip()
+        elif key in ("flags", "features") and not raw:
+            raw = set(value.split())
+    names = {_ARM_ALIASES.get(f, f) for f in raw}
+    return model, frozenset(names & set(FEATURES))
+
+
+def _macos_features() -> frozenset[str]:
+    found = set()
+    if platform.machine() == "arm64":
+        found.add("neon")
+    for name, key in _MACOS_KEYS.items():
+        try:
+            out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.stdout.strip() == "1":
+            found.add(name)
+    return frozenset(found)
+
+
+def _memory_bytes() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # psutil missing or unsupported platform: memory is informational only
+        return None
+
+
+@functools.cache
+def cpu_info() -> CpuInfo:
+    """This machine's CPU, detected once per process."""
+    arch = platform.machine().lower() or "unknown"
+    model, features = "", frozenset()
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/cpuinfo") as fh:
+                model, features = parse_cpuinfo(fh.read())
+        except OSError:
+            pass
+    elif sys.platform == "darwin":
+        features = _macos_features()
+        try:
+            model = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                                   text=True, timeout=5).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            model = ""
+    logical = os.cpu_count() or 1
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = logical
+    return CpuInfo(arch=arch, model=model or platform.processor() or arch, features=features,
+                   usable_cores=usable, logical_cores=logical, memory_bytes=_memory_bytes(),
+                   onednn_isa_limit=os.environ.get("ONEDNN_MAX_CPU_ISA") or None)
