@@ -15,6 +15,8 @@ def test_models_and_health(client, server, model_name):
     assert [m.id for m in models] == [model_name]
     health = httpx.get(server.url + "/health").json()
     assert health["status"] == "ok" and health["backend"] == "llamacpp"
+    # What the server runs on: ISA features decide dtype auto and numerics, so operators see them.
+    assert {"features", "native_bf16", "usable_cores", "memory_bytes"} <= set(health["machine"])
 
 
 def test_chat_completion_counts_real_tokens(client, server, model_name):

@@ -12,18 +12,9 @@ import time
 from importlib import metadata
 from typing import Any
 
+from ruvllm.hardware import cpu_info
+
 _LIBRARIES = ("ruvllm", "llama-cpp-python", "torch", "mlx", "mistralrs", "numpy", "fastapi", "uvicorn")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def versions() -> dict[str, str]:
@@ -36,13 +27,21 @@ def versions() -> dict[str, str]:
     return out
 
 
+def machine_line() -> str:
+    """The header line every benchmark prints first: CPU, ISA features, cores, memory, load."""
+    load = f"load {os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "load unknown"
+    return f"machine: {cpu_info().summary()} | {platform.platform()} | {load}"
+
+
 def machine_info() -> dict[str, Any]:
     import psutil
 
+    cpu = cpu_info()
     return {
         "hostname": platform.node(),
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": cpu.model,
+        "cpu_features": cpu.as_dict(),
         "logical_cpus": os.cpu_count(),
         "physical_cpus": psutil.cpu_count(logical=False),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),

@@ -60,8 +60,10 @@ def serving_table(results: Sequence[dict[str, Any]], title: str = "serving") -> 
 def print_tables(report: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     m = report["machine"]
-    console.print(f"[dim]{m['cpu']} x{m['logical_cpus']} | {m['platform']} | load {m['load_average_1m']} | "
-                  + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + "[/]")
+    features = " ".join(m.get("cpu_features", {}).get("features", ())) or "features unknown"
+    libraries = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+    console.print(f"[dim]{m['cpu']} x{m['logical_cpus']} ({features}) | {m['platform']} | load "
+                  f"{m['load_average_1m']} | {libraries}[/]")
     if report.get("single"):
         console.print(single_table(report["single"]))
     if report.get("serving"):

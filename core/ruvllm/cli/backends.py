@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ruvllm.cli.app import main
+from ruvllm.hardware import cpu_info
 from ruvllm.plugins import AUTO_PREFERENCE, get_registry, platform_key
 
 
@@ -29,7 +30,8 @@ def _report() -> dict:
             "capabilities": caps,
         })
     failures = [{"plugin": f.plugin, "reason": f.reason} for f in reg.failures]
-    return {"auto_order": list(AUTO_PREFERENCE[platform_key()]), "backends": rows, "failures": failures}
+    return {"machine": cpu_info().as_dict(), "auto_order": list(AUTO_PREFERENCE[platform_key()]),
+            "backends": rows, "failures": failures}
 
 
 def _capability_text(caps: dict | None) -> str:
@@ -48,6 +50,7 @@ def backends(as_json: bool) -> None:
         click.echo(json.dumps(report, indent=2))
         return
     console = Console()
+    console.print(f"[bold]CPU[/]: {cpu_info().summary()}")
     table = Table(title="ruvllm backends", show_lines=True)
     for col in ("backend", "version", "status", "formats", "capabilities"):
         table.add_column(col)

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from ruvllm.cli.app import config_from, main
 from ruvllm.errors import ModelError, ModelNotFound
+from ruvllm.hardware import cpu_info
 from ruvllm.models import ModelSource
 from ruvllm.registry import (
     ALIASES,
@@ -234,6 +235,8 @@ def info(ctx: click.Context, model: str, as_json: bool) -> None:
                      description=ALIASES[model].description)
     if source is not None:
         facts.update(model_facts(source))
+    # What the model would run on here: the dtype `auto` picks follows from these features.
+    facts["machine"] = cpu_info().summary()
     if as_json:
         click.echo(json.dumps(facts, indent=2, default=str))
         return
@@ -242,7 +245,8 @@ def info(ctx: click.Context, model: str, as_json: bool) -> None:
               ("downloaded", "downloaded"), ("format", "format"), ("architecture", "architecture"),
               ("parameters", "parameters"), ("context_length", "context length"), ("layers", "layers"),
               ("hidden_size", "hidden size"), ("vocab_size", "vocabulary"), ("quantization", "quantization"),
-              ("chat_template", "chat template"), ("disk_usage", "disk usage"), ("path", "path")]
+              ("chat_template", "chat template"), ("disk_usage", "disk usage"), ("path", "path"),
+              ("machine", "this machine")]
     for key, label in labels:
         if key not in facts or facts[key] is None:
             continue

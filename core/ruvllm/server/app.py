@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest, ModelNotFound, RuvllmError
+from ruvllm.hardware import cpu_info
 from ruvllm.server import responses
 from ruvllm.server.errors import install_error_handlers, ruvllm_error_body
 from ruvllm.server.feedback import register_feedback
@@ -227,7 +228,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": settings.model_name, "backend": engine.backend_name,
-                "engine_path": engine.path}
+                "engine_path": engine.path, "machine": cpu_info().as_dict()}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -1,0 +1,84 @@
+"""CPU capability detection (ruvllm.hardware): parsing, the bf16 rule, and where it is shown."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+from click.testing import CliRunner
+from ruvllm.cli import main
+from ruvllm.hardware import CpuInfo, cpu_info, parse_cpuinfo
+
+EPYC_AVX2 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse2 avx avx2 fma f16c bmi2
+processor\t: 1
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse2 avx avx2 fma f16c bmi2 avx512f avx512_bf16
+"""
+EPYC_BF16 = ("model name\t: AMD EPYC 9B14\n"
+             "flags\t\t: avx2 fma f16c avx512f avx512_vnni avx512_bf16 avx512_fp16\n")
+RASPBERRY_PI_5 = """processor\t: 0
+BogoMIPS\t: 108.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
+CPU implementer\t: 0x41
+"""
+
+
+def cpu(features: str, *, arch: str = "x86_64", limit: str | None = None) -> CpuInfo:
+    return CpuInfo(arch=arch, model="test cpu", features=frozenset(features.split()), usable_cores=2,
+                   logical_cores=2, memory_bytes=24 << 30, onednn_isa_limit=limit)
+
+
+def test_x86_flags_of_the_first_cpu_only():
+    model, features = parse_cpuinfo(EPYC_AVX2)
+    assert model == "AMD EPYC 7B13"
+    assert features == {"avx2", "fma", "f16c"}
+
+
+def test_arm_features_use_common_names():
+    _, features = parse_cpuinfo(RASPBERRY_PI_5)
+    assert features == {"neon", "dotprod"}
+
+
+def test_bf16_is_native_only_with_the_instructions():
+    assert cpu("avx2 fma").fast_float_dtype() == "float32"
+    assert "avx512_bf16 or amx_bf16 missing" in cpu("avx2 fma").bf16_missing()
+    _, features = parse_cpuinfo(EPYC_BF16)
+    fast = cpu(" ".join(features))
+    assert fast.native_bf16 and fast.fast_float_dtype() == "bfloat16" and fast.bf16_missing() is None
+    assert cpu("neon dotprod", arch="aarch64").bf16_missing().endswith("(bf16 (Armv8.6) missing)")
+    assert cpu("neon bf16", arch="aarch64").native_bf16
+
+
+def test_onednn_isa_limit_masks_bf16():
+    """ONEDNN_MAX_CPU_ISA=AVX2 is how an AVX-512 host emulates the AVX2 kind: torch then has no
+    native bf16 kernels, so auto must not pick bf16."""
+    masked = cpu("avx2 avx512f avx512_bf16", limit="AVX2")
+    assert not masked.native_bf16 and masked.fast_float_dtype() == "float32"
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in masked.bf16_missing()
+    assert cpu("avx2 avx512f avx512_bf16", limit="AVX512_CORE_AMX").native_bf16
+
+
+def test_summary_and_dict_name_what_matters():
+    info = cpu("avx2 fma avx512f avx512_bf16")
+    assert "avx2 fma avx512f avx512_bf16" in info.summary() and "native bf16" in info.summary()
+    d = info.as_dict()
+    assert d["features"] == ["avx2", "fma", "avx512f", "avx512_bf16"] and d["fast_float_dtype"] == "bfloat16"
+
+
+def test_this_machine_is_detected():
+    here = cpu_info()
+    assert here.usable_cores >= 1 and here.logical_cores >= here.usable_cores
+    assert attrs.evolve(here).model
+
+
+def test_cli_shows_the_machine():
+    out = CliRunner().invoke(main, ["backends", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["machine"] == cpu_info().as_dict()
+    text = CliRunner().invoke(main, ["backends"]).output
+    assert "CPU" in text and str(cpu_info().usable_cores) in text
+    info = CliRunner().invoke(main, ["info", "default", "--json"])
+    assert json.loads(info.output)["machine"] == cpu_info().summary()
