@@ -7,19 +7,25 @@ trained on; the template shipped with the model (GGUF ``tokenizer.chat_template`
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 import jinja2
+import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ruvllm.errors import InvalidRequest
 
+log = logging.getLogger(__name__)
+
 ROLES = ("system", "user", "assistant", "tool")
 
 #: Used only when a model ships no template at all (a base model); ChatML is what the
-#: embedded SmolLM2 and most small instruct models use, and the fallback is logged by callers.
+#: embedded SmolLM2 and most small instruct models use. The fallback is logged once per process.
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
     "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
@@ -31,11 +37,34 @@ def _raise(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """Jinja's own ``tojson`` HTML-escapes ``<``, ``>``, ``&`` and quotes, which would put
+    ``\u003c`` into prompts; templates written for transformers expect plain JSON."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    """The environment transformers renders chat templates in (``apply_chat_template``): real
+    model templates use ``{% break %}``, ``strftime_now`` (Llama 3.1+) and ``raise_exception``."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
     return env.from_string(source)
+
+
+@lru_cache(maxsize=1)
+def _log_chatml_fallback() -> None:
+    log.warning("the model ships no chat template: chat prompts use ChatML, which may not be the "
+                "format it was trained on (give the model a template to silence this)")
 
 
 def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -65,6 +94,8 @@ def render_chat(
     """The prompt text for ``messages``; special tokens in it are parsed when tokenizing."""
     checked = validate_messages(messages)
     try:
+        if template is None:
+            _log_chatml_fallback()
         return _compile(template or CHATML).render(
             messages=checked,
             add_generation_prompt=add_generation_prompt,

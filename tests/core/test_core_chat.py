@@ -153,3 +153,28 @@ def test_template_cannot_mutate_the_callers_messages():
     with pytest.raises(InvalidRequest):
         render_chat("{{ messages.append({'role': 'system'}) }}", msgs)
     assert msgs == [{"role": "user", "content": "x"}]
+
+
+def test_environment_renders_templates_written_for_transformers():
+    """``{% break %}``, ``strftime_now`` and a ``tojson`` that does not HTML-escape, as
+    transformers' apply_chat_template provides; real templates (Llama 3.1, Qwen tools) use them."""
+    template = (
+        "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
+        "{{ m['content'] | tojson }}{% endfor %}|{{ strftime_now('%Y') }}"
+    )
+    out = render_chat(template, [{"role": "user", "content": "a < b & 'c'"},
+                                 {"role": "user", "content": "never rendered"}])
+    text, year = out.split("|")
+    assert text == '"a < b & \'c\'"'
+    assert year.isdigit() and len(year) == 4
+
+
+def test_chatml_fallback_is_logged_once(caplog):
+    from ruvllm import chat
+
+    chat._log_chatml_fallback.cache_clear()
+    with caplog.at_level("WARNING", logger="ruvllm.chat"):
+        for _ in range(3):
+            render_chat(None, [{"role": "user", "content": "hi"}])
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "no chat template" in caplog.records[0].message
