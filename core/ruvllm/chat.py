@@ -19,6 +19,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.tokenizer import require_encodable
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
             raise InvalidRequest(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}; got {role!r}")
         if not isinstance(content, str):
             raise InvalidRequest(f"messages[{i}].content", f"must be a string; got {type(content).__name__}")
+        require_encodable(f"messages[{i}].content", content)
         out.append(dict(m))
     return out
 

@@ -24,7 +24,7 @@ from ruvllm.generation import GenerationStream, RequestOutputBuilder, check_prom
 from ruvllm.models import ModelSource
 from ruvllm.plugins import BackendRegistry, get_registry
 from ruvllm.registry import resolve
-from ruvllm.tokenizer import Tokenizer
+from ruvllm.tokenizer import Tokenizer, require_encodable
 from ruvllm.types import Capabilities, GenerationParams, GenerationResult, ModelInfo, TokenOutput
 
 Prompt = str | Sequence[int]
@@ -91,7 +91,7 @@ class LLM:
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequest("prompt", "must not be empty")
-            return self.tokenizer.encode(prompt, add_special=True)
+            return self.tokenizer.encode(require_encodable("prompt", prompt), add_special=True)
         return list(prompt)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:

@@ -5,6 +5,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from ruvllm.errors import InvalidRequest
+
+
+def require_encodable(field: str, text: str) -> str:
+    """``text`` unchanged, or InvalidRequest naming ``field`` when it cannot be UTF-8 encoded.
+
+    JSON lets a client send a lone UTF-16 surrogate (``"\\ud800"``), and Python keeps it in a
+    str; every tokenizer underneath encodes to UTF-8 and would fail with a bare
+    UnicodeEncodeError (a 500 from the server). Checked once in core, before any backend sees it.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            field, f"contains a lone UTF-16 surrogate {text[exc.start]!r} at character {exc.start}, "
+            "which is not valid Unicode; send well-formed UTF-8 (combine surrogate pairs)", None,
+        ) from None
+    return text
+
 
 @runtime_checkable
 class Tokenizer(Protocol):

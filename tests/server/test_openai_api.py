@@ -176,3 +176,25 @@ def test_tokenize_detokenize_round_trip(server):
     assert text["prompt"].endswith("Hello world")
     r = httpx.post(server.url + "/detokenize", json={"tokens": [10**9]}, headers=headers)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
+
+
+@pytest.mark.parametrize("encoding", ["json-escape", "raw-bytes"])
+def test_lone_surrogate_is_400_naming_the_field(server, model_name, encoding):
+    """``"ab \\ud800"`` (legal JSON, not Unicode) and the raw bytes ED A0 80 (not UTF-8) are client
+    errors on every text endpoint, not a 500 from the tokenizer."""
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    bad = '"ab \\ud800"' if encoding == "json-escape" else b'"ab \xed\xa0\x80"'.decode("latin-1")
+    cases = [
+        ("/v1/completions", '{"model": "%s", "prompt": %s, "max_tokens": 2}', "prompt"),
+        ("/v1/chat/completions",
+         '{"model": "%s", "messages": [{"role": "user", "content": %s}], "max_tokens": 2}',
+         "messages"),
+        ("/tokenize", '{"model": "%s", "prompt": %s}', "prompt"),
+    ]
+    for path, template, field in cases:
+        body = (template % (model_name, bad)).encode("latin-1" if encoding == "raw-bytes" else "utf-8")
+        r = httpx.post(server.url + path, content=body, headers=headers)
+        assert r.status_code == 400, (path, r.status_code, r.text)
+        error = r.json()["error"]
+        assert error["param"].startswith(field) or field in error["message"], (path, error)
+    assert httpx.get(server.url + "/health").status_code == 200

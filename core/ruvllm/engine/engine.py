@@ -35,7 +35,7 @@ from ruvllm.errors import BackendError, InvalidRequest, Overloaded, RuvllmError
 from ruvllm.generation import RequestOutputBuilder, check_prompt
 from ruvllm.sampling import LogitsProcessor, Sampler
 from ruvllm.serving import MetricsSnapshot
-from ruvllm.tokenizer import Tokenizer
+from ruvllm.tokenizer import Tokenizer, require_encodable
 from ruvllm.types import Capabilities, GenerationParams, GenerationResult, ModelInfo, Trajectory
 
 log = logging.getLogger(__name__)
@@ -171,6 +171,7 @@ class ServingEngine:
         """Tokenize on the model thread (the backend's tokenizer is the model's)."""
         if not text:
             raise InvalidRequest("prompt", "must not be empty")
+        require_encodable("prompt", text)
         return self.call(lambda: self._backend.tokenizer.encode(
             text, add_special=add_special, parse_special=parse_special))
 
@@ -178,6 +179,7 @@ class ServingEngine:
                            parse_special: bool = False) -> list[int]:
         if not text:
             raise InvalidRequest("prompt", "must not be empty")
+        require_encodable("prompt", text)
         fut = self.call_future(lambda: self._backend.tokenizer.encode(
             text, add_special=add_special, parse_special=parse_special))
         return await asyncio.wrap_future(fut)

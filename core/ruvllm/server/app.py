@@ -41,6 +41,7 @@ from ruvllm.server.schemas import (
 )
 from ruvllm.server.sse import DONE, SSEResponse, sse_event
 from ruvllm.serving import AsyncEngine, RequestHandle
+from ruvllm.tokenizer import require_encodable
 from ruvllm.types import FinishReason, GenerationParams, GenerationResult, TokenOutput
 
 
@@ -252,7 +253,8 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         if body.messages is not None:
             ids = chat_prompt_ids(engine, body.messages)
         else:
-            ids = engine.tokenizer.encode(body.prompt or "", add_special=body.add_special_tokens)
+            ids = engine.tokenizer.encode(require_encodable("prompt", body.prompt or ""),
+                                          add_special=body.add_special_tokens)
         return {"tokens": ids, "count": len(ids), "max_model_len": engine.info.context_length}
 
     @app.post("/detokenize")

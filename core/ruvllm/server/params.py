@@ -15,6 +15,7 @@ from ruvllm.chat import render_chat
 from ruvllm.errors import InvalidRequest
 from ruvllm.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 from ruvllm.serving import AsyncEngine
+from ruvllm.tokenizer import require_encodable
 from ruvllm.types import MAX_LOGPROBS, GenerationParams
 
 #: Legacy completions cap ``logprobs`` at 5; chat's ``top_logprobs`` at 20.
@@ -79,7 +80,7 @@ def completion_prompts(engine: AsyncEngine, prompt: Any) -> list[list[int]]:
         if isinstance(p, str):
             if not p:
                 raise InvalidRequest("prompt", "must not be an empty string")
-            out.append(engine.tokenizer.encode(p, add_special=True))
+            out.append(engine.tokenizer.encode(require_encodable("prompt", p), add_special=True))
         else:
             out.append(list(p))
     return out

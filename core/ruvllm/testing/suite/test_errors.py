@@ -85,6 +85,20 @@ class TestBadInput:
         assert err.value.prompt_tokens == len(ids) and err.value.context_length == ctx
         assert_still_healthy(llm, reference)
 
+    @pytest.mark.parametrize("where", ["prompt", "chat"])
+    def test_lone_surrogate_in_text(self, ruvllm_llm: LLM, reference: GenerationResult, where: str) -> None:
+        """A lone UTF-16 surrogate (legal in JSON, not Unicode) is a 400-class error naming the
+        field, never a UnicodeEncodeError from the tokenizer underneath."""
+        text = "ab \ud800 cd"
+        with pytest.raises(InvalidRequest) as err:
+            if where == "prompt":
+                ruvllm_llm.generate(text, max_tokens=SHORT)
+            else:
+                ruvllm_llm.chat([{"role": "user", "content": text}], max_tokens=SHORT)
+        assert err.value.field == ("prompt" if where == "prompt" else "messages[0].content")
+        assert "surrogate" in str(err.value)
+        assert_still_healthy(ruvllm_llm, reference)
+
     def test_token_id_outside_vocabulary(self, ruvllm_llm: LLM, reference: GenerationResult) -> None:
         llm = ruvllm_llm
         ids = [*llm.encode(PROMPT_A), llm.tokenizer.vocab_size]
