@@ -38,3 +38,18 @@ def test_run_conformance_ignores_host_pytest_config(toy_env: pytest.Pytester) ->
     assert good.ret == 0, good.stdout.str()[-3000:]
     # Had the host's addopts or python_files applied, nothing would run (exit code 5).
     assert re.search(r"\b[1-9]\d* passed", good.stdout.str())
+
+
+def test_cli_without_pytest_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Core installed without the test tools: a clear message, not ModuleNotFoundError."""
+    import importlib.util
+
+    from click.testing import CliRunner
+    from ruvllm.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "pytest" else real(name, *a))
+    result = CliRunner().invoke(main, ["conformance", "llamacpp"])
+    assert result.exit_code != 0
+    assert "pip install 'ruvllm[conformance]'" in result.output
