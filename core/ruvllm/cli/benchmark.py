@@ -174,5 +174,8 @@ def benchmark(ctx: click.Context, model: str | None, backend: str | None, option
                 series += json.loads(path.read_text()).get("serving") or []
             m = result["machine"]
             title = f"{result.get('model', '')} | {m['cpu']} x{m['logical_cpus']}"
-            written.append(rep.plot(series, output_dir / "benchmark.png", title=title))
+            try:
+                written.append(rep.plot(series, output_dir / "benchmark.png", title=title))
+            except ImportError:
+                console.print("[yellow]no plot: matplotlib is not installed (pip install 'ruvllm[plot]')[/]")
         console.print("wrote " + ", ".join(str(p) for p in written))
