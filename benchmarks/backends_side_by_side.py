@@ -25,6 +25,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 from ruvllm.bench import report as rep
+from ruvllm.bench.machine import machine_line
 
 DEFAULT_BACKENDS = "llamacpp,candle_like:dtype=bfloat16,mlx,mistralrs"
 RESULTS = Path(__file__).parent / "results" / "side_by_side"
@@ -106,12 +107,12 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=3)
     args = ap.parse_args()
     console = Console(width=160)
+    console.print(machine_line(), markup=False, highlight=False, soft_wrap=True)
     levels = sorted(int(c) for c in args.concurrency.split(","))
     results = [run_backend(spec, args, levels, console) for spec in args.backends.split(",")]
     ok = [r for r in results if "failed" not in r]
     if ok:
-        m = ok[0]["machine"]
-        console.print(f"{m['cpu']} x{m['logical_cpus']} | load at start of each run: "
+        console.print("load at start of each run: "
                       + ", ".join(f"{r['label']} {r['machine']['load_average_1m']}" for r in ok))
     console.print(summary_table(results, levels))
     RESULTS.mkdir(parents=True, exist_ok=True)

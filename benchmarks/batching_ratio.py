@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from ruvllm.bench.machine import machine_info, machine_line
 from ruvllm.bench.prompts import prompt_ids
 from ruvllm.bench.serving import EngineTarget, sweep
 from ruvllm.config import load_config, parse_option
@@ -67,6 +68,7 @@ def main() -> None:
     ap.add_argument("--gen-length", type=int, default=64)
     args = ap.parse_args()
     console = Console(width=120)
+    console.print(machine_line(), markup=False, highlight=False, soft_wrap=True)
     rounds = asyncio.run(measure(args, console))
     table = Table(title=f"{args.backend} {' '.join(args.option)}: decode tok/s through the ServingEngine, "
                         f"{args.prompt_length}-token prompts, {args.gen_length} tokens")
@@ -82,7 +84,8 @@ def main() -> None:
     console.print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{args.backend}.json"
-    out.write_text(json.dumps({"args": vars(args), "median": median, "rounds": rounds}, indent=1))
+    out.write_text(json.dumps({"machine": machine_info(), "args": vars(args), "median": median,
+                               "rounds": rounds}, indent=1))
     console.print(f"raw results: {out}")
 
 

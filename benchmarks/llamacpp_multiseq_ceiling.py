@@ -17,12 +17,12 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
+from ruvllm.bench.machine import machine_info, machine_line
 
 PROMPTS_FILE = Path(__file__).with_name("serving_prompts.json")
 
@@ -136,11 +136,6 @@ def run_ceiling(model: Model, prompts: list[str], max_tokens: int, n_ctx_seq: in
     }
 
 
-def machine() -> str:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{platform.machine()} {platform.processor() or platform.system()}, {cpus} CPUs usable"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="GGUF file")
@@ -162,14 +157,15 @@ def main() -> None:
         med = {k: statistics.median(r[k] for r in runs) for k in ("output_tok_s", "ttft_p50", "tpot")}
         rows.append({"concurrency": c, **med})
     model.close()
-    print(f"machine: {machine()}; llama-cpp-python {llama_cpp.__version__} low-level multi-sequence; "
+    print(machine_line())
+    print(f"llama-cpp-python {llama_cpp.__version__} low-level multi-sequence; "
           f"model {Path(args.model).name}; {args.max_tokens} tokens/request; median of {args.repeats}")
     print(f"{'C':>4} {'out tok/s':>10} {'TTFT p50':>9} {'TPOT ms':>8}")
     for r in rows:
         print(f"{r['concurrency']:>4} {r['output_tok_s']:>10.1f} {r['ttft_p50']:>8.3f}s "
               f"{r['tpot'] * 1e3:>8.1f}")
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"machine": machine_info(), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

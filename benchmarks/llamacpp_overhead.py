@@ -35,6 +35,7 @@ from pathlib import Path
 
 import llama_cpp
 from ruvllm import LLM, GenerationParams
+from ruvllm.bench.machine import machine_info, machine_line
 from ruvllm.registry import embedded_model_path
 from ruvllm_llamacpp.options import default_threads
 
@@ -122,11 +123,11 @@ def main() -> int:
     }
     ratio = summary["ruvllm"]["decode_tok_s"] / summary["llama-cpp-python"]["decode_tok_s"]
 
+    print(machine_line())
     print(f"model {Path(args.model).name}, prompt {len(prompt_ids)} tokens, {args.tokens} tokens "
           f"greedy, {args.runs} interleaved runs per side, n_threads {args.n_threads}, "
           f"n_ctx {llm.info.context_length}")
-    print(f"machine {platform.machine()} {platform.processor() or ''} cpus {os.cpu_count()}, "
-          f"Python {platform.python_version()}, llama-cpp-python {llama_cpp.__version__}, "
+    print(f"Python {platform.python_version()}, llama-cpp-python {llama_cpp.__version__}, "
           f"load avg before {load_before}")
     print(f"{'side':<18} {'decode tok/s':>13} {'total tok/s':>12} {'TTFT ms':>9}   runs (decode tok/s)")
     for name, s in summary.items():
@@ -152,9 +153,7 @@ def main() -> int:
     out.write_text(json.dumps({
         "benchmark": "llamacpp_overhead",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {"arch": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                    "llama_cpp_python": llama_cpp.__version__, "load_avg_before": load_before,
-                    "load_avg_after": load_average()},
+        "machine": {**machine_info(), "load_avg_before": load_before, "load_avg_after": load_average()},
         "model": Path(args.model).name,
         "prompt_tokens": len(prompt_ids),
         "tokens": args.tokens,

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -84,8 +82,9 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure_one(args.hf_dir, args.one, args.threads)))
         return
-    print(f"machine: {platform.machine()} {os.cpu_count()} cpus, {platform.platform()}, "
-          f"load avg {os.getloadavg()[0]:.1f}")
+    from ruvllm.bench.machine import machine_line  # here: the --one child stays lean
+
+    print(machine_line())
     print(f"model: {args.hf_dir}; prompt {PROMPT!r}; perplexity text of {len(TEXT)} chars")
     base = None
     print(f"{'isq':6} {'RSS before':>10} {'after':>8} {'delta MiB':>9} {'load s':>7} {'ppl':>8} "

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ruvllm.bench.machine import machine_line
 from ruvllm.engine import EngineOptions, ServingEngine
 from ruvllm.registry import resolve
 from ruvllm.types import GenerationParams
@@ -170,8 +171,8 @@ def main() -> None:
     import mistralrs
 
     build = installed_build()
-    print(f"machine: {platform.machine()} {os.cpu_count()} cpus, {platform.platform()}, load average "
-          + " ".join(f"{x:.1f}" for x in os.getloadavg()))
+    print(machine_line())
+    print("load average (1, 5, 15 min): " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     print(f"versions: {build.distribution} {build.version}, python {platform.python_version()}, "
           f"MISTRALRS_CPU_KV_F32={os.environ.get('MISTRALRS_CPU_KV_F32', 'unset')}")
     print(f"model {source.name} ({source.format}), options {options}")

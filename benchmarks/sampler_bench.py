@@ -15,13 +15,12 @@ nucleus sampling (the top-p set spans most of the vocabulary, so the whole row i
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
 
 import numpy as np
+from ruvllm.bench.machine import machine_line
 from ruvllm.sampling import Sampler
 from ruvllm.types import GenerationParams
 
@@ -75,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     rows = logits_rows(args.vocab, rng)
     prompt = rng.integers(0, args.vocab, size=200).tolist()
-    print(f"machine: {platform.machine()} {platform.system()} {platform.release()}, "
-          f"{os.cpu_count()} cpus, python {sys.version.split()[0]}, numpy {np.__version__}")
+    print(machine_line())
+    print(f"python {sys.version.split()[0]}, numpy {np.__version__}")
     print("backend: none (core sampler only, float32 logits); "
           f"model: synthetic logits, vocab {args.vocab}")
     print(f"median of {args.runs} runs x {args.calls} calls, microseconds per call (wall and CPU)\n")

@@ -28,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from llamacpp_multiseq_ceiling import Model, load_prompts, machine, run_ceiling
+from llamacpp_multiseq_ceiling import Model, load_prompts, run_ceiling
+from ruvllm.bench.machine import machine_info, machine_line
 from ruvllm.config import load_config
 from ruvllm.engine import EngineOptions, ServingEngine
 from ruvllm.plugins import get_registry
@@ -183,7 +184,7 @@ def main() -> None:
     if direct is not None:
         direct.close()
 
-    head = (f"machine: {machine()}; backend {backend_cls.name} ({backend_cls.version() or '?'}), "
+    head = (f"{machine_line()}\nbackend {backend_cls.name} ({backend_cls.version() or '?'}), "
             f"engine path {path}; model {source.name}; {threads} llama.cpp threads; "
             f"{args.max_tokens} tokens/request, greedy, "
             f"flash attention {'on' if args.flash_attn else 'off'}, "
@@ -208,7 +209,7 @@ def main() -> None:
                   f"{r['ttft_p50'] * 1e3:.0f} / {r['direct_ttft_p50'] * 1e3:.0f} ms); "
                   f"same tokens: {r['same_tokens_as_direct']}")
     if args.json:
-        args.json.write_text(json.dumps({"header": head, "machine": machine(), "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"header": head, "machine": machine_info(), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

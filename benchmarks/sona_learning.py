@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import numpy as np
 import torch
+from ruvllm.bench.machine import machine_line
 from ruvllm.chat import render_chat
 from ruvllm.engine import EngineOptions, ServingEngine
 from ruvllm.models import ModelSource
@@ -173,8 +173,9 @@ def main() -> None:
     started = time.perf_counter()
     backend = CandleLikeBackend.load(ModelSource.from_path(embedded_model_path()),
                                      {"dtype": args.dtype, "kv_cache_tokens": 8192})
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, torch threads "
-          f"{torch.get_num_threads()}; backend candle_like {args.dtype}; model {backend.info.name}")
+    print(machine_line())
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; backend candle_like "
+          f"{args.dtype} ({str(backend.dtype).removeprefix('torch.')}); model {backend.info.name}")
     print(f"task: answers containing {args.word!r}; {args.rounds} rounds x {len(TRAIN_TOPICS)} prompts x "
           f"{args.samples} samples (T={args.temperature}); eval {len(EVAL_TOPICS)} held-out topics x "
           f"{args.eval_seeds} samples")
