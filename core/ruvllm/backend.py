@@ -91,6 +91,12 @@ class LlmBackend(abc.ABC):
             self.name, "it has no iteration-level executor; the engine uses the request-level path"
         )
 
+    def memory_summary(self) -> str | None:
+        """One line on the memory this backend sized by a setting (its KV cache), printed by
+        ``ruvllm serve`` at start-up so that the size and the option that sets it are visible;
+        None when it has nothing to report."""
+        return None
+
     def close(self) -> None:
         """Free the model; the backend is unusable afterwards."""
         return None

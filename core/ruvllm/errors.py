@@ -124,14 +124,18 @@ class InvalidRequest(RuvllmError):
 class ContextLengthExceeded(InvalidRequest):
     """Prompt plus requested tokens do not fit in the model's context window."""
 
-    def __init__(self, prompt_tokens: int, max_tokens: int, context_length: int):
+    def __init__(self, prompt_tokens: int, max_tokens: int, context_length: int, *, limit_note: str = ""):
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.context_length = context_length
+        # Where the engine allows less than the model's window (a KV budget), the note says why
+        # and how to raise it: "the model's context length" alone would be wrong there.
+        limit = f"one request may use {context_length} tokens ({limit_note})" if limit_note \
+            else f"the model's context length is {context_length}"
         super().__init__(
             "prompt",
             f"the prompt has {prompt_tokens} tokens and {max_tokens} more were requested, "
-            f"but the model's context length is {context_length}; shorten the prompt or "
+            f"but {limit}; shorten the prompt or "
             f"lower max_tokens to at most {max(context_length - prompt_tokens, 0)}",
             value=prompt_tokens,
         )

@@ -26,7 +26,7 @@ from ruvllm.types import (
 
 
 def check_prompt(prompt_ids: Sequence[int], params: GenerationParams, context_length: int,
-                 vocab_size: int) -> None:
+                 vocab_size: int, *, limit_note: str = "") -> None:
     """Reject a prompt that cannot be served, before any engine state is touched."""
     if len(prompt_ids) == 0:
         raise InvalidRequest("prompt", "must contain at least one token; got an empty prompt")
@@ -34,7 +34,7 @@ def check_prompt(prompt_ids: Sequence[int], params: GenerationParams, context_le
     if bad is not None:
         raise InvalidRequest("prompt", f"token id {bad} is outside the vocabulary [0, {vocab_size})", bad)
     if len(prompt_ids) + params.max_tokens > context_length:
-        raise ContextLengthExceeded(len(prompt_ids), params.max_tokens, context_length)
+        raise ContextLengthExceeded(len(prompt_ids), params.max_tokens, context_length, limit_note=limit_note)
 
 
 class RequestOutputBuilder:

@@ -23,7 +23,9 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @hookspec
 def ruvllm_register_backends(register: Callable[[type[LlmBackend]], None]) -> None:
-    """Call ``register(BackendClass)`` for every backend this plugin provides."""
+    """Call ``register(BackendClass)`` for every backend this plugin provides, or
+    ``register(LazyBackend(name, "module:Class", ...))`` when importing the class's module would
+    import its engine: discovery runs in every ruvllm process (see ruvllm.lazy_backend)."""
 
 
 @hookspec

@@ -3,6 +3,10 @@
 Plugins are found through the ``ruvllm`` entry-point group. Each entry point is loaded on its
 own so that one broken plugin cannot hide the others, and every failure is recorded with its
 reason: a plugin that silently vanishes is the bug users of other runtimes report most.
+
+Discovery runs in every ruvllm process, so it must stay light: a plugin whose backend module
+imports its engine at the top registers a :class:`~ruvllm.lazy_backend.LazyBackend`, and the
+class (with its engine) is imported only when it is selected, listed or loaded.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import pluggy
 from ruvllm import hookspecs
 from ruvllm.backend import LlmBackend
 from ruvllm.errors import BackendUnavailable, UnknownBackend
+from ruvllm.lazy_backend import LazyBackend
 from ruvllm.models import ModelSource
 
 log = logging.getLogger(__name__)
@@ -50,17 +55,30 @@ class PluginFailure:
     detail: str = ""
 
 
+#: What a plugin registers: the backend class, or a LazyBackend standing for it.
+BackendEntry = type[LlmBackend] | LazyBackend
+
+
+def _class_of(entry: BackendEntry) -> type[LlmBackend]:
+    return entry.resolve() if isinstance(entry, LazyBackend) else entry
+
+
 @attrs.define
 class BackendRegistry:
-    """Every backend class that plugins registered, plus the plugins that failed."""
+    """Every backend that plugins registered, plus the plugins that failed.
+
+    ``backends`` maps a name to the class, or to the LazyBackend a plugin registered instead;
+    both answer ``name``, ``formats`` and the class methods. :meth:`get` and :meth:`select`
+    always return the class itself.
+    """
 
     pm: pluggy.PluginManager
-    backends: dict[str, type[LlmBackend]] = attrs.field(factory=dict)
+    backends: dict[str, BackendEntry] = attrs.field(factory=dict)
     failures: list[PluginFailure] = attrs.field(factory=list)
     #: Backend name -> distribution that provides it.
     providers: dict[str, str] = attrs.field(factory=dict)
 
-    def register_backend(self, cls: type[LlmBackend], provider: str = "") -> None:
+    def register_backend(self, cls: BackendEntry, provider: str = "") -> None:
         if cls.name in self.backends and self.backends[cls.name] is not cls:
             self.failures.append(
                 PluginFailure(provider or cls.__module__, f"backend name {cls.name!r} is already taken")
@@ -71,14 +89,17 @@ class BackendRegistry:
 
     def get(self, name: str) -> type[LlmBackend]:
         try:
-            return self.backends[name]
+            entry = self.backends[name]
         except KeyError:
             raise UnknownBackend(name, list(self.backends)) from None
+        return _class_of(entry)
 
     def select(self, name: str, model: ModelSource | None = None) -> type[LlmBackend]:
         """The backend class to use: by name, or by preference when ``name == "auto"``."""
         if name != "auto":
-            cls = self.get(name)
+            if name not in self.backends:
+                raise UnknownBackend(name, list(self.backends))
+            cls = self.backends[name]
             reason = cls.unavailable_reason()
             if reason:
                 raise BackendUnavailable(name, reason)
@@ -88,7 +109,7 @@ class BackendRegistry:
                     name, f"it cannot read {model.format} models (it reads: {', '.join(cls.formats)}); "
                     f"pick another backend or a model in one of those formats"
                 )
-            return cls
+            return _class_of(cls)
         order = AUTO_PREFERENCE[platform_key()]
         names = list(order) + sorted(set(self.backends) - set(order))
         skipped = []
@@ -109,7 +130,7 @@ class BackendRegistry:
                 candidate, platform_key(), ", ".join(order),
                 "; skipped " + "; ".join(skipped) if skipped else "",
             )
-            return cls
+            return _class_of(cls)
         raise BackendUnavailable("auto", "no installed backend can run here: " + "; ".join(skipped))
 
 

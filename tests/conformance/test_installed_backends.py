@@ -72,12 +72,15 @@ def _run(suite_runner, backend: str, *args: str):
     return run
 
 
+# A whole suite in a child pytest legitimately outlives the per-test default (pyproject.toml).
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", _full_params())
 def test_suite_passes(suite_runner, backend: str) -> None:
     run = _run(suite_runner, backend)
     assert sum(o.outcome == "passed" for o in run.outcomes.values()) >= 30, run.outcomes
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", [
     p for p in _params() if not (isinstance(p, str) and p in FULL_SUITE_IN_FAST_RUN)
 ])

@@ -40,6 +40,7 @@ def test_option_defaults():
     assert (opts.n_ctx, opts.n_batch, opts.n_gpu_layers) == (4096, 512, 0)
     assert opts.n_threads == default_threads() >= 1
     assert opts.prefix_reuse is False and opts.verbose is False
+    assert opts.kv_budget_mib == 256
 
 
 SET_IT = "--option {}=VALUE"  # the fix named for a value out of range
@@ -57,7 +58,8 @@ DROP_IT = "remove it"  # the fix named for an unknown option
         ({"n_gpu_layers": -2}, "n_gpu_layers", ">= -1", SET_IT),
         ({"prefix_reuse": "yes"}, "prefix_reuse", "true or false", SET_IT),
         ({"verbose": 1}, "verbose", "true or false", SET_IT),
-        ({"n_ctxx": 512}, "n_ctxx", "known options: flash_attn, n_batch, n_ctx", DROP_IT),
+        ({"kv_budget_mib": -1}, "kv_budget_mib", ">= 0", SET_IT),
+        ({"n_ctxx": 512}, "n_ctxx", "known options: flash_attn, kv_budget_mib, n_batch, n_ctx", DROP_IT),
     ],
 )
 def test_bad_options_name_the_field_and_the_fix(options, field, hint, fix, model_path):

@@ -136,6 +136,9 @@ def test_context_length_exceeded(client, model_name):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=model_name, prompt="word " * 4200, max_tokens=10)
     assert err.value.body["code"] == "context_length_exceeded"
+    # The default KV budget gives one request less than the model's window: the error says so
+    # and names the option that raises it, rather than misreporting the model's context length.
+    assert "kv_budget_mib" in err.value.body["message"], err.value.body["message"]
 
 
 def test_unknown_model_is_404(client):

@@ -214,7 +214,8 @@ class ServingEngine:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise InvalidRequest("timeout", f"must be a number of seconds > 0, got {timeout!r}", timeout)
         prompt = [int(t) for t in prompt_ids]
-        check_prompt(prompt, params, self._info.context_length, self._info.vocab_size)
+        check_prompt(prompt, params, self._info.context_length, self._info.vocab_size,
+                     limit_note=self.context_limit_note)
         if params.adapter is None and self._router_active():
             chosen = self._hooks.ruvllm_select_adapter(engine=self, prompt_ids=tuple(prompt), embedding=None)
             if chosen is not None:
@@ -371,6 +372,10 @@ class ServingEngine:
         info = backend.info
         room = min(info.context_length, self._core.max_request_tokens())
         self._info = attrs.evolve(info, context_length=room)
+        #: Why one request gets less than the model's window here, for ContextLengthExceeded.
+        self.context_limit_note = "" if room >= info.context_length else (
+            f"this engine's KV capacity gives one request {room} of the model's {info.context_length} "
+            f"tokens; raise the backend's KV budget ({backend.memory_summary() or 'see its options'})")
         log.info("serving %s on %s through the %s path", info.name, backend.name, self.path)
 
     def _loop(self) -> None:

@@ -90,13 +90,15 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
                                 f"{settings.model_name!r} (see GET /v1/models)")
 
     context_length = settings.limits.context_length(engine.info.context_length)
+    limit_note = getattr(engine, "context_limit_note", "") if context_length == engine.info.context_length \
+        else "this server's --max-context setting"
 
     def room_after(ids: Sequence[int]) -> int:
         return context_length - len(ids)
 
     def check_context(ids: Sequence[int], params: GenerationParams) -> None:
         if len(ids) + params.max_tokens > context_length:
-            raise ContextLengthExceeded(len(ids), params.max_tokens, context_length)
+            raise ContextLengthExceeded(len(ids), params.max_tokens, context_length, limit_note=limit_note)
 
     async def submit_all(jobs: list[tuple[int, int, list[int], GenerationParams]],
                          kind: str) -> list[_Choice]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,6 +41,20 @@ def settings_for(config: Config, engine: AsyncEngine, *, served_name: str | None
                                                 max_context=max_context))
 
 
+def startup_banner(engine: AsyncEngine, settings: ServerSettings) -> str:
+    """What ``ruvllm serve`` prints before it listens: the model and backend, how many tokens one
+    request may use, and the memory the backend sized from a setting (its KV cache), so that a
+    window smaller than the model's or a large allocation is never a surprise."""
+    room = settings.limits.context_length(engine.info.context_length)
+    lines = [f"ruvllm: serving {settings.model_name} with backend {engine.backend_name} "
+             f"({engine.path} path); prompt + max_tokens of one request: up to {room} tokens"]
+    backend = getattr(engine, "backend", None)  # the ServingEngine's; not part of AsyncEngine
+    memory = backend.memory_summary() if backend is not None else None
+    if memory:
+        lines.append(f"ruvllm: {memory}")
+    return "\n".join(lines)
+
+
 def check_port_free(host: str, port: int) -> None:
     """Fail with a one-line reason before loading a model onto a port that is taken."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -64,7 +79,8 @@ def serve(config: Config, *, served_name: str | None = None,
     if srv.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
         log.warning("listening on %s without an API key: anyone who can reach this port can use the model",
                     srv.host)
-    log.info("serving %s with backend %s (%s path)", settings.model_name, engine.backend_name, engine.path)
+    if log_level in ("info", "debug"):
+        print(startup_banner(engine, settings), file=sys.stderr, flush=True)
     uvicorn.run(app, host=srv.host, port=srv.port, log_level=log_level, timeout_graceful_shutdown=5)
 
 

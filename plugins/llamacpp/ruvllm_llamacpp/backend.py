@@ -4,6 +4,10 @@ llama.cpp is driven through its C API (``llama_batch`` / ``llama_decode`` /
 ``llama_get_logits_ith``) rather than ``Llama.create_completion``: ruvllm needs the raw logits
 of each step so that core's sampler, stop handling and detokenizer behave exactly as on every
 other backend, and it needs to own the KV memory to guarantee request isolation.
+
+The request-level context (one sequence of ``n_ctx`` tokens, 90 MiB of KV for the embedded
+model at 4096) is created by the first ``generate``: a ServingEngine batches through its own
+executor context and never calls ``generate``, so ``ruvllm serve`` does not pay for it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
 
 from ruvllm_llamacpp import _lib
 from ruvllm_llamacpp.kv import SequenceKV
+from ruvllm_llamacpp.kv_budget import CELL_GRANULARITY, MIB, kv_bytes_per_token
 from ruvllm_llamacpp.metadata import model_info, read_metadata
 from ruvllm_llamacpp.options import LlamaCppOptions
 from ruvllm_llamacpp.tokenizer import LlamaCppTokenizer
@@ -138,37 +143,17 @@ class LlamaCppBackend(LlmBackend):
             n_ctx = opts.n_ctx or n_ctx_train
             if n_ctx_train > 0:
                 n_ctx = min(n_ctx, n_ctx_train)
-            n_batch = min(opts.n_batch, n_ctx)
-            cparams = llama_cpp.llama_context_default_params()
-            cparams.n_ctx = n_ctx
-            cparams.n_batch = n_batch
-            cparams.n_ubatch = n_batch
-            cparams.n_seq_max = 1
-            cparams.n_threads = opts.n_threads
-            cparams.n_threads_batch = opts.n_threads
-            cparams.embeddings = False
-            cparams.no_perf = not opts.verbose
-            cparams.flash_attn_type = (
-                llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn
-                else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            )
-            with _lib.capture_log(llama_cpp, opts.verbose) as log:
-                ctx = llama_cpp.llama_init_from_model(model_ptr, cparams)
-            if not ctx:
-                raise ModelLoadError(
-                    model.name, log.reason() or f"llama.cpp could not create a context of {n_ctx} tokens"
-                )
-            handles.ctx = ctx
-            # llama.cpp pads n_ctx (to a multiple of 256): report the window it really has.
-            real_ctx = int(llama_cpp.llama_n_ctx(ctx))
-            return cls(llama_cpp, model, opts, handles, n_ctx=real_ctx, n_batch=n_batch)
+            # llama.cpp pads a sequence's window up to whole 256-cell blocks: asking for the padded
+            # size makes the window known before any context exists, and exactly what is allocated.
+            n_ctx = -(-n_ctx // CELL_GRANULARITY) * CELL_GRANULARITY
+            return cls(llama_cpp, model, opts, handles, n_ctx=n_ctx, n_batch=min(opts.n_batch, n_ctx))
         except BaseException:
             handles.close()
             raise
 
     def __init__(self, llama_cpp: ModuleType, source: ModelSource, options: LlamaCppOptions,
                  handles: _Handles, *, n_ctx: int, n_batch: int):
-        """Use :meth:`load`; this wires up an already created model and context."""
+        """Use :meth:`load`; this wires up an already loaded model."""
         self._lib = llama_cpp
         self._handles = handles
         self._finalizer = weakref.finalize(self, handles.close)
@@ -176,13 +161,17 @@ class LlamaCppBackend(LlmBackend):
         self.source = source
         self.n_ctx = n_ctx
         self.n_batch = n_batch
-        assert handles.model is not None and handles.ctx is not None
+        assert handles.model is not None
         vocab = llama_cpp.llama_model_get_vocab(handles.model)
         self._tokenizer = LlamaCppTokenizer(llama_cpp, vocab)
         self.metadata = read_metadata(llama_cpp, handles.model)
         self._info = model_info(llama_cpp, handles.model, source, self.metadata, self._tokenizer, n_ctx)
-        handles.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        self._kv = SequenceKV(llama_cpp, handles.ctx, handles.batch, n_batch, self._tokenizer.vocab_size)
+        #: KV bytes of one token (f16 keys and values over every layer), for sizing contexts.
+        self.kv_bytes_per_token = kv_bytes_per_token(llama_cpp, handles.model, self.metadata)
+        #: Sequence 0 of the request-level context, created by the first generate().
+        self._kv: SequenceKV | None = None
+        #: The KV line of the last executor made by create_executor (for memory_summary).
+        self._executor_kv: str | None = None
         #: Prompt tokens of the last generate() whose KV came from the previous call (always 0
         #: unless prefix_reuse is on); the rest of the prompt was evaluated.
         self.last_reused_tokens = 0
@@ -203,17 +192,56 @@ class LlamaCppBackend(LlmBackend):
 
     @property
     def context_handle(self) -> int:
-        self._check_open()
+        """The request-level context (created now if no generate() did yet)."""
+        self._sequence()
         assert self._handles.ctx is not None
         return self._handles.ctx
 
+    def _sequence(self) -> SequenceKV:
+        """Sequence 0 of the request-level context, which is created on first use."""
+        self._check_open()
+        if self._kv is not None:
+            return self._kv
+        lib, handles, opts = self._lib, self._handles, self.options
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = opts.n_threads
+        cparams.n_threads_batch = opts.n_threads
+        cparams.embeddings = False
+        cparams.no_perf = not opts.verbose
+        cparams.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn
+                                   else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        with _lib.capture_log(lib, opts.verbose) as log:
+            ctx = lib.llama_init_from_model(handles.model, cparams)
+        if not ctx:
+            reason = log.reason() or f"llama.cpp could not create a context of {self.n_ctx} tokens"
+            raise ModelLoadError(self.source.name, reason)
+        handles.ctx = ctx
+        handles.batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self._kv = SequenceKV(lib, ctx, handles.batch, self.n_batch, self._tokenizer.vocab_size)
+        return self._kv
+
     def create_executor(self, *, max_sequences: int, block_size: int):
         """The ServingEngine's iteration-level executor: a second context over this model with
-        ``max_sequences`` sequences of ``n_ctx`` tokens each (see ruvllm_llamacpp.executor)."""
+        ``max_sequences`` sequences sized by ``kv_budget_mib`` (see ruvllm_llamacpp.executor)."""
         from ruvllm_llamacpp.executor import create_executor
 
         self._check_open()
-        return create_executor(self, max_sequences=max_sequences, block_size=block_size)
+        executor = create_executor(self, max_sequences=max_sequences, block_size=block_size)
+        self._executor_kv = executor.kv.describe()
+        return executor
+
+    def memory_summary(self) -> str | None:
+        """The KV this backend holds: the last executor's, and the request-level context's once
+        a generate() created it."""
+        lines = [self._executor_kv] if self._executor_kv else []
+        if self._kv is not None:
+            lines.append(f"request-level KV cache: {self.n_ctx} tokens x 1 sequence = "
+                         f"{self.n_ctx * self.kv_bytes_per_token / MIB:.1f} MiB (n_ctx)")
+        return "; ".join(lines) or None
 
     # ------------------------------------------------------------------------- the contract
     @property
@@ -239,7 +267,7 @@ class LlamaCppBackend(LlmBackend):
         return self._run(prompt, params)
 
     def _run(self, prompt: list[int], params: GenerationParams) -> Iterator[SampledToken]:
-        kv = self._kv
+        kv = self._sequence()
         ended_cleanly = False
         try:
             start = kv.reuse(prompt) if self.options.prefix_reuse else kv.clear()
@@ -266,7 +294,7 @@ class LlamaCppBackend(LlmBackend):
 
     def cached_tokens(self) -> int:
         """Tokens held in llama.cpp's KV memory right now (0 between isolated calls)."""
-        if self._handles.ctx is None:
+        if self._handles.ctx is None or self._kv is None:
             return 0
         return self._kv.engine_tokens()
 
@@ -275,10 +303,10 @@ class LlamaCppBackend(LlmBackend):
 
     @property
     def closed(self) -> bool:
-        return self._handles.ctx is None
+        return self._handles.model is None
 
     def _check_open(self) -> None:
-        if self._handles.ctx is None:
+        if self._handles.model is None:
             raise BackendError(f"the llamacpp backend for {self.source.name!r} is closed")
 
     def __repr__(self) -> str:

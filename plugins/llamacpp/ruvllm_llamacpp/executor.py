@@ -12,11 +12,15 @@ false: with the unified KV buffer, greedy output of a sequence diverged from the
 output at batch >= 4 on this build (DESIGN-NOTES), while split streams matched for every token.
 The engine's block tables are still used for capacity accounting.
 
+How many cells each stream has comes from the ``kv_budget_mib`` option (ruvllm_llamacpp.kv_budget):
+split streams are allocated whole at start-up, so their size is a memory decision, logged here.
+
 Every call must come from the engine's model thread (llama.cpp's OpenMP pool is bound to it).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -24,6 +28,10 @@ from typing import Any
 import numpy as np
 from ruvllm.errors import BackendError, InvalidRequest
 from ruvllm.executor import BatchEntry
+
+from ruvllm_llamacpp.kv_budget import KvPlan, plan_kv
+
+log = logging.getLogger(__name__)
 
 _DECODE_ERRORS = {1: "no free KV slot", 2: "aborted", -1: "invalid batch"}
 
@@ -38,16 +46,17 @@ MAX_FILL_GAP = 2
 class LlamaCppExecutor:
     kv_layout = "per_sequence"
 
-    def __init__(self, llama_cpp: ModuleType, model: Any, *, owner: Any = None, max_sequences: int,
-                 block_size: int, n_ctx_seq: int, max_batch_tokens: int, n_threads: int, n_vocab: int,
+    def __init__(self, llama_cpp: ModuleType, model: Any, *, owner: Any = None, kv: KvPlan,
+                 block_size: int, max_batch_tokens: int, n_threads: int, n_vocab: int,
                  flash_attn: bool = False):
-        if max_sequences < 1:
-            raise InvalidRequest("max_sequences", f"must be >= 1, got {max_sequences}", max_sequences)
+        max_sequences, n_ctx_seq = kv.sequences, kv.tokens
         if block_size < 1 or n_ctx_seq < block_size:
             raise InvalidRequest("block_size", f"must be in [1, {n_ctx_seq}], got {block_size}", block_size)
         self._lib = llama_cpp
         # The backend that owns the model: kept referenced so the model outlives this context.
         self._owner = owner
+        #: The KV memory this executor holds (its describe() is the start-up line).
+        self.kv = kv
         self.block_size = block_size
         self.max_sequences = max_sequences
         #: Whole blocks only, so the engine never plans a position past a stream's last cell.
@@ -72,7 +81,7 @@ class LlamaCppExecutor:
         if not ctx:
             raise BackendError(
                 f"llama.cpp could not create a context of {max_sequences} sequences x {n_ctx_seq} "
-                "tokens; lower [engine] max_num_seqs or [backends.llamacpp] n_ctx"
+                "tokens; lower [engine] max_num_seqs or [backends.llamacpp] kv_budget_mib"
             )
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
@@ -222,12 +231,16 @@ class LlamaCppExecutor:
 
 
 def create_executor(backend: Any, *, max_sequences: int, block_size: int) -> LlamaCppExecutor:
-    """An executor over ``backend``'s loaded model: each sequence gets the backend's ``n_ctx``
-    cells, and a step holds up to ``n_batch`` tokens."""
-    return LlamaCppExecutor(
-        backend.llama_cpp, backend.model_handle, owner=backend,
-        max_sequences=max_sequences, block_size=block_size,
-        n_ctx_seq=backend.n_ctx, max_batch_tokens=backend.n_batch,
-        n_threads=backend.options.n_threads, n_vocab=backend.tokenizer.vocab_size,
-        flash_attn=backend.options.flash_attn,
+    """An executor over ``backend``'s loaded model: each sequence gets the cells the backend's
+    ``kv_budget_mib`` allows (at most its ``n_ctx``), and a step holds up to ``n_batch`` tokens."""
+    kv = plan_kv(n_ctx=backend.n_ctx, sequences=max_sequences, bytes_per_token=backend.kv_bytes_per_token,
+                 budget_mib=backend.options.kv_budget_mib)
+    executor = LlamaCppExecutor(
+        backend.llama_cpp, backend.model_handle, owner=backend, kv=kv, block_size=block_size,
+        max_batch_tokens=backend.n_batch, n_threads=backend.options.n_threads,
+        n_vocab=backend.tokenizer.vocab_size, flash_attn=backend.options.flash_attn,
     )
+    # Fewer sequences or a budget exceeded is a capacity the user did not ask for: say so loudly.
+    log.log(logging.WARNING if kv.over_budget or kv.sequences < max_sequences else logging.INFO,
+            "llamacpp executor: %s", kv.describe())
+    return executor

@@ -53,5 +53,9 @@ class LlamaCppOptions:
     prefix_reuse: bool = attrs.field(default=False, validator=boolean())
     #: llama.cpp's flash attention kernels (off by default, as in llama-cpp-python).
     flash_attn: bool = attrs.field(default=False, validator=boolean())
+    #: MiB of KV the ServingEngine's executor may allocate (resident from start-up): each of its
+    #: sequences gets as many tokens as fit, up to n_ctx (see kv_budget.py). 256 gives the
+    #: embedded model 18 sequences x 512 tokens and ``ruvllm serve`` under 500 MB resident.
+    kv_budget_mib: int = attrs.field(default=256, validator=int_range(0, note="0: n_ctx for every sequence"))
     #: Let llama.cpp print its load and performance logs to stderr.
     verbose: bool = attrs.field(default=False, validator=boolean())

@@ -7,6 +7,7 @@ mistral.rs request, and several calls in flight are batched by mistral.rs (``max
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import tempfile
@@ -62,13 +63,11 @@ class MistralRsBackend(LlmBackend):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        if installed_build() is None:
+        """Checked without importing mistral.rs (``backend = "auto"`` asks every candidate before
+        the chosen one): a module that is installed but does not import fails :meth:`load`."""
+        if installed_build() is None or importlib.util.find_spec("mistralrs") is None:
             return ("mistral.rs is not installed: pip install mistralrs (or mistralrs-cuda, "
                     "mistralrs-metal, mistralrs-mkl)")
-        try:
-            import mistralrs  # noqa: F401
-        except ImportError as exc:
-            return f"the mistralrs module does not import: {exc}"
         return None
 
     @classmethod
@@ -105,6 +104,10 @@ class MistralRsBackend(LlmBackend):
         if build is None:
             raise BackendUnavailable(cls.name, cls.unavailable_reason() or "not installed")
         check_paged_attention(opts, build)
+        try:
+            import mistralrs  # noqa: F401
+        except ImportError as exc:
+            raise BackendUnavailable(cls.name, f"the mistralrs module does not import: {exc}") from exc
         return cls(model, opts, build)
 
     def __init__(self, model: ModelSource, opts: MistralRsOptions, build: Build):

@@ -8,10 +8,22 @@
 >>> ruvllm.feedback(handle.request_id, 1.0)          # or POST /v1/feedback
 
 See docs/sona.md.
+
+``Sona`` and ``SonaOptions`` import torch, and plugin discovery imports this package in every
+ruvllm process (its entry point is ``ruvllm_sona.plugin``): they are imported on first access.
 """
 
-from ruvllm_sona.controller import Sona
-from ruvllm_sona.options import SonaOptions
+import importlib
+from typing import Any
+
 from ruvllm_sona.plugin import attach, detach, sona_for
 
 __all__ = ["Sona", "SonaOptions", "attach", "detach", "sona_for"]
+
+_LAZY = {"Sona": "ruvllm_sona.controller", "SonaOptions": "ruvllm_sona.options"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -3,17 +3,22 @@
 Each engine has at most one :class:`~ruvllm_sona.controller.Sona`, attached explicitly
 (:func:`attach`) or by ``ServingEngine.from_config`` when ``[sona] enabled = true``. The hooks
 find it by engine; engines without one are left alone (a dictionary lookup on the serving path).
+
+Plugin discovery imports this module in every ruvllm process, and SONA's options and controller
+import torch (through candle_like's LoRA code): they are imported only where SONA is used, so
+an engine without a ``[sona]`` table never loads torch for it.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ruvllm
 from ruvllm.types import Trajectory
 
-from ruvllm_sona.options import SonaOptions
+if TYPE_CHECKING:
+    from ruvllm_sona.options import SonaOptions
 
 _attached: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
@@ -43,7 +48,12 @@ def sona_for(engine: Any):
 
 @ruvllm.hookimpl
 def ruvllm_engine_started(engine: Any, config: Any) -> None:
-    options = SonaOptions.from_mapping(getattr(config, "sona", None))
+    table = getattr(config, "sona", None)
+    if not table:  # no [sona] table: SONA stays off, and its torch-based options stay unimported
+        return
+    from ruvllm_sona.options import SonaOptions
+
+    options = SonaOptions.from_mapping(table)
     if options.enabled:
         attach(engine, options)
 
