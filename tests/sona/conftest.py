@@ -1,5 +1,9 @@
-"""One bf16 candle_like backend for the SONA tests (loading takes seconds), and an engine with
-SONA attached per test (no background thread unless a test starts one)."""
+"""One candle_like backend for the SONA tests (loading takes seconds), and an engine with SONA
+attached per test (no background thread unless a test starts one).
+
+The backend takes ``dtype = "auto"``, what this CPU computes fast: bf16 where it is native,
+float32 elsewhere. An explicit bf16 on an AVX2-only CPU made training's backward fall to torch's
+single-threaded reference gemm (the SONA tests ran over 20 minutes there)."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ def backend():
     from ruvllm_candle_like.backend import CandleLikeBackend
 
     b = CandleLikeBackend.load(ModelSource.from_path(embedded_model_path()),
-                               {"dtype": "bfloat16", "kv_cache_tokens": 4096})
+                               {"dtype": "auto", "kv_cache_tokens": 4096})
     yield b
     b.close()
 

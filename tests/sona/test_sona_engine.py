@@ -1,7 +1,12 @@
-"""SONA on the real engine and model (bf16 SmolLM2-135M): the instant loop records every
-finished request cheaply, feedback flows through the engine, the background loop's gradient
-steps make rated responses more (or less) likely and reach generation, EWC++ limits drift on
-held-out text, reset restores the base model exactly, and adapters round-trip as PEFT."""
+"""SONA on the real engine and model (SmolLM2-135M in the dtype auto picks for this CPU): the
+instant loop records every finished request cheaply, feedback flows through the engine, the
+background loop's gradient steps make rated responses more (or less) likely and reach
+generation, EWC++ limits drift on held-out text, reset restores the base model exactly, and
+adapters round-trip as PEFT.
+
+Sizes are a budget: every gradient step runs forward and backward through the whole 135M model
+on 2 CPU cores, so the tests train on a few short sequences (TRAIN) for a few steps, enough to
+move the model measurably and to finish in seconds in float32 as in bf16."""
 
 from __future__ import annotations
 
@@ -20,7 +25,9 @@ TOPICS = ["the sea", "a cat", "coffee", "winter"]
 HELD_OUT = ("The water cycle describes how water moves between the oceans, the air and the land. Heat "
             "from the sun evaporates water from the surface of seas and lakes, and the vapour condenses "
             "into clouds that fall again as rain or snow.")
-SAMPLE = dict(max_tokens=16, temperature=0.8)
+SAMPLE = dict(max_tokens=8, temperature=0.8)
+#: Small training batches of short sequences (prompt tail + response) and few Fisher samples.
+TRAIN = dict(interval=0, batch_size=4, fisher_batch=2, max_seq_len=40)
 
 
 def serve(engine, prompts, seeds, **params):
@@ -45,8 +52,8 @@ def mean_logprob(sona, examples, adapter_on: bool) -> float:
 
 def test_feedback_trains_publishes_and_reset_restores_base(engine, backend, ask):
     base = greedy(engine, ask)
-    sona = attach(engine, SonaOptions(interval=0, learning_rate=1e-2, steps_per_update=3, batch_size=8,
-                                      ewc_lambda=5.0), start=False)
+    sona = attach(engine, SonaOptions(**TRAIN, learning_rate=2e-2, steps_per_update=2, ewc_lambda=5.0),
+                  start=False)
     prompts = [ask(f"Write one short sentence about {t}.") for t in TOPICS]
     served = serve(engine, prompts, range(2))
     assert len(sona.store) == len(served)  # the instant loop saw every finished request
@@ -72,7 +79,7 @@ def test_feedback_trains_publishes_and_reset_restores_base(engine, backend, ask)
 
 
 def test_negative_feedback_makes_a_response_less_likely(engine, backend, ask):
-    sona = attach(engine, SonaOptions(interval=0, learning_rate=1e-2, steps_per_update=3, ewc_lambda=0.0),
+    sona = attach(engine, SonaOptions(**TRAIN, learning_rate=1e-2, steps_per_update=3, ewc_lambda=0.0),
                   start=False)
     prompt = ask("Write one short sentence about rain.")
     (rid, res), = serve(engine, [prompt], [7])
@@ -91,9 +98,10 @@ def test_ewc_limits_drift_on_held_out_text(engine, backend, ask):
     base_ppl = perplexity(backend.model, held, None)
     drift = {}
     for lam in (0.0, 1e5):
-        sona = attach(engine, SonaOptions(interval=0, learning_rate=2e-2, steps_per_update=6, batch_size=8,
-                                          ewc_lambda=lam), start=False)
-        for rid, _ in serve(engine, prompts, range(2)):
+        # Two steps: the first has no Fisher yet, so EWC++ pulls back in the second.
+        sona = attach(engine, SonaOptions(**TRAIN, learning_rate=3e-2, steps_per_update=2, ewc_lambda=lam),
+                      start=False)
+        for rid, _ in serve(engine, prompts, range(1)):
             engine.feedback(rid, 1.0)
         sona.background_step()
         ppl = perplexity(backend.model, held, sona.micro.as_plan(backend.model.dtype))
@@ -104,7 +112,7 @@ def test_ewc_limits_drift_on_held_out_text(engine, backend, ask):
 
 
 def test_deep_loop_routes_similar_prompts_and_saves_peft(engine, backend, ask, tmp_path):
-    sona = attach(engine, SonaOptions(interval=0, apply="routed", route_threshold=0.9, steps_per_update=2,
+    sona = attach(engine, SonaOptions(**TRAIN, apply="routed", route_threshold=0.9, steps_per_update=2,
                                       learning_rate=1e-2), start=False)
     prompts = [ask(f"Write one short sentence about {t}.") for t in TOPICS]
     for rid, _ in serve(engine, prompts, range(1)):
@@ -136,7 +144,7 @@ def test_deep_loop_routes_similar_prompts_and_saves_peft(engine, backend, ask, t
 def test_background_thread_learns_without_being_called(engine, backend, ask):
     import time
 
-    sona = attach(engine, SonaOptions(interval=0.2, min_feedback=1, steps_per_update=1))
+    sona = attach(engine, SonaOptions(**{**TRAIN, "interval": 0.2}, min_feedback=1, steps_per_update=1))
     assert sona_for(engine) is sona
     (rid, _), = serve(engine, [ask("Write one short sentence about tea.")], [1])
     engine.feedback(rid, 1.0)

@@ -24,13 +24,21 @@ from ruvllm.models import ModelSource
 from ruvllm.options import parse_options
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken, SpecialTokens
 
+from ruvllm_candle_like.cpu_dtype import bf16_note, warn_once
 from ruvllm_candle_like.kv_contiguous import ContiguousCache
 from ruvllm_candle_like.kv_two_tier import TwoTierCache, TwoTierSettings
 from ruvllm_candle_like.loading import LoadedModel, load
 from ruvllm_candle_like.lora import AdapterRegistry, LoraAdapter, LoraPlan, load_peft
 from ruvllm_candle_like.options import BackendOptions
+from ruvllm_candle_like.projection import PACKABLE, unpacked_note
 
 RequestCache = ContiguousCache | TwoTierCache
+
+
+def cpu_notes() -> tuple[str, ...]:
+    """What this CPU changes for the backend: the dtype auto picks without native bf16, and each
+    dtype whose weights oneDNN cannot pack here."""
+    return tuple(n for n in (bf16_note(), *(unpacked_note(d) for d in PACKABLE)) if n)
 
 
 class CandleLikeBackend(LlmBackend):
@@ -92,6 +100,7 @@ class CandleLikeBackend(LlmBackend):
         return Capabilities(
             streaming=True, executor=True, logprobs=True, core_sampler=True,
             concurrent_requests=False, paged_attention=True, lora=True, embeddings=True, device=device,
+            notes=cpu_notes() if device == "cpu" else (),
         )
 
     @classmethod
@@ -101,6 +110,8 @@ class CandleLikeBackend(LlmBackend):
         dtype = opts.resolve_dtype(device)
         if opts.n_threads is not None and device.type == "cpu":
             torch.set_num_threads(opts.n_threads)
+        if opts.prepack_weights and device.type == "cpu" and (note := unpacked_note(dtype)):
+            warn_once(f"unpacked {dtype}", "candle_like: %s", note)  # once: every projection falls back
         try:
             loaded = load(model, dtype=dtype, device=device, context_length=opts.context_length,
                           prepack=opts.prepack_weights)

@@ -15,6 +15,7 @@ oneDNN (the matmuls that dominate a decode step run 1.5x faster from it).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
@@ -149,6 +150,34 @@ class Transformer:
         expected = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
         if self.layers and self.layers[0].qkv.weight.shape[0] != expected:
             raise ModelLoadError("weights", "q/k/v projection shapes do not match the config's heads")
+
+    def cast(self, dtype: torch.dtype) -> Transformer:
+        """A copy computing in ``dtype`` (self when it already does), without packed weights.
+
+        For training beside serving: SONA's backward in bf16 on a CPU without native bf16 falls
+        to a slow reference gemm, so it trains on a float32 copy there while this model serves.
+        Gradients take the plain weights anyway, so packing the copy would only cost memory.
+        """
+        if dtype == self.dtype:
+            return self
+        twin = copy.copy(self)
+        twin.dtype = dtype
+        twin.embed = self.embed.to(dtype)
+        twin.norm = self.norm.to(dtype)
+        head = self.lm_head
+        twin.lm_head = Projection(twin.embed if head.weight is self.embed else head.weight.to(dtype),
+                                  None if head.bias is None else head.bias.to(dtype), prepack=False)
+        twin.layers = []
+        for layer in self.layers:
+            new = Layer()
+            new.ln1, new.ln2 = layer.ln1.to(dtype), layer.ln2.to(dtype)
+            for name in ("qkv", "o", "gate_up", "down"):
+                proj = getattr(layer, name)
+                setattr(new, name, Projection(proj.weight.to(dtype),
+                                              None if proj.bias is None else proj.bias.to(dtype),
+                                              prepack=False))
+            twin.layers.append(new)
+        return twin
 
     def parameter_count(self) -> int:
         n = self.embed.numel() + self.norm.numel()

@@ -14,6 +14,8 @@ import torch
 from ruvllm.errors import BackendOptionError, BackendUnavailable
 from ruvllm.options import accepts, boolean, one_of, optional, positive_int
 
+from ruvllm_candle_like.cpu_dtype import fast_cpu_dtype, warn_if_slow
+
 BACKEND = "candle_like"
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -35,8 +37,9 @@ class BackendOptions:
 
     #: auto | cpu | cuda | cuda:N | mps
     device: str = attrs.field(default="auto", validator=_device)
-    #: auto | float32 | bfloat16 | float16 (auto: float32 on CPU for llama.cpp-identical greedy
-    #: output; float16 on CUDA/MPS).
+    #: auto | float32 | bfloat16 | float16. auto: on CPU what this CPU computes fast (bfloat16
+    #: where bf16 is native, else float32; see ruvllm.hardware), float16 on CUDA/MPS. Pass
+    #: float32 for llama.cpp-faithful greedy output whatever the CPU.
     dtype: str = attrs.field(default="auto", validator=one_of(("auto", *DTYPES)))
     n_threads: int | None = attrs.field(default=None, validator=optional(positive_int()))
     #: Keep a oneDNN-packed copy of every projection for faster CPU matmuls (costs as much
@@ -99,12 +102,15 @@ class BackendOptions:
         return torch.device("mps")
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        """The compute dtype; an explicit bfloat16 the CPU has no native kernels for still runs,
+        after one warning saying what is missing and what it costs."""
         if self.dtype == "auto":
-            return torch.float32 if device.type == "cpu" else torch.float16
+            return fast_cpu_dtype() if device.type == "cpu" else torch.float16
         dtype = DTYPES[self.dtype]
         if device.type == "cpu" and dtype == torch.float16:
             raise BackendOptionError(BACKEND, "dtype", f"{self.dtype} is slow and poorly supported on CPU",
-                                     self.dtype, fix="use bfloat16 or float32 on CPU")
+                                     self.dtype, fix="use auto, bfloat16 or float32 on CPU")
+        warn_if_slow(dtype, device, BACKEND)
         return dtype
 
     def resolve_kv_dtype(self, compute: torch.dtype) -> torch.dtype:

@@ -7,31 +7,64 @@ batch-1 matmuls 1.5x faster and the 16-row ones 1.6x faster, the same greedy tok
 copy has no autograd formula, so a call that needs a gradient through its input (SONA training)
 takes the plain weight; the plain weight also stays the one every other reader (LoRA, tests,
 writers) sees.
+
+Packing does not apply everywhere: oneDNN packs no bf16 weights on a CPU without native bf16
+(AVX2 only, or ``ONEDNN_MAX_CPU_ISA`` below AVX512_CORE_BF16), and a torch build may lack the
+op. :func:`packing_unavailable` finds that out once per dtype, so the model's projections fall
+back to plain matmuls together and the backend can say so (a log line and a capabilities note)
+instead of every projection failing on its own.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+import functools
 
 import torch
 import torch.nn.functional as F
 
-log = logging.getLogger(__name__)
+from ruvllm_candle_like import cpu_dtype
+
+#: The dtypes oneDNN's linear-weight packing handles at all.
+PACKABLE = (torch.float32, torch.bfloat16)
 
 
-def _pack(weight: torch.Tensor) -> Any | None:
-    """oneDNN's packed copy of ``weight``, or None where the platform offers none."""
-    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
-        return None
+@functools.cache
+def packing_unavailable(dtype: torch.dtype) -> str | None:
+    """Why oneDNN cannot pack CPU weights of ``dtype`` here, or None when it can.
+
+    Asked of oneDNN itself (a tiny weight is packed once per dtype and process): its answer
+    depends on the ISA it dispatches to, which only it knows for sure.
+    """
+    if dtype not in PACKABLE:
+        return "oneDNN packs only float32 and bfloat16 weights"
     if not torch.backends.mkldnn.is_available():
-        return None
+        return "this torch build has no oneDNN"
     try:
-        # The batch-size hint only picks the blocking; every row count is served correctly.
-        return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
-    except (RuntimeError, AttributeError) as exc:  # a build without the op: plain matmuls
-        log.info("oneDNN weight packing unavailable (%s); using plain matmuls", exc)
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), 1)
+    except (RuntimeError, AttributeError) as exc:  # the ISA lacks the kernels, or the op is missing
+        text = str(exc).strip()
+        reason = text.splitlines()[0] if text else type(exc).__name__
+        missing = cpu_dtype.cpu_info().bf16_missing() if dtype == torch.bfloat16 else None
+        return f"{missing} (oneDNN: {reason})" if missing else f"oneDNN: {reason}"
+    return None
+
+
+def unpacked_note(dtype: torch.dtype) -> str | None:
+    """One sentence for logs and capabilities notes when ``prepack_weights`` cannot apply to
+    ``dtype`` on this CPU, or None when it can."""
+    why = packing_unavailable(dtype)
+    if why is None:
         return None
+    return (f"prepack_weights has no effect for {str(dtype).removeprefix('torch.')} on this CPU, the "
+            f"projections run plain matmuls: {why}")
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's packed copy of ``weight``, or None where the platform offers none."""
+    if weight.device.type != "cpu" or packing_unavailable(weight.dtype) is not None:
+        return None
+    # The batch-size hint only picks the blocking; every row count is served correctly.
+    return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
 
 
 class Projection:

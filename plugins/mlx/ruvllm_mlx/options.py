@@ -27,7 +27,10 @@ class MlxOptions:
     #: "quantized" keeps packed weights and runs ``mx.quantized_matmul``; "dequantized"
     #: expands them once at load to ``dtype``; "auto" picks per device (Metal: quantized).
     weights: str = attrs.field(default="auto", validator=one_of(WEIGHT_MODES))
-    #: Activation / dequantized-weight dtype; "auto" = float16 on Metal, float32 on CPU.
+    #: Activation / dequantized-weight dtype; "auto" = float16 on Metal, float32 on CPU. Unlike
+    #: candle_like's, this auto does not ask ruvllm.hardware about native bf16: MLX's CPU bf16
+    #: matmul widens to float32 in portable SIMD code whatever the CPU offers, and measured no
+    #: faster than float32 (slower at one row) on a CPU with AVX512_BF16 (docs/backends/mlx.md).
     dtype: str = attrs.field(default="auto", validator=one_of(DTYPES))
     #: "quantized" stores cached K/V with ``mx.quantize`` (affine, ``kv_bits``/``kv_group_size``).
     kv_cache: str = attrs.field(default="float", validator=one_of(KV_CACHE_MODES))

@@ -34,7 +34,7 @@ from ruvllm_sona.micro_lora import MicroLora, Pairs, combine, to_adapter, trunca
 from ruvllm_sona.options import SonaOptions
 from ruvllm_sona.patterns import Pattern, PatternBank, kmeans
 from ruvllm_sona.store import Record, TrajectoryStore
-from ruvllm_sona.trainer import Example, reward_loss, token_logprobs
+from ruvllm_sona.trainer import Example, reward_loss, token_logprobs, training_dtype
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,12 @@ class Sona:
                 raise BackendUnavailable(backend.name, "SONA trains a LoRA through the model's forward pass: "
                                          "it needs the candle_like backend (lora + embeddings)")
         self.backend = backend
-        self.model = backend.model
+        #: The model training runs through: the served one, or its copy in the training dtype
+        #: (e.g. float32 beside a bf16 model on a CPU without native bf16).
+        self.model = backend.model.cast(training_dtype(opts.dtype, backend.model))
+        if self.model is not backend.model:
+            log.info("SONA trains in %s on a copy of the %s model's weights", self.model.dtype,
+                     backend.model.dtype)
         self.cfg = self.model.cfg
         torch.manual_seed(opts.seed)
         self._rng = random.Random(opts.seed)
@@ -219,8 +224,10 @@ class Sona:
         return combine(parts)
 
     def current_adapter(self, name: str | None = None) -> LoraAdapter:
+        # Served by the backend's model, so in its dtype (not the training copy's).
+        served = self.backend.model
         return to_adapter(name or self.options.adapter_name, self.cfg, self.current_pairs(),
-                          dtype=self.model.dtype, device=self.model.device)
+                          dtype=served.dtype, device=served.device)
 
     def publish(self, adapter: LoraAdapter | None = None) -> None:
         """Swap the served adapter between two engine steps (waits until it is in place)."""

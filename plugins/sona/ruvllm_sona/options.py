@@ -12,6 +12,8 @@ import attrs
 from ruvllm.errors import ConfigError
 from ruvllm_candle_like.lora import TARGETS
 
+TRAIN_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
 
 def _check(cond: bool, key: str, what: str, value: Any) -> None:
     if not cond:
@@ -49,6 +51,11 @@ class SonaOptions:
     rank: int = attrs.field(default=2, validator=_positive_int)
     alpha: float = attrs.field(default=4.0, validator=_non_negative)
     targets: tuple[str, ...] = attrs.field(default=("q_proj", "v_proj"), converter=tuple, validator=_targets)
+    #: Compute dtype of training (auto | float32 | bfloat16 | float16). auto: the served model's
+    #: dtype, except bfloat16 on a CPU without native bf16 (where its backward falls to a slow
+    #: reference gemm): there float32, as the backend's own ``dtype = "auto"`` picks. A dtype other
+    #: than the model's trains on a copy of the weights in it (memory: one more model).
+    dtype: str = attrs.field(default="auto", validator=attrs.validators.in_(TRAIN_DTYPES))
     #: Adam learning rate and gradient steps per background run.
     learning_rate: float = attrs.field(default=5e-3, validator=_non_negative)
     steps_per_update: int = attrs.field(default=4, validator=_positive_int)

@@ -9,6 +9,10 @@ For a response ``y`` to prompt ``x`` with score ``r``:
 
 Several sequences run as one flat token list (the model's native layout) with a causal
 attention per sequence and no KV cache, so one forward/backward covers a whole batch.
+
+The step computes in :func:`training_dtype`: bf16's backward on a CPU without native bf16 fell
+to torch's single-threaded reference gemm (a 2-minute run took over 20), so there it trains in
+float32 even when the served model is bf16.
 """
 
 from __future__ import annotations
@@ -18,9 +22,30 @@ from collections.abc import Sequence
 import attrs
 import torch
 import torch.nn.functional as F
+from ruvllm.errors import ConfigError
 from ruvllm_candle_like.attention_ops import attend_sequence
+from ruvllm_candle_like.cpu_dtype import fast_cpu_dtype, native_on, warn_if_slow
 from ruvllm_candle_like.lora import LoraPlan
 from ruvllm_candle_like.model import Transformer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def training_dtype(name: str, model: Transformer) -> torch.dtype:
+    """The dtype training computes in for option ``dtype = name`` (see SonaOptions.dtype).
+
+    auto keeps the served model's dtype wherever this device computes it natively (no copy of
+    the weights) and otherwise takes the CPU's fast dtype; an explicit bf16 there is honoured
+    after one warning naming the missing CPU feature and the cost.
+    """
+    if name == "auto":
+        return model.dtype if native_on(model.dtype, model.device) else fast_cpu_dtype()
+    dtype = DTYPES[name]
+    if model.device.type == "cpu" and dtype == torch.float16:
+        raise ConfigError("[sona] dtype: float16 is slow and poorly supported on CPU; use auto, "
+                          "bfloat16 or float32")
+    warn_if_slow(dtype, model.device, "sona training")
+    return dtype
 
 
 @attrs.frozen
