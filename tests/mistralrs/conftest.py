@@ -69,9 +69,16 @@ def hf_source(hf_dir):
     return ModelSource.from_path(hf_dir)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lora_backend(hf_source):
-    """The converted model with an empty dynamic-LoRA runtime: base output until adapters load."""
+    """The converted model with an empty dynamic-LoRA runtime: base output until adapters load.
+
+    Module-scoped, not session-scoped: it holds about 0.7 GB of anonymous memory, and mistral.rs
+    refuses to load a model when its estimate exceeds the machine's *available* memory at that
+    moment ("This model does not fit on the devices"). Kept for the whole session, it was still
+    resident when test_mistralrs_xlora.py loaded its X-LoRA models, which made those two tests the
+    memory peaks of the run and the first to fail when the rest of the suite (or other processes)
+    had used up free memory; alone they passed."""
     backend = MistralRsBackend.load(hf_source, {"lora": True, "threads": 1, "max_seqs": 4})
     yield backend
     backend.close()

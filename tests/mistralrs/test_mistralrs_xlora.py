@@ -1,6 +1,22 @@
 """X-LoRA through mistral.rs: a checkpoint the tests build (two real PEFT adapters and a
 classifier) is staged in the layout mistral.rs reads; mistral.rs applies it; and the backend
-reports, with mistral.rs's own error, that this mistral.rs release cannot serve it."""
+reports, with mistral.rs's own error, that this mistral.rs release cannot serve it.
+
+Memory, not CPU, decides whether the X-LoRA loads here succeed. On CPU, mistral.rs compares its
+estimate for a model with the machine's available memory at the moment of loading and refuses
+the load below it ("This model does not fit on the devices"; about 420 MB free needed for this
+X-LoRA model, 375 MB for the plain one, measured by faking MemAvailable). These two tests used to
+load X-LoRA while the session-wide LoRA backend of test_mistralrs_hf.py (0.7 GB) was resident and
+while heap freed by the models closed before them was still held by malloc (counted as used):
+they were the memory peaks of the mistral.rs tests (RSS 1.9-2.0 GB) and, with free memory short,
+the only two to fail; alone they passed. Reproduced by bounding the memory the process may use:
+the directory run failed exactly these two at 1600 MB, alone they passed at 1600 MB. Now each
+test here has at most one model loaded at a time, none from other modules (that backend is
+module-scoped), and every load first returns freed heap to the OS
+(ruvllm_mistralrs.memory.release_freed_heap): the directory passes at 1100 MB, and below that
+it is a test_mistralrs_hf.py load that fails first. Their outputs do not depend on CPU load,
+thread count or ISA: with 2-3 busy loops, RAYON_NUM_THREADS 1 or 2 and mistral.rs's AVX2
+kernels, the greedy tokens were the same and the nearest runner-up was 0.15 nats away."""
 
 from __future__ import annotations
 
@@ -15,6 +31,7 @@ from ruvllm.models import ModelSource
 from ruvllm.options import parse_options
 from ruvllm.types import GenerationParams
 from ruvllm_mistralrs import MistralRsBackend
+from ruvllm_mistralrs.memory import release_freed_heap
 from ruvllm_mistralrs.options import MistralRsOptions
 from ruvllm_mistralrs.platform import installed_build
 from ruvllm_mistralrs.xlora import KNOWN_BROKEN, stage_xlora
@@ -43,19 +60,42 @@ def test_checkpoint_is_staged_flat_with_derived_ordering(xlora_checkpoint, hf_un
     assert config["base_model_id"] == str(hf_untied_dir) and config["hidden_size"] == 576
 
 
-def test_mistralrs_applies_the_staged_checkpoint(xlora_checkpoint, hf_untied_dir, lora_backend, tmp_path):
+def base_greedy(model_dir, ids, params):
+    """Greedy tokens and text of the plain base model in ``model_dir``: loaded, run, closed.
+
+    The X-LoRA tests take their base-model reference from a model of their own, loaded when no
+    other model of theirs is resident (see the module docstring), not from a backend shared with
+    other tests."""
+    base = MistralRsBackend.load(ModelSource.from_path(model_dir), {"threads": 1, "max_seqs": 2})
+    try:
+        return GenerationStream(base.generate(ids, params),
+                                RequestOutputBuilder(base.tokenizer, ids, params)).collect()
+    finally:
+        base.close()
+
+
+def test_mistralrs_applies_the_staged_checkpoint(xlora_checkpoint, hf_untied_dir, tmp_path, monkeypatch):
     """Straight on mistral.rs: the staged X-LoRA model loads and generates from a one-token
     prompt, differently from the same weights without X-LoRA (so the adapters and classifier are
     read and applied); a longer prompt fails inside mistral.rs. This is the limitation the
-    backend reports, shown without the backend in between."""
+    backend reports, shown without the backend in between.
+
+    One model at a time: the X-LoRA Runner is dropped before the base model is loaded, and the
+    base model is this test's own (same untied weights, no X-LoRA), so mistral.rs's load-time
+    memory check never counts a second model of this test, nor one left by other tests."""
     staged = stage_xlora({"model_id": str(xlora_checkpoint), "order": None}, hf_untied_dir, tmp_path / "s")
     template = tmp_path / "t.jinja"
     template.write_text("{% for message in messages %}{{ message['content'] }}{% endfor %}")
+    # This Runner is built without the backend, which is what sets mistral.rs's compute pool size:
+    # set it here as every backend in these tests does (threads=1) instead of inheriting whatever
+    # an earlier load in the process left (unset = one spinning thread per core).
+    monkeypatch.setenv("RAYON_NUM_THREADS", "1")
+    release_freed_heap()  # what the backend does before each load (ruvllm_mistralrs.memory)
     xl = mistralrs.Runner(which=mistralrs.Which.XLora(xlora_model_id=staged.model_id, order=staged.order,
                                                       model_id=str(hf_untied_dir)),
                           max_seqs=2, prefix_cache_n=0, token_source="none", jinja_explicit=str(template))
     try:
-        one_token = xl.tokenize_text(PROMPT_ONE_TOKEN, False, None)
+        one_token = list(xl.tokenize_text(PROMPT_ONE_TOKEN, False, None))
         assert len(one_token) == 1
         request = mistralrs.ChatCompletionRequest(
             messages=[{"role": "user", "content": PROMPT_ONE_TOKEN}], model="default", max_tokens=6,
@@ -70,32 +110,29 @@ def test_mistralrs_applies_the_staged_checkpoint(xlora_checkpoint, hf_untied_dir
             failure = str(exc)
     finally:
         del xl
-    # The base model (the same weights, lm_head tied) on the same one-token prompt.
-    params = GenerationParams(max_tokens=6, ignore_eos=True)
-    base = GenerationStream(lora_backend.generate(one_token, params),
-                            RequestOutputBuilder(lora_backend.tokenizer, one_token, params)).collect().text
+    # The base model (the same weights, without X-LoRA) on the same one-token prompt.
+    base = base_greedy(hf_untied_dir, one_token, GenerationParams(max_tokens=6, ignore_eos=True)).text
     assert with_xlora and base and with_xlora != base, (with_xlora, base)
     if installed_build().version in KNOWN_BROKEN:
         assert failure is not None and "RoPE positions length 1 does not match token count 5" in failure
 
 
-def test_backend_reports_xlora_absent_with_mistralrs_reason(xlora_checkpoint, hf_untied_dir, lora_backend):
+def test_backend_reports_xlora_absent_with_mistralrs_reason(xlora_checkpoint, hf_untied_dir):
+    """Loads one model: the X-LoRA backend (no shared backend is requested, so none is resident
+    while mistral.rs checks that this one fits in the available memory)."""
     source = ModelSource.from_path(hf_untied_dir)
     options = {"xlora": {"model_id": str(xlora_checkpoint)}, "threads": 1, "max_seqs": 2}
     if installed_build().version not in KNOWN_BROKEN:
         # A release that runs X-LoRA: it must change the base model's greedy output.
+        params = GenerationParams(max_tokens=6, ignore_eos=True)
         backend = MistralRsBackend.load(source, options)
         try:
-            params = GenerationParams(max_tokens=6, ignore_eos=True)
             ids = backend.tokenizer.encode(PROMPT)
-
-            def run(b):
-                return GenerationStream(b.generate(ids, params),
-                                        RequestOutputBuilder(b.tokenizer, ids, params)).collect().token_ids
-
-            assert run(backend) != run(lora_backend)
+            with_xlora = GenerationStream(backend.generate(ids, params),
+                                          RequestOutputBuilder(backend.tokenizer, ids, params)).collect()
         finally:
             backend.close()
+        assert with_xlora.token_ids != base_greedy(hf_untied_dir, ids, params).token_ids
         return
     with pytest.raises(BackendUnavailable) as err:
         MistralRsBackend.load(source, options)

@@ -30,6 +30,7 @@ from ruvllm_mistralrs.engine import (
     serial_prefill,
     which_for,
 )
+from ruvllm_mistralrs.memory import release_freed_heap
 from ruvllm_mistralrs.model_files import read_model_files
 from ruvllm_mistralrs.options import MistralRsOptions
 from ruvllm_mistralrs.platform import Build, installed_build
@@ -136,6 +137,9 @@ class MistralRsBackend(LlmBackend):
             os.environ["RAYON_NUM_THREADS"] = str(opts.threads)
 
         def create() -> Any:
+            # mistral.rs refuses the load if its estimate exceeds the available memory it reads
+            # now; without this, heap freed by models closed earlier in the process counts as used.
+            release_freed_heap()
             try:
                 return mistralrs.Runner(which=which, **kwargs)
             except Exception as exc:  # mistral.rs reports load failures as ValueError/RuntimeError
