@@ -9,6 +9,7 @@ that the ServingEngine drives one batched forward per step.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -34,6 +35,8 @@ from ruvllm_candle_like.projection import PACKABLE, unpacked_note
 
 RequestCache = ContiguousCache | TwoTierCache
 
+log = logging.getLogger(__name__)
+
 
 def cpu_notes() -> tuple[str, ...]:
     """What this CPU changes for the backend: the dtype auto picks without native bf16, and each
@@ -55,6 +58,8 @@ class CandleLikeBackend(LlmBackend):
         self._source = source
         self._live_tokens = 0
         self._lock = threading.Lock()
+        #: The KV line of the last executor made by create_executor (for memory_summary).
+        self._executor_kv: str | None = None
         #: Named LoRA adapters, shared by generate() and every executor of this backend.
         self.adapters = AdapterRegistry()
         cfg = loaded.config
@@ -139,7 +144,8 @@ class CandleLikeBackend(LlmBackend):
         cfg = self._loaded.config
         if self.options.kv_cache == "two_tier":
             settings = TwoTierSettings.from_options(self.options, cfg, self.model.max_positions)
-            return TwoTierCache(cfg, settings, compute_dtype=self.dtype, device=self.device)
+            return TwoTierCache(cfg, settings, compute_dtype=self.dtype, device=self.device,
+                                capacity=capacity)
         return ContiguousCache(cfg, capacity, kv_dtype=self.kv_dtype, compute_dtype=self.dtype,
                                device=self.device)
 
@@ -230,10 +236,21 @@ class CandleLikeBackend(LlmBackend):
     def create_executor(self, *, max_sequences: int, block_size: int) -> BatchExecutor:
         from ruvllm_candle_like.executor import PagedExecutor
 
-        return PagedExecutor(self.model, max_sequences=max_sequences, block_size=block_size,
-                             num_tokens=self.options.kv_cache_tokens,
-                             max_batch_tokens=self.options.max_batch_tokens, kv_dtype=self.kv_dtype,
-                             adapters=self.adapters)
+        two_tier = None
+        if self.options.kv_cache == "two_tier":
+            cfg = self._loaded.config
+            two_tier = TwoTierSettings.from_options(self.options, cfg, self.model.max_positions)
+        executor = PagedExecutor(self.model, max_sequences=max_sequences, block_size=block_size,
+                                 num_tokens=self.options.kv_cache_tokens,
+                                 max_batch_tokens=self.options.max_batch_tokens, kv_dtype=self.kv_dtype,
+                                 adapters=self.adapters, two_tier=two_tier)
+        self._executor_kv = executor.describe()
+        log.info("candle_like executor: %s", self._executor_kv)
+        return executor
+
+    def memory_summary(self) -> str | None:
+        """The KV of the last executor (printed by ``ruvllm serve`` at start-up)."""
+        return None if self._executor_kv is None else f"candle_like {self._executor_kv}"
 
     def close(self) -> None:
         self._loaded = None  # type: ignore[assignment]

@@ -10,6 +10,19 @@ part:
 - decode entries (one new token each) are attended together in one batched
   ``scaled_dot_product_attention`` over their gathered, padded KV with a validity mask;
 - prefill chunks are attended one by one over their gathered past with a causal mask.
+
+Storage is one of two kinds, chosen by the backend's ``kv_cache`` option:
+
+- ``fp16``: a 16-bit pool per layer, ``[num_blocks * block_size, Hkv, D]``, written in place and
+  gathered from directly (:class:`_PoolStep`);
+- ``two_tier``: :class:`~ruvllm_candle_like.kv_paged_two_tier.PagedTwoTier`, packed Q4/Q8 cold
+  rows for every block plus 16-bit hot slots for the blocks in each sequence's recent window;
+  a step gathers from a per-layer workspace of the cold blocks it reads (dequantised), the hot
+  slots it reads and its own new K/V.
+
+Either way a step object says where each entry's positions are (``gather``), stores a layer's
+new K/V and hands back the tensors to gather from (``sources``), and ``finish`` runs after the
+forward (the two-tier cache migrates blocks that left their window there).
 """
 
 from __future__ import annotations
@@ -23,6 +36,8 @@ from ruvllm.errors import BackendError, InvalidRequest
 from ruvllm.executor import BatchEntry
 
 from ruvllm_candle_like.attention_ops import attend_decode_batch, attend_sequence
+from ruvllm_candle_like.kv_paged_two_tier import MIB, PagedTwoTier, TwoTierStep
+from ruvllm_candle_like.kv_two_tier import TwoTierSettings
 from ruvllm_candle_like.lora import AdapterRegistry, LoraAdapter, LoraPlan
 from ruvllm_candle_like.model import Transformer
 
@@ -34,14 +49,38 @@ class _Prefill:
     start: int
 
 
+class _PoolStep:
+    """One step over the 16-bit pool: positions are pool slots, new K/V are written in place."""
+
+    def __init__(self, ex: PagedExecutor, batch: Sequence[BatchEntry]):
+        self.ex = ex
+        self.batch = batch
+        slots = [ex._slots(e.block_table, e.start_pos, e.start_pos + len(e.tokens)) for e in batch]
+        self.slots = torch.from_numpy(np.concatenate(slots)).to(ex.device)
+
+    def gather(self, i: int) -> np.ndarray:
+        e = self.batch[i]
+        return self.ex._slots(e.block_table, 0, e.start_pos + len(e.tokens))
+
+    def sources(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ex = self.ex
+        k_pool, v_pool = ex.k[layer], ex.v[layer]
+        k_pool.index_copy_(0, self.slots, k.to(ex.kv_dtype))
+        v_pool.index_copy_(0, self.slots, v.to(ex.kv_dtype))
+        return k_pool, v_pool
+
+    def finish(self) -> None:
+        return None
+
+
 class _StepAttention:
     """The per-step plan the model's forward calls back into for each layer."""
 
-    def __init__(self, ex: PagedExecutor, slots: torch.Tensor, decode_rows: torch.Tensor | None,
+    def __init__(self, ex: PagedExecutor, kv: _PoolStep | TwoTierStep, decode_rows: torch.Tensor | None,
                  decode_gather: torch.Tensor | None, decode_valid: torch.Tensor | None,
                  prefills: list[_Prefill], all_decode_in_order: bool):
         self.ex = ex
-        self.slots = slots
+        self.kv = kv
         self.decode_rows = decode_rows
         self.decode_gather = decode_gather
         self.decode_valid = decode_valid
@@ -53,10 +92,7 @@ class _StepAttention:
         return out if out.dtype == self.ex.compute_dtype else out.to(self.ex.compute_dtype)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        ex = self.ex
-        k_pool, v_pool = ex.k[layer], ex.v[layer]
-        k_pool.index_copy_(0, self.slots, k.to(ex.kv_dtype))
-        v_pool.index_copy_(0, self.slots, v.to(ex.kv_dtype))
+        k_pool, v_pool = self.kv.sources(layer, k, v)
         t, h, d = q.shape
         h_kv = k.shape[1]
         if self.decode_gather is not None:
@@ -83,7 +119,10 @@ class PagedExecutor:
     kv_layout = "paged"
 
     def __init__(self, model: Transformer, *, max_sequences: int, block_size: int, num_tokens: int,
-                 max_batch_tokens: int, kv_dtype: torch.dtype, adapters: AdapterRegistry | None = None):
+                 max_batch_tokens: int, kv_dtype: torch.dtype, adapters: AdapterRegistry | None = None,
+                 two_tier: TwoTierSettings | None = None):
+        """``two_tier``: keep KV in the two-tier cache (packed cold store + 16-bit hot window)
+        instead of the 16-bit pool."""
         if block_size < 1:
             raise InvalidRequest("block_size", f"must be >= 1; got {block_size}")
         if max_sequences < 1:
@@ -99,14 +138,39 @@ class PagedExecutor:
         self.compute_dtype = model.dtype
         self.device = model.device
         cfg = model.cfg
+        #: The two-tier store (None: the 16-bit pool in ``k``/``v``).
+        self.two_tier: PagedTwoTier | None = None
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        if two_tier is not None:
+            self.two_tier = PagedTwoTier(cfg, two_tier, num_blocks=self.num_blocks, block_size=block_size,
+                                         max_sequences=max_sequences, kv_dtype=kv_dtype, device=self.device)
+            return
         shape = (self.num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
         # Zeros, not empty: padded gather positions are masked out, but NaN garbage in V would
         # still poison the output (0 * NaN = NaN).
         self.k = [torch.zeros(shape, dtype=kv_dtype, device=self.device) for _ in range(cfg.num_layers)]
         self.v = [torch.zeros(shape, dtype=kv_dtype, device=self.device) for _ in range(cfg.num_layers)]
 
+    @property
+    def kv_cache(self) -> str:
+        """``"two_tier"`` or ``"fp16"`` (the 16-bit pool, whatever its dtype)."""
+        return "fp16" if self.two_tier is None else "two_tier"
+
     def nbytes(self) -> int:
+        """Bytes of every tensor holding KV (allocated once, whatever is in use)."""
+        if self.two_tier is not None:
+            return self.two_tier.nbytes()
         return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
+    def describe(self) -> str:
+        """One line on the KV storage and its size (logged at creation, printed by serve)."""
+        tokens = self.num_blocks * self.block_size
+        if self.two_tier is not None:
+            return f"paged KV for {tokens} tokens (kv_cache_tokens), {self.two_tier.describe()}"
+        dtype = str(self.kv_dtype).removeprefix("torch.")
+        return (f"paged KV for {tokens} tokens (kv_cache_tokens), 16-bit pool (kv_cache=fp16, {dtype}) "
+                f"{self.nbytes() / MIB:.1f} MiB")
 
     def _slots(self, table: Sequence[int], start: int, stop: int) -> np.ndarray:
         pos = np.arange(start, stop)
@@ -142,31 +206,30 @@ class PagedExecutor:
     def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
         self._check(batch)
         dev = self.device
+        kv = _PoolStep(self, batch) if self.two_tier is None else self.two_tier.begin(batch)
         tokens: list[int] = []
         positions: list[np.ndarray] = []
-        slots: list[np.ndarray] = []
         logit_rows: list[int] = []
         decode_rows: list[int] = []
         decode_lengths: list[int] = []
-        decode_tables: list[Sequence[int]] = []
+        decode_entries: list[int] = []
         prefills: list[_Prefill] = []
         # Each adapter object is taken once for the whole step: a swap published meanwhile
         # reaches the next step, never half of this one.
         spans: list[tuple[int, int, LoraAdapter | None]] = []
         row = 0
-        for e in batch:
+        for i, e in enumerate(batch):
             n = len(e.tokens)
             end = e.start_pos + n
             spans.append((row, n, None if e.adapter is None else self.adapters.resolve(e.adapter)))
             tokens.extend(e.tokens)
             positions.append(np.arange(e.start_pos, end))
-            slots.append(self._slots(e.block_table, e.start_pos, end))
             if n == 1:
                 decode_rows.append(row)
                 decode_lengths.append(end)
-                decode_tables.append(e.block_table)
+                decode_entries.append(i)
             else:
-                gather = torch.from_numpy(self._slots(e.block_table, 0, end)).to(dev)
+                gather = torch.from_numpy(kv.gather(i)).to(dev)
                 prefills.append(_Prefill(slice(row, row + n), gather, e.start_pos))
             row += n
             if e.sample:
@@ -175,23 +238,22 @@ class PagedExecutor:
         if decode_rows:
             longest = max(decode_lengths)
             gather = np.zeros((len(decode_rows), longest), dtype=np.int64)
-            for i, (table, length) in enumerate(zip(decode_tables, decode_lengths, strict=True)):
-                gather[i, :length] = self._slots(table, 0, length)
+            for i, (entry, length) in enumerate(zip(decode_entries, decode_lengths, strict=True)):
+                gather[i, :length] = kv.gather(entry)
             decode_gather = torch.from_numpy(gather).to(dev)
             lengths = torch.tensor(decode_lengths, device=dev)
             if min(decode_lengths) < longest:
                 decode_valid = torch.arange(longest, device=dev)[None, :] < lengths[:, None]
             decode_rows_t = torch.tensor(decode_rows, device=dev)
-        plan = _StepAttention(
-            self, torch.from_numpy(np.concatenate(slots)).to(dev), decode_rows_t, decode_gather,
-            decode_valid, prefills, all_decode_in_order=not prefills,
-        )
+        plan = _StepAttention(self, kv, decode_rows_t, decode_gather, decode_valid, prefills,
+                              all_decode_in_order=not prefills)
         lora = LoraPlan.for_rows(spans, dev)
         if not logit_rows:
             # Nothing to sample (e.g. only non-final prefill chunks): run for the KV only.
             self.model.forward(torch.tensor(tokens, device=dev),
                                torch.from_numpy(np.concatenate(positions)).to(dev), plan,
                                torch.tensor([0], device=dev), lora)
+            kv.finish()
             return np.zeros((0, self.model.cfg.vocab_size), dtype=np.float32)
         try:
             logits = self.model.forward(
@@ -200,10 +262,13 @@ class PagedExecutor:
             )
         except RuntimeError as exc:
             raise BackendError(f"candle_like batched forward failed: {exc}") from exc
+        kv.finish()
         return logits.cpu().numpy()
 
     def free(self, seq_id: int) -> None:
-        """Nothing to release: a sequence's KV lives in blocks the engine owns and reuses."""
+        """Nothing to release: a sequence's KV lives in blocks the engine owns and reuses (the
+        two-tier cache's hot slots too: a freed block may stay cached as a prefix, so its slot
+        is reclaimed, least recently used first, when another block needs one)."""
         return None
 
     def copy_prefix(self, src_seq_id: int, dst_seq_id: int, num_tokens: int) -> None:
@@ -219,6 +284,9 @@ class PagedExecutor:
         for s, d in pairs:
             if not (0 <= s < self.num_blocks and 0 <= d < self.num_blocks):
                 raise InvalidRequest("pairs", f"block ids must be in [0, {self.num_blocks}); got ({s}, {d})")
+        if self.two_tier is not None:
+            self.two_tier.copy_blocks(pairs)
+            return
         src = torch.tensor([p[0] for p in pairs], device=self.device)
         dst = torch.tensor([p[1] for p in pairs], device=self.device)
         for pool in (*self.k, *self.v):

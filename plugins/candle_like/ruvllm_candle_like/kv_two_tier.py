@@ -6,16 +6,22 @@ values matter little, while the most recent tokens matter most. Keeping only a s
 16 bits and the rest at 4 bits (plus one FP16 scale and minimum per head per group of
 ``group_size`` channels, for K and V separately) cuts KV memory by more than 3x.
 
-Mechanics, per layer:
+Mechanics, per layer (this module is the request-level cache; the paged executor's cold tier,
+over the engine's blocks, is :mod:`ruvllm_candle_like.kv_paged_two_tier`):
 
 - new K/V go to the hot tail (``[Hkv, hot_tokens, D]`` float16);
 - when the tail would overflow, its oldest tokens move to the cold store in batches of
   ``migrate_tokens``: asymmetric quantisation per (head, token, group), real ``uint8`` storage
-  (two 4-bit codes per byte for Q4);
+  (two 4-bit codes per byte for Q4). The cold store is preallocated (sized from the request's
+  prompt + ``max_tokens`` when the caller says so) and written in place, so a migration
+  quantises and copies only the tokens it moves: the total work is linear in the tokens
+  generated. Past its capacity it grows by doubling (amortised linear);
 - attention dequantises the cold store and attends over ``cold ++ hot ++ new`` in one
   ``scaled_dot_product_attention`` call;
-- past ``max_tokens`` retained tokens the oldest cold tokens are evicted. Keys keep the RoPE
-  rotation of their absolute positions, so the retained window stays consistent.
+- past ``max_tokens`` retained tokens the oldest cold tokens are evicted: the full cold store
+  is a ring buffer whose oldest entries the next migration overwrites. Keys keep the RoPE
+  rotation of their absolute positions, and every cold key precedes every query, so the order
+  of the cold keys inside the buffer does not change the attention result.
 """
 
 from __future__ import annotations
@@ -49,36 +55,42 @@ class TwoTierSettings:
         return cls(hot_tokens=opts.hot_tokens, migrate_tokens=opts.migrate_tokens, bits=opts.cold_bits,
                    group_size=group, max_tokens=max_tokens)
 
+    def describe(self) -> str:
+        return f"Q{self.bits} (group {self.group_size})"
+
 
 @attrs.define
 class PackedTensor:
-    """Quantised ``[Hkv, n, D]`` values: codes, and per-group scale and minimum (FP16)."""
+    """Quantised ``[A, B, D]`` values (one code per element, grouped along D): codes, and per
+    group scale and minimum (FP16)."""
 
-    codes: torch.Tensor  # uint8 [Hkv, n, D * bits / 8]
-    scale: torch.Tensor  # float16 [Hkv, n, D / group]
-    minimum: torch.Tensor  # float16 [Hkv, n, D / group]
-
-    @property
-    def length(self) -> int:
-        return self.codes.shape[1]
+    codes: torch.Tensor  # uint8 [A, B, D * bits / 8]
+    scale: torch.Tensor  # float16 [A, B, D / group]
+    minimum: torch.Tensor  # float16 [A, B, D / group]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.minimum))
 
-    def drop_front(self, n: int) -> PackedTensor:
-        return PackedTensor(self.codes[:, n:].contiguous(), self.scale[:, n:].contiguous(),
-                            self.minimum[:, n:].contiguous())
 
-    def append(self, other: PackedTensor) -> PackedTensor:
-        return PackedTensor(torch.cat([self.codes, other.codes], 1), torch.cat([self.scale, other.scale], 1),
-                            torch.cat([self.minimum, other.minimum], 1))
+def packed_width(head_dim: int, bits: int, group: int) -> tuple[int, int]:
+    """(bytes of codes, number of groups) per (head, token)."""
+    return head_dim * bits // 8, head_dim // group
+
+
+def empty_packed(a: int, b: int, head_dim: int, bits: int, group: int,
+                 device: torch.device) -> PackedTensor:
+    """Zero storage for ``[a, b, head_dim]`` packed values (zeros dequantise to 0.0)."""
+    width, groups = packed_width(head_dim, bits, group)
+    return PackedTensor(torch.zeros((a, b, width), dtype=torch.uint8, device=device),
+                        torch.zeros((a, b, groups), dtype=torch.float16, device=device),
+                        torch.zeros((a, b, groups), dtype=torch.float16, device=device))
 
 
 def quantize(x: torch.Tensor, bits: int, group: int) -> PackedTensor:
-    """Asymmetric round-to-nearest quantisation of ``x`` [Hkv, n, D] per group of channels."""
+    """Asymmetric round-to-nearest quantisation of ``x`` [A, B, D] per group of channels."""
     h, n, d = x.shape
     levels = (1 << bits) - 1
-    g = x.float().view(h, n, d // group, group)
+    g = x.float().reshape(h, n, d // group, group)
     lo = g.amin(dim=-1)
     hi = g.amax(dim=-1)
     scale = ((hi - lo) / levels).clamp_min(1e-8).half()
@@ -96,16 +108,20 @@ def dequantize(p: PackedTensor, bits: int, group: int, dtype: torch.dtype) -> to
     if bits == 4:
         codes = torch.stack([codes & 0x0F, codes >> 4], dim=-1).flatten(-2)
     h, n, d = codes.shape
-    g = codes.view(h, n, d // group, group).to(torch.float32)
+    g = codes.reshape(h, n, d // group, group).to(torch.float32)
     x = g * p.scale.float().unsqueeze(-1) + p.minimum.float().unsqueeze(-1)
     return x.view(h, n, d).to(dtype)
 
 
 class TwoTierCache:
-    """One request's KV in the two tiers (request-level path, ``kv_cache = "two_tier"``)."""
+    """One request's KV in the two tiers (request-level path, ``kv_cache = "two_tier"``).
+
+    ``capacity``: the tokens the request may reach (prompt + max_tokens), used to size the cold
+    store once; without it the store starts small and doubles as it fills.
+    """
 
     def __init__(self, cfg: ModelConfig, settings: TwoTierSettings, *, compute_dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, capacity: int | None = None):
         self.cfg = cfg
         self.settings = settings
         self._compute = compute_dtype
@@ -113,23 +129,44 @@ class TwoTierCache:
         shape = (cfg.num_kv_heads, settings.hot_tokens, cfg.head_dim)
         self.hot_k = [torch.empty(shape, dtype=torch.float16, device=device) for _ in range(cfg.num_layers)]
         self.hot_v = [torch.empty(shape, dtype=torch.float16, device=device) for _ in range(cfg.num_layers)]
-        empty = self._empty_packed()
-        self.cold_k: list[PackedTensor] = [empty] * cfg.num_layers
-        self.cold_v: list[PackedTensor] = [empty] * cfg.num_layers
+        #: Most cold tokens kept (the rest of max_tokens is the hot tail).
+        self.cold_limit = settings.max_tokens - settings.hot_tokens
+        # Cold storage is token-major, [cold capacity, Hkv, ...], so its valid part is a prefix.
         self.n_hot = 0
         self.n_cold = 0
+        # After a migration the tail keeps at least hot_tokens - migrate_tokens + 1 tokens, so a
+        # request of `capacity` tokens never holds more cold ones than this.
+        most = None if capacity is None else capacity - settings.hot_tokens + settings.migrate_tokens - 1
+        start = settings.migrate_tokens if most is None else most
+        self.cold_k: list[PackedTensor] = []
+        self.cold_v: list[PackedTensor] = []
+        self._allocate_cold(min(max(start, settings.migrate_tokens), self.cold_limit))
+        #: Slot of the oldest cold token: 0 until the store is full and the ring wraps.
+        self._head = 0
         self.position = 0
         self.evicted = 0
         self._new = 0
+        self._move = 0
+        self._evict = 0
 
-    def _empty_packed(self) -> PackedTensor:
+    def _allocate_cold(self, capacity: int) -> None:
+        """(Re)allocate the cold store for ``capacity`` tokens, keeping the ``n_cold`` held."""
         s, cfg = self.settings, self.cfg
-        h, d = cfg.num_kv_heads, cfg.head_dim
-        return PackedTensor(
-            torch.empty((h, 0, d * s.bits // 8), dtype=torch.uint8, device=self._device),
-            torch.empty((h, 0, d // s.group_size), dtype=torch.float16, device=self._device),
-            torch.empty((h, 0, d // s.group_size), dtype=torch.float16, device=self._device),
-        )
+        keep = self.n_cold
+        for store in (self.cold_k, self.cold_v):
+            for layer in range(cfg.num_layers):
+                grown = empty_packed(capacity, cfg.num_kv_heads, cfg.head_dim, s.bits, s.group_size,
+                                     self._device)
+                if keep:
+                    old = store[layer]
+                    for dst, src in zip((grown.codes, grown.scale, grown.minimum),
+                                        (old.codes, old.scale, old.minimum), strict=True):
+                        dst[:keep] = src[:keep]
+                if layer < len(store):
+                    store[layer] = grown
+                else:
+                    store.append(grown)
+        self.cold_capacity = capacity
 
     @property
     def length(self) -> int:
@@ -149,12 +186,17 @@ class TwoTierCache:
         if total > s.hot_tokens:
             over = total - s.hot_tokens
             move = -(-over // s.migrate_tokens) * s.migrate_tokens
-        cold_cap = s.max_tokens - s.hot_tokens
-        evict = max(0, self.n_cold + move - cold_cap)
+        evict = max(0, self.n_cold + move - self.cold_limit)
         return move, evict
 
     def begin(self, n_new: int) -> None:
         self._new = n_new
+        self._move, self._evict = self._plan(n_new)
+        need = self.n_cold + self._move - self._evict
+        if need > self.cold_capacity:
+            # Only before the ring has wrapped (eviction needs a full-size store), so the held
+            # tokens are the prefix [0, n_cold).
+            self._allocate_cold(min(max(need, 2 * self.cold_capacity), self.cold_limit))
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         s = self.settings
@@ -164,8 +206,10 @@ class TwoTierCache:
         parts_k = [hot_k.to(self._compute), k_new]
         parts_v = [hot_v.to(self._compute), v_new]
         if self.n_cold:
-            parts_k.insert(0, dequantize(self.cold_k[layer], s.bits, s.group_size, self._compute))
-            parts_v.insert(0, dequantize(self.cold_v[layer], s.bits, s.group_size, self._compute))
+            n = self.n_cold  # the valid prefix, or (once the ring wrapped) the whole store
+            for parts, store in ((parts_k, self.cold_k[layer]), (parts_v, self.cold_v[layer])):
+                held = PackedTensor(store.codes[:n], store.scale[:n], store.minimum[:n])
+                parts.insert(0, dequantize(held, s.bits, s.group_size, self._compute).transpose(0, 1))
         keys, values = torch.cat(parts_k, 1), torch.cat(parts_v, 1)
         out = attend_sequence(q, keys, values, self.length)
         self._store(layer, k_new, v_new)
@@ -173,20 +217,28 @@ class TwoTierCache:
 
     def _store(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
         s = self.settings
-        move, evict = self._plan(k_new.shape[1])
+        move = self._move
         for hot, cold, new in ((self.hot_k, self.cold_k, k_new), (self.hot_v, self.cold_v, v_new)):
+            # Only the hot tail and this step's tokens are copied: linear in the step's size.
             tail = torch.cat([hot[layer][:, : self.n_hot], new.to(torch.float16)], 1)
             if move:
-                packed = quantize(tail[:, :move], s.bits, s.group_size)
-                c = cold[layer].append(packed)
-                cold[layer] = c.drop_front(evict) if evict else c
+                cap = self.cold_capacity
+                first = max(0, move - cap)  # moved tokens a later one of this batch overwrites
+                packed = quantize(tail[:, first:move].transpose(0, 1), s.bits, s.group_size)
+                slots = (self._head + self.n_cold + torch.arange(first, move, device=self._device)) % cap
+                store = cold[layer]
+                store.codes.index_copy_(0, slots, packed.codes)
+                store.scale.index_copy_(0, slots, packed.scale)
+                store.minimum.index_copy_(0, slots, packed.minimum)
             kept = tail[:, move:]
             hot[layer][:, : kept.shape[1]] = kept
 
     def advance(self) -> None:
-        move, evict = self._plan(self._new)
+        move, evict = self._move, self._evict
+        if evict:
+            self._head = (self._head + evict) % self.cold_capacity
         self.n_cold += move - evict
         self.n_hot += self._new - move
         self.evicted += evict
         self.position += self._new
-        self._new = 0
+        self._new = self._move = self._evict = 0
