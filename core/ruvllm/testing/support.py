@@ -20,6 +20,10 @@ PROMPT_A = "The capital of France is"
 PROMPT_C = "def fibonacci(n):"
 #: Open-ended, so sampling at temperature 0.8 has many likely continuations.
 PROMPT_SAMPLING = "Once upon a time, in a small village,"
+#: PROMPT_A's sibling: the same first tokens, another country. Without a BOS token the suite's
+#: other prompts share no first token, so a prompt cache that compares only a prefix's start
+#: (not the whole common prefix) is only seen with a pair like this.
+PROMPT_A_SIBLING = "The capital of Japan is"
 #: A chat exchange whose reply is short, so a real model ends it with EOS.
 CHAT_SHORT_REPLY = [{"role": "user", "content": "Reply with one word: is the sky blue?"}]
 
@@ -32,6 +36,14 @@ LONG_PROMPT_TOKENS = 300
 #: the number of calls is what matters).
 MANY_CALLS = 50
 MANY_CALLS_TOKENS = 8
+#: Most two log-probabilities of the same token, from the same prompt on a backend in the same
+#: state, may differ: a deterministic engine repeats them exactly. State that shifts the logits
+#: without flipping a greedy token (positions that keep counting across requests moved them by
+#: 0.06-0.2 on llama.cpp) exceeds it by far.
+LOGPROB_TOLERANCE = 1e-3
+#: A character no model generates (Unicode private use): appended to a stop string, it makes
+#: one that the output starts but never completes.
+NEVER_GENERATED = "\ue000"
 #: Allowed growth of resident memory between call 1 and call 50 (after warm-up). A backend that
 #: keeps a request's KV (tens of KiB per token on real models) or its buffers exceeds it; the
 #: allocator's normal jitter stays far below it.

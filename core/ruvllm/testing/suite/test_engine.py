@@ -39,6 +39,12 @@ SIXTEEN_PROMPTS = (
     "The opposite of hot is", "Translate to French: cheese ->",
 )
 GREEDY = GenerationParams(max_tokens=16, temperature=0.0)
+#: The slot-reuse test: more requests than running slots, each of its own length, so requests
+#: finish out of admission order and a freed slot is taken by a later request. The engine's
+#: entries then stop coming in sequence-id order (with every request admitted at once, as in the
+#: isolation test, they always do).
+SLOT_REUSE_SLOTS = 3
+SLOT_REUSE_LENGTHS = (9, 3, 7, 2, 6, 4, 8, 5)
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +98,20 @@ def _assert_isolated_within_near_ties(engine: ServingEngine, prompts: list[list[
         "\n".join(problems)
 
 
+def _submit_held(engine: ServingEngine, prompts: list[list[int]], params: list[GenerationParams],
+                 processors: list[list] | None = None) -> list:
+    """Submit every request while the model thread waits, so the scheduler sees them all queued
+    in this order, then wait for every result."""
+    gate = threading.Event()
+    engine.call_future(gate.wait)
+    try:
+        handles = [engine.submit_sync(p, pa, logits_processors=processors[i] if processors else ())
+                   for i, (p, pa) in enumerate(zip(prompts, params, strict=True))]
+    finally:
+        gate.set()
+    return [h.result(timeout=300) for h in handles]
+
+
 class TestEngine:
     def test_isolation_under_concurrency(self, engine: ServingEngine) -> None:
         """16 distinct prompts submitted at once give, at temperature 0, what each gives alone
@@ -113,15 +133,25 @@ class TestEngine:
     def test_cancellation_mid_stream_frees_blocks(self, engine: ServingEngine) -> None:
         _require_executor(engine)
         prompt = _ids(engine, PROMPT_A)
+        # The model thread waits before its third token until the test has cancelled: without
+        # it a fast backend finishes all 64 tokens before the consumer sees its second one.
+        cancelled = threading.Event()
+
+        def hold_after_two(generated, logits):
+            if len(generated) == 2:
+                cancelled.wait(timeout=60)
+            return logits
 
         async def run() -> tuple[int, object]:
-            handle = await engine.submit(prompt, GenerationParams(max_tokens=64, ignore_eos=True))
+            handle = await engine.submit(prompt, GenerationParams(max_tokens=64, ignore_eos=True),
+                                         logits_processors=[hold_after_two])
             seen = 0
             async for _ in handle:
                 seen += 1
                 if seen == 2:
                     assert engine.metrics().kv_usage > 0
                     handle.cancel()
+                    cancelled.set()
             return seen, await handle.result()
 
         seen, result = asyncio.run(run())
@@ -212,4 +242,42 @@ class TestEngine:
             assert sorted(order, key=started.__getitem__) == ["critical", "high", "normal", "low"]
         finally:
             gate.set()
+            eng.close()
+
+    def test_slot_reuse_keeps_each_request_its_rows(self, ruvllm_llm: LLM) -> None:
+        """8 requests of different lengths through 3 running slots: as requests finish, freed
+        slots go to later requests and a step's entries are no longer in slot order. Every
+        request still gets its own logits row and its own KV: its output equals its solo run
+        (exactly, or within the near-tie rule, as in the isolation test). An executor that
+        returns rows in slot order, or keeps a freed slot's KV, fails."""
+        eng = ServingEngine(ruvllm_llm.backend, EngineOptions(max_num_seqs=SLOT_REUSE_SLOTS),
+                            owns_backend=False)
+        try:
+            texts = SIXTEEN_PROMPTS[: len(SLOT_REUSE_LENGTHS)]
+            prompts = [_ids(eng, t) for t in texts]
+            params = [GenerationParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+                      for n in SLOT_REUSE_LENGTHS]
+            exact = eng.backend.capabilities().batch_invariant or eng.path != "executor"
+            recorders = [[] if exact else [LogitsRecorder()] for _ in prompts]
+            solo = [eng.submit_sync(p, pa, logits_processors=r).result(timeout=300)
+                    for p, pa, r in zip(prompts, params, recorders, strict=True)]
+            if exact:
+                together = _submit_held(eng, prompts, params)
+                for text, a, t in zip(texts, solo, together, strict=True):
+                    assert t.token_ids == a.token_ids, (
+                        f"prompt {text!r}: {t.text!r} with slots reused != alone {a.text!r}")
+                return
+            forcers = [TeacherForcer(result.token_ids) for result in solo]
+            forced = _submit_held(eng, prompts, params, [[f] for f in forcers])
+            rule, problems = NearTieRule(), []
+            for text, result, [recorder], forcer, out in zip(texts, solo, recorders, forcers, forced,
+                                                              strict=True):
+                assert out.token_ids == result.token_ids, f"prompt {text!r}: teacher forcing did not hold"
+                for d in rule.compare(result.token_ids, recorder.rows, forcer.rows):
+                    if not d.allowed:
+                        problems.append(f"prompt {text!r}: {d.describe(eng.tokenizer.token_text)}")
+            assert not problems, ("with slots reused, requests diverged from their solo runs beyond "
+                                  "rounding:\n" + "\n".join(problems))
+            assert eng.metrics().running == 0
+        finally:
             eng.close()

@@ -7,15 +7,16 @@ on errors and answered later requests wrongly).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
 
-from ruvllm.errors import ContextLengthExceeded, InvalidRequest, UnknownBackend
+from ruvllm.errors import ContextLengthExceeded, InvalidRequest, RuvllmError, UnknownBackend
 from ruvllm.llm import LLM
 from ruvllm.models import ModelSource
 from ruvllm.testing.support import PROMPT_A, SHORT, describe
-from ruvllm.types import GenerationResult
+from ruvllm.types import GenerationParams, GenerationResult
 
 #: Tokens of the health check after each rejected request (a corrupted state shows at once).
 HEALTH_TOKENS = 8
@@ -72,6 +73,31 @@ class TestBadInput:
         assert (e.prompt_tokens, e.max_tokens, e.context_length) == (ctx + 1, SHORT, ctx)
         assert str(ctx + 1) in str(e) and str(ctx) in str(e)
         assert e.field == "prompt"
+        assert_still_healthy(llm, reference)
+
+    def test_over_long_prompt_sent_to_the_backend_leaves_no_state(self, ruvllm_llm: LLM,
+                                                                  reference: GenerationResult) -> None:
+        """Core rejects a prompt that does not fit before any backend sees it (above), so a
+        backend's own guard is only reached by a caller that drives the backend directly (an
+        engine of its own, a test). Handed context_length + 1 tokens, the backend refuses (a
+        ruvllm error, ideally ContextLengthExceeded) or returns without a token; either way the
+        next request is unaffected. A guard that lets part of the prompt into the KV before it
+        gives up must not leave that KV behind."""
+        llm = ruvllm_llm
+        ctx = llm.info.context_length
+        filler = llm.tokenizer.encode(" hello", add_special=False)[-1]
+        produced = []
+        try:
+            tokens = iter(llm.backend.generate([filler] * (ctx + 1), GenerationParams(max_tokens=1)))
+            try:
+                produced = list(itertools.islice(tokens, 1))
+            finally:
+                close = getattr(tokens, "close", None)
+                if close is not None:
+                    close()
+        except RuvllmError:
+            pass
+        assert not produced, f"the backend generated {produced} from {ctx + 1} prompt tokens (context {ctx})"
         assert_still_healthy(llm, reference)
 
     def test_prompt_plus_max_tokens_over_context(self, ruvllm_llm: LLM,

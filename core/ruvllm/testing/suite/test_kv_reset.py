@@ -13,16 +13,19 @@ import pytest
 
 from ruvllm.llm import LLM
 from ruvllm.testing.support import (
+    LOGPROB_TOLERANCE,
     LONG_PROMPT_TOKENS,
     MANY_CALLS,
     MANY_CALLS_TOKENS,
     MEDIUM,
     PROMPT_A,
+    PROMPT_A_SIBLING,
     PROMPT_C,
     RSS_GROWTH_LIMIT_MIB,
     SHORT,
     describe,
     long_prompt,
+    require,
     rss_bytes,
 )
 from ruvllm.types import GenerationResult
@@ -116,4 +119,43 @@ class TestKvReset:
         assert growth_mib < RSS_GROWTH_LIMIT_MIB, (
             f"RSS grew by {growth_mib:.1f} MiB over {MANY_CALLS - 1} identical calls "
             f"(limit {RSS_GROWTH_LIMIT_MIB} MiB)"
+        )
+
+    def test_prompts_sharing_a_prefix_stay_isolated(self, ruvllm_llm: LLM) -> None:
+        """A prompt that starts like the previous one gives what it gives after an unrelated
+        prompt. A prompt cache that keeps the previous call's KV when only the start of the
+        prompts matches (not the whole common prefix) runs it on the other prompt's tokens."""
+        llm = ruvllm_llm
+        sibling, a = llm.encode(PROMPT_A_SIBLING), llm.encode(PROMPT_A)
+        assert sibling[0] == a[0] and sibling != a
+        llm.generate(PROMPT_C, max_tokens=1)  # an unrelated first token: nothing to reuse
+        fresh = llm.generate(sibling, max_tokens=MANY_CALLS_TOKENS)
+        llm.generate(PROMPT_C, max_tokens=1)  # so that A itself runs clean (its KV is A's)
+        llm.generate(a, max_tokens=MANY_CALLS_TOKENS)
+        after_a = llm.generate(sibling, max_tokens=MANY_CALLS_TOKENS)
+        assert after_a.token_ids == fresh.token_ids, (
+            f"{PROMPT_A_SIBLING!r} changed when it followed {PROMPT_A!r}, which shares its first "
+            f"tokens: state of the previous call was reused.\n after {PROMPT_C!r}: {describe(fresh)}\n "
+            f"after {PROMPT_A!r}: {describe(after_a)}"
+        )
+
+    def test_logprobs_unchanged_by_earlier_requests(self, ruvllm_llm: LLM) -> None:
+        """PROMPT_A's greedy tokens and their log-probabilities repeat (within LOGPROB_TOLERANCE)
+        after another request. Equal tokens alone can hide state that shifts the logits: with
+        rotary embeddings attention sees relative positions only, so a backend that clears the
+        KV but lets positions keep counting across requests mostly picks the same tokens."""
+        llm = ruvllm_llm
+        require(llm, "logprobs", "the engine does not expose token probabilities")
+        first = llm.generate(PROMPT_A, max_tokens=SHORT, logprobs=0)
+        llm.generate(PROMPT_C, max_tokens=SHORT)
+        again = llm.generate(PROMPT_A, max_tokens=SHORT, logprobs=0)
+        assert again.token_ids == first.token_ids, f"{describe(first)} -> {describe(again)}"
+        assert first.logprobs is not None and again.logprobs is not None
+        moved = [(i, a.logprob, b.logprob) for i, (a, b) in enumerate(zip(first.logprobs, again.logprobs,
+                                                                          strict=True))
+                 if abs(a.logprob - b.logprob) > LOGPROB_TOLERANCE]
+        assert not moved, (
+            f"the same greedy tokens came with other log-probabilities after one more request (more "
+            f"than {LOGPROB_TOLERANCE} apart): state of an earlier call reached the logits. "
+            f"(position, first, again): {moved}"
         )

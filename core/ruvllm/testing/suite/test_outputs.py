@@ -15,6 +15,7 @@ from ruvllm.llm import LLM
 from ruvllm.testing.support import (
     CHAT_SHORT_REPLY,
     MEDIUM,
+    NEVER_GENERATED,
     PROMPT_A,
     PROMPT_C,
     SHORT,
@@ -23,6 +24,7 @@ from ruvllm.testing.support import (
     stop_across_boundary,
     stop_inside_text,
 )
+from ruvllm.tokenizer import REPLACEMENT
 from ruvllm.types import FinishReason
 
 #: Tokens allowed for the model to end a short chat reply with EOS.
@@ -78,6 +80,26 @@ class TestOutputs:
         assert result.text == expected, f"stop {stop!r}: {result.text!r} != {expected!r}"
         assert streamed == result.text
         assert full.token_ids[: len(result.token_ids)] == result.token_ids
+
+    def test_max_tokens_releases_held_back_stop_prefix(self, ruvllm_llm: LLM) -> None:
+        """A request that reaches max_tokens while its text ends with the start of a stop string
+        (held back in case the next token completes it) still delivers that text, streamed and
+        in the result: the stop string never happened. Streaming that holds back tokens for a
+        possible stop and ends on its own max_tokens count loses them."""
+        llm = ruvllm_llm
+        full = llm.generate(PROMPT_A, max_tokens=SHORT, ignore_eos=True)
+        tail = full.text.rstrip(REPLACEMENT)[-3:]
+        if not tail:
+            pytest.skip(f"{llm.backend_name}'s greedy output ends without text to hold back: {full.text!r}")
+        stop = tail + NEVER_GENERATED
+        stream = llm.stream(PROMPT_A, max_tokens=SHORT, ignore_eos=True, stop=[stop])
+        streamed = "".join(p.text for p in stream)
+        result = stream.result
+        assert result is not None
+        assert result.finish_reason is FinishReason.LENGTH, f"stop {stop!r}: {describe(result)}"
+        assert result.token_ids == full.token_ids, f"stop {stop!r}: {describe(result)} != {describe(full)}"
+        assert result.text == full.text, f"stop {stop!r}: the held-back {tail!r} was not released"
+        assert streamed == full.text, f"stop {stop!r}: streamed {streamed!r} != {full.text!r}"
 
     def test_stop_token_id_ends_request(self, ruvllm_llm: LLM) -> None:
         """A stop token id (here the 6th greedy token) ends the request on that token."""

@@ -8,6 +8,9 @@ from ruvllm.testing.support import MEDIUM, PROMPT_A, PROMPT_SAMPLING, describe, 
 SEED = 1234
 OTHER_SEEDS = (4321, 99, 7)
 TEMPERATURE = 0.8
+#: A nearly greedy and a very flat temperature: sampled with one seed, they agree on 32 tokens
+#: only if the temperature never reaches the sampler.
+COOL, HOT = 0.2, 1.5
 _WHY_SEED = ("sampling runs inside the engine, so ruvllm cannot promise that a seed reproduces "
              "the same tokens")
 
@@ -45,4 +48,16 @@ class TestDeterminism:
         greedy = ruvllm_llm.generate(PROMPT_SAMPLING, max_tokens=MEDIUM, ignore_eos=True)
         assert any(r.token_ids != greedy.token_ids for r in [base, *others]), (
             "sampling at temperature 0.8 gave the greedy output for every seed: temperature ignored"
+        )
+
+    def test_temperature_changes_output(self, ruvllm_llm: LLM) -> None:
+        """The same seed at temperature 0.2 and at 1.5 gives different tokens. A backend that
+        treats the temperature as "sample or not" (greedy at 0, one fixed temperature above)
+        passes the seed tests above but not this one."""
+        params = dict(max_tokens=MEDIUM, seed=SEED, ignore_eos=True)
+        cool = ruvllm_llm.generate(PROMPT_SAMPLING, temperature=COOL, **params)
+        hot = ruvllm_llm.generate(PROMPT_SAMPLING, temperature=HOT, **params)
+        assert cool.token_ids != hot.token_ids, (
+            f"temperatures {COOL} and {HOT} with seed {SEED} gave the same {MEDIUM} tokens: the "
+            f"temperature does not reach the sampler. {describe(cool)}"
         )
