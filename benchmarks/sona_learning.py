@@ -124,7 +124,7 @@ def run(engine, backend, args, *, ewc_lambda: float, label: str, held_out_ids, e
                 engine.feedback(rid, 1.0 if good else args.miss_score)
             gen_s = time.perf_counter() - t0
             # The background loop, on demand (its thread runs the same step periodically).
-            engine.hooks.ruvllm_sona_background(engine=engine)
+            engine.hooks.ruvllm_step_idle(engine=engine)
             stats = sona.last_stats
             rounds.append({"round": r + 1, "train_rate": hits / len(results), "loss": stats.get("loss"),
                            "ewc_penalty": stats.get("ewc_penalty"), "serve_s": round(gen_s, 1),

@@ -2,7 +2,9 @@
 
 Each error says what was wrong and how to fix it, so that the CLI can print one line and the
 server can map it to an HTTP status without guessing. The shape follows httpx: a single root,
-a few families below it, and data on the exception rather than only in the message.
+a few families below it, and data on the exception rather than only in the message. Every error
+class core and the bundled plugins raise is defined here, each with its ``http_status`` and
+``error_type`` (tests/core/test_core_errors.py keeps it that way); other modules import them.
 """
 
 from __future__ import annotations
@@ -26,28 +28,60 @@ class ConfigError(RuvllmError):
     error_type = "config_error"
 
 
-class BackendOptionError(ConfigError):
-    """One ``[backends.<backend>]`` option is unknown or out of range.
+class OptionError(ConfigError):
+    """One option of a ruvllm.toml table (``[engine]``, ``[sona]``, ``[backends.<name>]``) is
+    unknown or out of range.
 
-    Carries the backend, the option and the rejected value, so callers need not parse the
-    message; the message names ``backends.<backend>.<option>``, what is wrong and what is
-    accepted. Raised by :func:`ruvllm.options.parse_options` and its validators.
+    Carries the table, the option and the rejected value, so callers need not parse the
+    message; the message names ``<table>.<option>``, what is wrong and what is accepted. Raised by
+    :func:`ruvllm.options.parse_options` / :func:`ruvllm.options.parse_table` and their
+    validators; :meth:`for_table` picks the subclass a table's errors have.
     """
 
-    def __init__(self, backend: str, option: str, reason: str, value: Any = None, *, fix: str | None = None):
-        self.backend = backend
+    def __init__(self, table: str, option: str, reason: str, value: Any = None, *, fix: str | None = None):
+        self.table = table
         self.option = option
         self.reason = reason
         self.value = value
         if fix is None:
-            fix = (f"set it in the [backends.{backend}] table of ruvllm.toml "
-                   f"or with --option {option}=VALUE")
-        super().__init__(f"backends.{backend}.{option}: {reason}; {fix}")
+            fix = f"set it in the [{table}] table of ruvllm.toml"
+        super().__init__(f"{table}.{option}: {reason}; {fix}")
 
     @property
     def field(self) -> str:
         """The option's name, under the attribute name :class:`InvalidRequest` uses."""
         return self.option
+
+    @staticmethod
+    def for_table(table: str, option: str, reason: str, value: Any = None, *,
+                  fix: str | None = None) -> OptionError:
+        """The error for ``option`` of ``table``: :class:`BackendOptionError` for
+        ``backends.<name>``, :class:`EngineOptionError` for ``engine``, else an OptionError."""
+        if table.startswith("backends."):
+            return BackendOptionError(table.removeprefix("backends."), option, reason, value, fix=fix)
+        if table == EngineOptionError.TABLE:
+            return EngineOptionError(option, reason, value, fix=fix)
+        return OptionError(table, option, reason, value, fix=fix)
+
+
+class BackendOptionError(OptionError):
+    """One ``[backends.<backend>]`` option is unknown or out of range (``backend`` names it)."""
+
+    def __init__(self, backend: str, option: str, reason: str, value: Any = None, *, fix: str | None = None):
+        self.backend = backend
+        if fix is None:
+            fix = (f"set it in the [backends.{backend}] table of ruvllm.toml "
+                   f"or with --option {option}=VALUE")
+        super().__init__(f"backends.{backend}", option, reason, value, fix=fix)
+
+
+class EngineOptionError(OptionError):
+    """One ``[engine]`` option (:class:`ruvllm.engine.EngineOptions`) is unknown or out of range."""
+
+    TABLE = "engine"
+
+    def __init__(self, option: str, reason: str, value: Any = None, *, fix: str | None = None):
+        super().__init__(self.TABLE, option, reason, value, fix=fix)
 
 
 class PluginError(RuvllmError):
@@ -141,11 +175,36 @@ class ContextLengthExceeded(InvalidRequest):
         )
 
 
+class FeedbackNotFound(RuvllmError):
+    """Feedback names a request no learning plugin holds (never served, evicted, or no learning
+    plugin attached to the engine); see :mod:`ruvllm.feedback`."""
+
+    http_status = 404
+    error_type = "not_found_error"
+
+
 class Cancelled(RuvllmError):
     """The request was cancelled by its caller before it finished."""
 
     http_status = 499
     error_type = "cancelled"
+
+
+class RequestTimedOut(Cancelled):
+    """The request passed its deadline; ``partial`` holds the GenerationResult of what it had
+    generated (the engine fills it in when it ends the request)."""
+
+    http_status = 504
+    error_type = "timeout"
+
+    def __init__(self, request_id: str, timeout: float, partial: Any = None):
+        self.request_id = request_id
+        self.timeout = timeout
+        self.partial = partial
+        super().__init__(
+            f"request {request_id} did not finish within its {timeout:g} s timeout; raise the "
+            "timeout (submit(timeout=...) or [engine] request_timeout) or lower max_tokens"
+        )
 
 
 class Overloaded(RuvllmError):
@@ -157,6 +216,13 @@ class Overloaded(RuvllmError):
     def __init__(self, message: str, retry_after: float = 1.0):
         self.retry_after = retry_after
         super().__init__(message)
+
+
+class EngineClosed(RuvllmError):
+    """The engine was shut down; create a new one."""
+
+    http_status = 503
+    error_type = "engine_closed"
 
 
 class BackendError(RuvllmError):

@@ -1,8 +1,9 @@
-"""User feedback on finished requests, delivered to the learning plugins (SONA).
+"""User feedback on finished requests, delivered to the learning plugins (e.g. SONA).
 
 ``send_feedback(request_id, score)`` validates the score and hands it to the
-``ruvllm_sona_feedback`` hook; an id no plugin knows (never served, evicted, or no learning
-plugin attached) is :class:`FeedbackNotFound` (HTTP 404), a bad score is InvalidRequest (400).
+``ruvllm_feedback`` hook; an id no plugin knows (never served, evicted, or no learning
+plugin attached) is :class:`~ruvllm.errors.FeedbackNotFound` (HTTP 404), a bad score is
+InvalidRequest (400).
 """
 
 from __future__ import annotations
@@ -10,14 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ruvllm.errors import InvalidRequest, RuvllmError
-
-
-class FeedbackNotFound(RuvllmError):
-    """No learning plugin holds a finished request with this id."""
-
-    http_status = 404
-    error_type = "not_found_error"
+from ruvllm.errors import FeedbackNotFound, InvalidRequest
 
 
 def check_score(score: Any) -> float:
@@ -37,7 +31,7 @@ def send_feedback(request_id: str, score: float, *, hooks: Any = None) -> None:
         from ruvllm.plugins import get_registry
 
         hooks = get_registry().pm.hook
-    if not hooks.ruvllm_sona_feedback(request_id=request_id, score=score):
+    if not hooks.ruvllm_feedback(request_id=request_id, score=score):
         raise FeedbackNotFound(
             f"no finished request {request_id!r} is waiting for feedback (unknown id, too old, or no "
             "learning plugin is attached to the engine: enable [sona])"

@@ -1,8 +1,10 @@
 """Hook specifications: how plugins extend ruvllm.
 
 Backends register through :func:`ruvllm_register_backends` (the shape simonw/llm uses for
-models). The SONA hooks describe the three learning loops; core calls them, and the default
-SONA plugin implements them.
+models). The other hooks are named for what happens in core, not for the plugin that listens:
+a request finished (:func:`ruvllm_request_finished`), a user scored one (:func:`ruvllm_feedback`),
+there is time for deferred work (:func:`ruvllm_step_idle`), a request needs an adapter
+(:func:`ruvllm_select_adapter`). Learning plugins (SONA) implement them; core never names one.
 """
 
 from __future__ import annotations
@@ -41,32 +43,29 @@ def ruvllm_engine_started(engine: Any, config: Any) -> None:
 
 
 @hookspec
-def ruvllm_sona_instant(engine: Any, trajectory: Trajectory) -> None:
-    """Instant loop: called on the engine's model thread for every request that finished with
-    a result (``trajectory.feedback`` is None: feedback arrives later, by
-    :func:`ruvllm_sona_feedback`).
+def ruvllm_request_finished(engine: Any, trajectory: Trajectory) -> None:
+    """A request of ``engine`` finished with a result: called on the engine's model thread, for
+    every such request, before its caller sees the result (so feedback sent right after finds
+    it). ``trajectory.feedback`` is None: feedback arrives later, by :func:`ruvllm_feedback`.
 
-    Must cost well under a millisecond: record, never train or run the model, here.
+    Must cost well under a millisecond: record, never train or run the model, here. An exception
+    is logged and does not reach the request.
     """
 
 
 @hookspec(firstresult=True)
-def ruvllm_sona_feedback(request_id: str, score: float) -> bool | None:
+def ruvllm_feedback(request_id: str, score: float) -> bool | None:
     """A user's score in [-1, 1] for a finished request (the id the engine or the server's
-    completion gave). Return True when the id was known and the score recorded."""
+    completion gave; see :mod:`ruvllm.feedback`). Return True when the id was known and the score
+    recorded, None to leave it to other plugins."""
 
 
 @hookspec
-def ruvllm_sona_background(engine: Any) -> None:
-    """Background loop: run off the serving path (the plugin's own thread, or on demand) to
-    turn buffered feedback into adapter updates; new adapter versions are published with
-    ``engine.publish`` so the swap happens between engine steps."""
-
-
-@hookspec
-def ruvllm_sona_deep(engine: Any, reason: str) -> None:
-    """Deep loop: consolidate adapters and patterns; triggered by accumulated feedback or on
-    demand (``reason`` says which)."""
+def ruvllm_step_idle(engine: Any) -> None:
+    """Run deferred work for ``engine`` now, off the serving path: on the caller's thread (a
+    plugin's own timer, a test, a benchmark), never the model thread. Learning plugins turn the
+    feedback they buffered into adapter updates here and publish them with ``engine.publish`` so
+    the swap happens between two engine steps. Core's serving path does not call it."""
 
 
 @hookspec(firstresult=True)

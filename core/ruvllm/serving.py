@@ -90,6 +90,11 @@ class AsyncEngine(Protocol):
     #: "executor" (iteration-level continuous batching) or "request" (request-level path).
     path: str
 
+    async def encode_async(self, text: str, *, add_special: bool = True,
+                           parse_special: bool = False) -> list[int]:
+        """Token ids of the prompt ``text`` (not empty), tokenized off the caller's event loop."""
+        ...
+
     async def submit(
         self,
         prompt_ids: Sequence[int],

@@ -10,8 +10,7 @@ import time
 import pytest
 from engine_fakes import FakeBackend, PagedFakeExecutor, PerSeqFakeExecutor, reference_greedy
 from ruvllm.engine import EngineOptions, RequestTimedOut, ServingEngine
-from ruvllm.engine.options import EngineOptionError
-from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest, Overloaded
+from ruvllm.errors import BackendError, ContextLengthExceeded, EngineOptionError, InvalidRequest, Overloaded
 from ruvllm.types import FinishReason, GenerationParams
 
 P = [[1, 2, 3, 4, 5], [7, 7, 7], [11, 3, 9, 30, 2, 2, 8, 1, 5]]

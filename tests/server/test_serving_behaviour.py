@@ -13,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import API_KEY, start_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+#: Labels every ruvllm series carries (what is served, by which backend).
+SERIES_LABELS = ("model_name", "model", "backend")
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -20,7 +22,7 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("model_name", "backend")))
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in SERIES_LABELS))
             out[(s.name, labels)] = s.value
     return out
 
@@ -40,6 +42,10 @@ def test_metrics_parse_and_count(server, client, model_name):
                  "ruvllm:request_queue_time_seconds_count", "ruvllm:time_per_output_token_seconds_count"):
         assert (name, ()) in after, name
     assert after[("ruvllm:request_success_total", (("finished_reason", "length"),))] >= 1
+    series = [s for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+              for s in f.samples if s.name.startswith("ruvllm:")]
+    assert series and all(set(SERIES_LABELS) <= set(s.labels) for s in series)
+    assert {s.labels["model"] for s in series} == {server.engine.info.name}
 
 
 def _cancelled(url: str) -> float:
@@ -108,7 +114,10 @@ def test_full_queue_is_503_with_retry_after(tiny_queue_server):
     with httpx.Client(timeout=60) as http, \
             http.stream("POST", srv.base_url + "/completions", json=body, headers=AUTH) as first:
         assert first.status_code == 200
-        next(first.iter_lines())  # running now
+        # Running now. The iterator is kept: a discarded one is closed at once, and httpx then
+        # closes the connection, which cancels the request.
+        first_lines = first.iter_lines()
+        next(first_lines)
         with http.stream("POST", srv.base_url + "/completions", json=body, headers=AUTH) as second:
             assert second.status_code == 200  # waits in the queue
             third = http.post(srv.base_url + "/completions", json={**body, "stream": False, "max_tokens": 1},

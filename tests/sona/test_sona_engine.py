@@ -14,8 +14,7 @@ import json
 
 import pytest
 import torch
-from ruvllm.errors import InvalidRequest
-from ruvllm.feedback import FeedbackNotFound
+from ruvllm.errors import FeedbackNotFound, InvalidRequest
 from ruvllm.types import GenerationParams
 from ruvllm_candle_like.lora import LoraPlan, load_peft
 from ruvllm_sona import SonaOptions, attach, sona_for
@@ -68,7 +67,7 @@ def test_feedback_trains_publishes_and_reset_restores_base(engine, backend, ask)
     examples = [Example(tuple(p), tuple(r.token_ids)) for p, (_, r) in
                 zip([p for _ in range(2) for p in prompts], served, strict=True)][: len(liked)]
     before = mean_logprob(sona, examples, adapter_on=True)
-    stats = engine.hooks.ruvllm_sona_background(engine=engine) or sona.last_stats
+    stats = engine.hooks.ruvllm_step_idle(engine=engine) or sona.last_stats
     assert stats["examples"] == len(liked) and sona.version == 1
     assert mean_logprob(sona, examples, adapter_on=True) > before + 0.05  # liked answers became likelier
     assert "sona" in backend.adapter_names()

@@ -14,7 +14,7 @@ import logging
 
 import pytest
 import torch
-from ruvllm.errors import ConfigError
+from ruvllm.errors import OptionError
 from ruvllm.hardware import BF16_WITHOUT_NATIVE_COST, CpuInfo
 from ruvllm.types import Trajectory
 from ruvllm_candle_like.config import ModelConfig
@@ -109,7 +109,7 @@ def test_explicit_bf16_is_honoured_after_one_warning(emulated_cpu, caplog):
 
 
 def test_float16_training_on_cpu_is_refused():
-    with pytest.raises(ConfigError, match=r"\[sona\] dtype: float16"):
+    with pytest.raises(OptionError, match=r"^sona\.dtype: float16"):
         training_dtype("float16", tiny_model(torch.float32))
 
 

@@ -5,12 +5,15 @@ docs/engine.md for the architecture (queue -> scheduler -> executor step -> samp
 """
 
 from ruvllm.engine.block_manager import BlockManager, PrefixHit
-from ruvllm.engine.engine import EngineClosed, ServingEngine
+from ruvllm.engine.engine import ServingEngine
 from ruvllm.engine.handles import RequestHandle, SyncRequestHandle
-from ruvllm.engine.live import RequestTimedOut
-from ruvllm.engine.options import EngineOptionError, EngineOptions
+from ruvllm.engine.options import EngineOptions
 from ruvllm.engine.request import Priority, RequestState, SchedRequest
 from ruvllm.engine.scheduler import Policy, Scheduler, SchedulerConfig, StepPlan
+
+# The engine's errors live in ruvllm.errors with every other; re-exported here because
+# ``from ruvllm.engine import RequestTimedOut`` (and EngineClosed, EngineOptionError) is public.
+from ruvllm.errors import EngineClosed, EngineOptionError, RequestTimedOut
 
 __all__ = [
     "BlockManager",

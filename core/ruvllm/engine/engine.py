@@ -28,10 +28,10 @@ from ruvllm.engine.executor_core import ExecutorCore
 from ruvllm.engine.handles import AsyncSink, RequestHandle, Sink, SyncRequestHandle, SyncSink
 from ruvllm.engine.live import LiveRequest
 from ruvllm.engine.metrics import EngineMetrics
-from ruvllm.engine.options import EngineOptionError, EngineOptions
+from ruvllm.engine.options import EngineOptions
 from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.request_level import RequestLevelCore
-from ruvllm.errors import BackendError, InvalidRequest, Overloaded, RuvllmError
+from ruvllm.errors import BackendError, EngineClosed, EngineOptionError, InvalidRequest, Overloaded
 from ruvllm.generation import RequestOutputBuilder, check_prompt
 from ruvllm.sampling import LogitsProcessor, Sampler
 from ruvllm.serving import MetricsSnapshot
@@ -44,13 +44,6 @@ BackendSource = LlmBackend | Callable[[], LlmBackend]
 _STOP = ("stop",)
 
 
-class EngineClosed(RuvllmError):
-    """The engine was shut down; create a new one."""
-
-    http_status = 503
-    error_type = "engine_closed"
-
-
 class ServingEngine:
     """Implements :class:`ruvllm.serving.AsyncEngine`.
 
@@ -61,8 +54,8 @@ class ServingEngine:
     def __init__(self, backend: BackendSource, options: EngineOptions | None = None, *,
                  owns_backend: bool | None = None, hooks: Any = None):
         self.options = options or EngineOptions()
-        # The plugins' hook relay (SONA's instant loop and adapter router); None: the
-        # process-wide registry's.
+        # The plugins' hook relay (request_finished, select_adapter: e.g. SONA's instant loop
+        # and adapter router); None: the process-wide registry's.
         self._hooks = hooks
         self._owns_backend = (not isinstance(backend, LlmBackend)) if owns_backend is None else owns_backend
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -270,19 +263,20 @@ class ServingEngine:
 
     def _finished(self, request_id: str, prompt: tuple[int, ...], adapter: str | None,
                   result: GenerationResult) -> None:
-        """SONA's instant loop, on the model thread, for every request that produced a result."""
-        hook = self._hooks.ruvllm_sona_instant if self._hooks is not None else None
+        """The ``ruvllm_request_finished`` hook, on the model thread, for every request that produced
+        a result (learning plugins record the trajectory there)."""
+        hook = self._hooks.ruvllm_request_finished if self._hooks is not None else None
         if hook is None or not hook.get_hookimpls():
             return
         try:
             hook(engine=self, trajectory=Trajectory(request_id=request_id, prompt_ids=prompt,
                                                     output_ids=result.token_ids, adapter=adapter))
         except Exception:  # a learning plugin must never break serving
-            log.exception("ruvllm_sona_instant failed")
+            log.exception("ruvllm_request_finished failed")
 
     @property
     def hooks(self) -> Any:
-        """The plugin hook relay this engine calls (SONA's loops, adapter routing)."""
+        """The plugin hook relay this engine calls (finished requests, feedback, adapter routing)."""
         return self._hooks
 
     def feedback(self, request_id: str, score: float) -> None:

@@ -11,13 +11,13 @@ import logging
 import time
 
 from ruvllm.engine.block_manager import BlockManager
-from ruvllm.engine.live import LiveRequest, RequestTimedOut
+from ruvllm.engine.live import LiveRequest
 from ruvllm.engine.metrics import EngineMetrics
 from ruvllm.engine.options import EngineOptions
 from ruvllm.engine.request import RequestState
 from ruvllm.engine.scheduler import Scheduler
 from ruvllm.engine.slots import DonorSlotPool, SlotPool
-from ruvllm.errors import BackendError
+from ruvllm.errors import BackendError, RequestTimedOut
 from ruvllm.executor import BatchEntry, BatchExecutor
 from ruvllm.types import FinishReason
 

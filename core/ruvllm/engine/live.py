@@ -12,26 +12,10 @@ import time
 from ruvllm.engine.handles import Sink
 from ruvllm.engine.metrics import EngineMetrics
 from ruvllm.engine.request import SchedRequest
-from ruvllm.errors import Cancelled
+from ruvllm.errors import RequestTimedOut
 from ruvllm.generation import RequestOutputBuilder
 from ruvllm.sampling import Sampler
 from ruvllm.types import FinishReason, GenerationParams, SampledToken, Timings, TokenOutput
-
-
-class RequestTimedOut(Cancelled):
-    """The request passed its deadline; ``partial`` holds what it had generated."""
-
-    http_status = 504
-    error_type = "timeout"
-
-    def __init__(self, request_id: str, timeout: float, partial=None):
-        self.request_id = request_id
-        self.timeout = timeout
-        self.partial = partial
-        super().__init__(
-            f"request {request_id} did not finish within its {timeout:g} s timeout; raise the "
-            "timeout (submit(timeout=...) or [engine] request_timeout) or lower max_tokens"
-        )
 
 
 class LiveRequest:

@@ -1,104 +1,72 @@
-"""ServingEngine options (the ``[engine]`` table of ruvllm.toml), validated on construction."""
+"""ServingEngine options (the ``[engine]`` table of ruvllm.toml), validated on construction.
+
+Validated with core's one option helper (:mod:`ruvllm.options`), as backends' and plugins'
+tables are: a bad value is an :class:`~ruvllm.errors.EngineOptionError` naming ``engine.<option>``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
 from ruvllm.engine.scheduler import Policy, SchedulerConfig
-from ruvllm.errors import ConfigError
+from ruvllm.options import boolean, float_range, int_range, one_of, optional, parse_table, positive_int
 
 PATHS = ("auto", "executor", "request")
 
 
-class EngineOptionError(ConfigError):
-    """One ``[engine]`` option is unknown or out of range."""
-
-    def __init__(self, field: str, message: str, value: Any = None):
-        self.field = field
-        self.value = value
-        super().__init__(f"engine.{field}: {message}; set it in the [engine] table of ruvllm.toml")
-
-
-def _int_at_least(low: int, *, optional: bool = False):
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value is None and optional:
-            return
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise EngineOptionError(attribute.name, f"must be an integer >= {low}, got {value!r}", value)
-
-    return check
-
-
-def _positive_seconds(optional: bool):
-    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value is None and optional:
-            return
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise EngineOptionError(attribute.name, f"must be a number of seconds > 0, got {value!r}", value)
-
-    return check
-
-
-def _policy(value: Any) -> Policy:
+def _policy(value: Any) -> Any:
+    """A Policy from its name; anything else is left for the validator to refuse."""
     try:
         return Policy(value)
-    except ValueError:
-        raise EngineOptionError(
-            "policy", f"must be one of {', '.join(p.value for p in Policy)}, got {value!r}", value
-        ) from None
+    except (ValueError, TypeError):
+        return value
+
+
+def _seconds(*, allow_none: bool = False) -> Any:
+    check = float_range(0, low_open=True, note="seconds")
+    return optional(check) if allow_none else check
 
 
 @attrs.frozen(kw_only=True)
 class EngineOptions:
+    TABLE: ClassVar[str] = "engine"
+
     #: Most requests running (holding KV) at once; also the executor's sequence count.
-    max_num_seqs: int = attrs.field(default=16, validator=_int_at_least(1))
+    max_num_seqs: int = attrs.field(default=16, validator=positive_int())
     #: Most tokens per forward pass (prefill chunks + decode tokens).
-    max_batch_tokens: int = attrs.field(default=512, validator=_int_at_least(1))
+    max_batch_tokens: int = attrs.field(default=512, validator=positive_int())
     #: Tokens per KV block.
-    block_size: int = attrs.field(default=16, validator=_int_at_least(1))
+    block_size: int = attrs.field(default=16, validator=positive_int())
     #: KV capacity in blocks; None = what the executor offers.
-    num_blocks: int | None = attrs.field(default=None, validator=_int_at_least(1, optional=True))
-    policy: Policy = attrs.field(default=Policy.FCFS, converter=_policy)
+    num_blocks: int | None = attrs.field(default=None, validator=optional(positive_int()))
+    policy: Policy = attrs.field(default=Policy.FCFS, converter=_policy, validator=one_of(tuple(Policy)))
     #: Seconds of waiting worth one priority level (see docs/engine.md, "aging").
-    aging_interval: float = attrs.field(default=5.0, validator=_positive_seconds(False))
+    aging_interval: float = attrs.field(default=5.0, validator=_seconds())
     #: Largest prefill chunk of one request per step (0 = no cap beyond the batch budget).
-    max_prefill_chunk: int = attrs.field(default=0, validator=_int_at_least(0))
+    max_prefill_chunk: int = attrs.field(default=0, validator=int_range(0))
     #: Requests accepted but not yet running; one more is rejected with ``Overloaded``.
-    max_queue: int = attrs.field(default=256, validator=_int_at_least(1))
+    max_queue: int = attrs.field(default=256, validator=positive_int())
     #: Default per-request deadline in seconds from submission (None = no deadline).
-    request_timeout: float | None = attrs.field(default=None, validator=_positive_seconds(True))
-    enable_prefix_caching: bool = True
+    request_timeout: float | None = attrs.field(default=None, validator=_seconds(allow_none=True))
+    enable_prefix_caching: bool = attrs.field(default=True, validator=boolean())
     #: Per-sequence executors (llama.cpp): extra sequences that keep finished requests' cached
     #: prefixes alive for later hits (each costs one sequence's KV memory).
-    prefix_donor_slots: int = attrs.field(default=2, validator=_int_at_least(0))
+    prefix_donor_slots: int = attrs.field(default=2, validator=int_range(0))
     #: Fraction of KV blocks kept free when admitting a new request.
-    watermark: float = attrs.field(default=0.01)
+    watermark: float = attrs.field(default=0.01, validator=float_range(0, 1, high_open=True))
     #: Request-level path: most backend ``generate`` streams interleaved at once (1 when the
     #: backend does not declare ``concurrent_requests``).
-    max_in_flight: int = attrs.field(default=8, validator=_int_at_least(1))
+    max_in_flight: int = attrs.field(default=8, validator=positive_int())
     #: "auto" (executor when the backend has one), "executor" or "request".
-    path: str = attrs.field(default="auto")
-
-    @watermark.validator
-    def _check_watermark(self, attribute: attrs.Attribute, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise EngineOptionError("watermark", f"must be a fraction in [0, 1), got {value!r}", value)
-
-    @path.validator
-    def _check_path(self, attribute: attrs.Attribute, value: Any) -> None:
-        if value not in PATHS:
-            raise EngineOptionError("path", f"must be one of {', '.join(PATHS)}, got {value!r}", value)
+    path: str = attrs.field(default="auto", validator=one_of(PATHS))
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> EngineOptions:
-        known = {f.name for f in attrs.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise EngineOptionError(unknown[0], f"unknown option; known: {', '.join(sorted(known))}")
-        return cls(**values)
+        """From the ``[engine]`` table; unknown keys are an error listing the known ones."""
+        return parse_table(cls, values)
 
     def scheduler_config(self, max_num_seqs: int, max_batch_tokens: int) -> SchedulerConfig:
         return SchedulerConfig(

@@ -14,11 +14,11 @@ import time
 from collections.abc import Iterator
 
 from ruvllm.backend import LlmBackend
-from ruvllm.engine.live import LiveRequest, RequestTimedOut
+from ruvllm.engine.live import LiveRequest
 from ruvllm.engine.metrics import EngineMetrics
 from ruvllm.engine.options import EngineOptions
 from ruvllm.engine.scheduler import Policy
-from ruvllm.errors import BackendError
+from ruvllm.errors import BackendError, RequestTimedOut
 from ruvllm.types import FinishReason, SampledToken
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 
 from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest, ModelNotFound, RuvllmError
 from ruvllm.hardware import cpu_info
@@ -25,7 +25,7 @@ from ruvllm.server import responses
 from ruvllm.server.errors import install_error_handlers, ruvllm_error_body
 from ruvllm.server.feedback import register_feedback
 from ruvllm.server.limits import RequestLimitsMiddleware
-from ruvllm.server.metrics import CONTENT_TYPE, render_metrics
+from ruvllm.server.metrics import CONTENT_TYPE, ServerMetrics
 from ruvllm.server.params import (
     Limits,
     chat_prompt_ids,
@@ -64,20 +64,29 @@ class _Choice:
     finished: bool = False
 
 
-class _ClientGone(Exception):
-    """The client disconnected while a non-streaming request was running."""
+#: One choice's streamed outputs and its result.
+_Outcome = tuple[list[TokenOutput], GenerationResult]
 
 
 def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     """The FastAPI app; it owns ``engine`` and shuts it down when the server stops."""
 
+    server_metrics = ServerMetrics(engine.metrics, model_name=settings.model_name, model=engine.info.name,
+                                   backend=engine.backend_name)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        # Multiprocess mode: keep this worker's metric files current even when it is not scraped.
+        refresher = asyncio.ensure_future(server_metrics.refresh_periodically()) \
+            if server_metrics.multiprocess else None
         yield
+        if refresher is not None:
+            refresher.cancel()
         await engine.shutdown()
 
     app = FastAPI(title="ruvllm", description="OpenAI-compatible API served by ruvllm",
                   lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.metrics = server_metrics
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=settings.max_body_bytes,
                        api_key=settings.api_key)
     install_error_handlers(app)
@@ -123,9 +132,9 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
             raise BackendError(f"request {choice.handle.request_id} failed in the engine")
         return outputs, result
 
-    async def gather_watching(request: Request,
-                              choices: list[_Choice]) -> list[tuple[list[TokenOutput], GenerationResult]]:
-        """All choices' outputs; cancels every request if the client goes away first."""
+    async def gather_watching(request: Request, choices: list[_Choice]) -> list[_Outcome] | None:
+        """All choices' outputs, or None when the client went away first (every request is then
+        cancelled)."""
         work = asyncio.ensure_future(asyncio.gather(*(collect(c) for c in choices)))
 
         async def client_gone() -> None:
@@ -135,9 +144,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         watcher = asyncio.ensure_future(client_gone())
         try:
             done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if work in done:
-                return work.result()
-            raise _ClientGone
+            return work.result() if work in done else None
         finally:
             watcher.cancel()
             if not work.done():
@@ -244,8 +251,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        text = render_metrics(engine.metrics(), model_name=settings.model_name, backend=engine.backend_name)
-        return PlainTextResponse(text, media_type=CONTENT_TYPE)
+        return Response(server_metrics.render(), media_type=CONTENT_TYPE)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
@@ -253,10 +259,13 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequest("prompt", "give exactly one of prompt or messages")
         if body.messages is not None:
-            ids = chat_prompt_ids(engine, body.messages)
+            ids = await chat_prompt_ids(engine, body.messages)
         else:
-            ids = engine.tokenizer.encode(require_encodable("prompt", body.prompt or ""),
-                                          add_special=body.add_special_tokens)
+            text = require_encodable("prompt", body.prompt or "")
+            # The engine refuses an empty prompt; "" is still a fair question here (the BOS alone),
+            # and costs the event loop nothing to answer.
+            ids = await engine.encode_async(text, add_special=body.add_special_tokens) if text \
+                else engine.tokenizer.encode(text, add_special=body.add_special_tokens)
         return {"tokens": ids, "count": len(ids), "max_model_len": engine.info.context_length}
 
     @app.post("/detokenize")
@@ -271,7 +280,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
-        ids = chat_prompt_ids(engine, body.messages)
+        ids = await chat_prompt_ids(engine, body.messages)
         params = generation_params(body, limits=settings.limits, room=room_after(ids),
                                    logprobs_supported=engine.capabilities.logprobs)
         check_context(ids, params)
@@ -282,16 +291,15 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return SSEResponse(stream_events(choices, fmt, include_usage, len(ids)))
-        try:
-            outcomes = await gather_watching(request, choices)
-        except _ClientGone:
-            return Response(status_code=499)
+        outcomes = await gather_watching(request, choices)
+        if outcomes is None:
+            return Response(status_code=499)  # the client is gone
         return JSONResponse(fmt.complete(outcomes, [len(ids)]))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body.model)
-        prompts = completion_prompts(engine, body.prompt)
+        prompts = await completion_prompts(engine, body.prompt)
         if body.echo and body.logprobs is not None:
             raise InvalidRequest("echo", "echo with logprobs (prompt logprobs) is not supported")
         jobs = []
@@ -312,10 +320,9 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return SSEResponse(stream_events(choices, fmt, include_usage, prompt_tokens))
-        try:
-            outcomes = await gather_watching(request, choices)
-        except _ClientGone:
-            return Response(status_code=499)
+        outcomes = await gather_watching(request, choices)
+        if outcomes is None:
+            return Response(status_code=499)  # the client is gone
         return JSONResponse(fmt.complete(outcomes, [len(ids) for ids in prompts]))
 
     return app

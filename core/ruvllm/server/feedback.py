@@ -1,4 +1,4 @@
-"""``POST /v1/feedback``: a user's score for a completion, for SONA to learn from.
+"""``POST /v1/feedback``: a user's score for a completion, for a learning plugin (SONA) to learn from.
 
 Body: ``{"id": "<completion id>", "score": <number in [-1, 1]>, "index": <choice, default 0>}``.
 The id is the ``id`` of a chat/completion response (``chatcmpl-...``/``cmpl-...``); ``index``
@@ -13,7 +13,8 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt
 
-from ruvllm.feedback import FeedbackNotFound, check_score, send_feedback
+from ruvllm.errors import FeedbackNotFound
+from ruvllm.feedback import check_score, send_feedback
 
 
 class FeedbackRequest(BaseModel):

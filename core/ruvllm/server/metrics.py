@@ -1,16 +1,78 @@
-"""``GET /metrics``: the engine's MetricsSnapshot in Prometheus text exposition format 0.0.4.
+"""``GET /metrics``: the engine's metrics in Prometheus' text format, through ``prometheus_client``.
 
 Names follow vLLM's (``vllm:time_to_first_token_seconds`` -> ``ruvllm:time_to_first_token_seconds``)
-with a ``model_name`` label, so dashboards built for vLLM need only the prefix changed.
+so dashboards built for vLLM need only the prefix changed. Every series carries ``model_name``
+(the name clients send), ``model`` (the loaded model's own name) and ``backend``.
+
+The engine keeps its own counters and histograms (``engine.metrics()``, a MetricsSnapshot, which
+the benchmark reads too). :class:`ServerMetrics` carries them into prometheus_client metric
+objects when it is refreshed (at each scrape): gauges are set, counters and histograms advance by
+what changed since the previous refresh. Each app has its own ``CollectorRegistry``: two apps in
+one process (tests, several engines) neither share nor clash, and nothing lands in
+prometheus_client's global registry.
+
+Multiprocess mode: when ``PROMETHEUS_MULTIPROC_DIR`` is set (before the server starts, as
+prometheus_client requires), the metric objects live in that directory's per-process files
+and ``/metrics`` answers from a registry holding a ``MultiProcessCollector``, so whichever worker
+is scraped reports every worker's engine: counters and histograms summed, running and waiting
+requests summed over live processes, the KV-cache usage and prefix hit rate (fractions, which do
+not add up) once per live process with a ``pid`` label. Each worker also refreshes its files every
+:data:`MULTIPROCESS_REFRESH` seconds, so a worker that is not scraped is never staler than that.
+The deployment calls ``prometheus_client.multiprocess.mark_process_dead(pid)`` when a worker exits
+(gunicorn's ``child_exit``), as prometheus_client documents.
 """
 
 from __future__ import annotations
 
-from ruvllm.serving import Histogram, MetricsSnapshot
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from ruvllm.serving import Histogram as SnapshotHistogram
+from ruvllm.serving import MetricsSnapshot
+
+log = logging.getLogger(__name__)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 PREFIX = "ruvllm:"
+LABELS = ("model_name", "model", "backend")
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: Seconds between a worker's refreshes of its files in multiprocess mode.
+MULTIPROCESS_REFRESH = 5.0
+#: Finish reasons always present (at 0 before the first such request).
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+INF = float("inf")
 
+#: (name, MetricsSnapshot attribute, help, multiprocess mode)
+_GAUGES = (
+    ("num_requests_running", "running", "Number of requests in model execution batches.", "livesum"),
+    ("num_requests_waiting", "waiting", "Number of requests waiting to be processed.", "livesum"),
+    ("kv_cache_usage_perc", "kv_usage", "KV-cache usage. 1 means 100 percent usage.", "liveall"),
+    ("prefix_cache_hit_rate", "prefix_cache_hit_rate",
+     "Fraction of queried prefix tokens found in the cache.", "liveall"),
+)
+#: (name, MetricsSnapshot attribute, help)
+_COUNTERS = (
+    ("prefix_cache_queries_total", "prefix_cache_queries",
+     "Prefix cache queries, in terms of number of queried tokens."),
+    ("prefix_cache_hits_total", "prefix_cache_hits",
+     "Prefix cache hits, in terms of number of cached tokens."),
+    ("num_preemptions_total", "preemptions", "Cumulative number of preemptions from the engine."),
+    ("prompt_tokens_total", "prompt_tokens", "Number of prefill tokens processed."),
+    ("generation_tokens_total", "generation_tokens", "Number of generation tokens processed."),
+)
 _HISTOGRAMS = (
     ("time_to_first_token_seconds", "time_to_first_token", "Histogram of time to first token in seconds."),
     ("time_per_output_token_seconds", "time_per_output_token",
@@ -21,66 +83,114 @@ _HISTOGRAMS = (
 )
 
 
-def _labels(labels: dict[str, str]) -> str:
-    def esc(v: str) -> str:
-        return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-    inner = ",".join(f'{k}="{esc(v)}"' for k, v in labels.items())
-    return "{" + inner + "}" if inner else ""
+def multiprocess_dir() -> str | None:
+    """The directory of prometheus_client's multiprocess mode, or None when it is off."""
+    return os.environ.get(MULTIPROC_ENV) or None
 
 
-def _num(v: float) -> str:
-    if v == float("inf"):
-        return "+Inf"
-    return repr(float(v)) if isinstance(v, float) else str(v)
+def _bounds(h: SnapshotHistogram) -> list[float]:
+    """The finite bucket bounds (prometheus_client adds +Inf itself)."""
+    return [b for b in h.buckets if b != INF]
 
 
-class _Writer:
-    def __init__(self, labels: dict[str, str]):
-        self.lines: list[str] = []
-        self.labels = labels
-
-    def metric(self, name: str, kind: str, help_: str, value: float,
-               extra: dict[str, str] | None = None) -> None:
-        full = PREFIX + name
-        self.lines += [f"# HELP {full} {help_}", f"# TYPE {full} {kind}"]
-        self.sample(full, value, extra)
-
-    def sample(self, full: str, value: float, extra: dict[str, str] | None = None) -> None:
-        self.lines.append(f"{full}{_labels({**self.labels, **(extra or {})})} {_num(value)}")
-
-    def histogram(self, name: str, help_: str, h: Histogram) -> None:
-        full = PREFIX + name
-        self.lines += [f"# HELP {full} {help_}", f"# TYPE {full} histogram"]
-        for bound, count in zip(h.buckets, h.counts, strict=True):
-            if bound != float("inf"):
-                self.sample(full + "_bucket", count, {"le": _num(float(bound))})
-        self.sample(full + "_bucket", h.count, {"le": "+Inf"})
-        self.sample(full + "_sum", float(h.sum))
-        self.sample(full + "_count", h.count)
+def _per_bucket(h: SnapshotHistogram) -> list[float]:
+    """Observations per bucket (not cumulative), the last one being +Inf's."""
+    out, below = [], 0
+    for bound, cumulative in zip(h.buckets, h.counts, strict=True):
+        if bound == INF:
+            break
+        out.append(cumulative - below)
+        below = cumulative
+    out.append(h.count - below)
+    return out
 
 
-def render_metrics(snap: MetricsSnapshot, *, model_name: str, backend: str) -> str:
-    w = _Writer({"model_name": model_name, "backend": backend})
-    w.metric("num_requests_running", "gauge", "Number of requests in model execution batches.",
-             snap.running)
-    w.metric("num_requests_waiting", "gauge", "Number of requests waiting to be processed.", snap.waiting)
-    w.metric("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-             float(snap.kv_usage))
-    w.metric("prefix_cache_queries_total", "counter",
-             "Prefix cache queries, in terms of number of queried tokens.", snap.prefix_cache_queries)
-    w.metric("prefix_cache_hits_total", "counter",
-             "Prefix cache hits, in terms of number of cached tokens.", snap.prefix_cache_hits)
-    w.metric("prefix_cache_hit_rate", "gauge", "Fraction of queried prefix tokens found in the cache.",
-             float(snap.prefix_cache_hit_rate))
-    w.metric("num_preemptions_total", "counter", "Cumulative number of preemptions from the engine.",
-             snap.preemptions)
-    w.metric("prompt_tokens_total", "counter", "Number of prefill tokens processed.", snap.prompt_tokens)
-    w.metric("generation_tokens_total", "counter", "Number of generation tokens processed.",
-             snap.generation_tokens)
-    full = PREFIX + "request_success_total"
-    w.lines += [f"# HELP {full} Count of finished requests by finish reason.", f"# TYPE {full} counter"]
-    for reason in sorted({"stop", "length", "cancelled", "error", *snap.requests_finished}):
-        w.sample(full, snap.requests_finished.get(reason, 0), {"finished_reason": reason})
-    for name, attr, help_ in _HISTOGRAMS:
-        w.histogram(name, help_, getattr(snap, attr))
-    return "\n".join(w.lines) + "\n"
+class ServerMetrics:
+    """The metrics of one app: its registry, its metric objects and what they last reported."""
+
+    def __init__(self, snapshot: Callable[[], MetricsSnapshot], *, model_name: str, model: str,
+                 backend: str):
+        self._snapshot = snapshot
+        self.multiprocess = multiprocess_dir() is not None
+        #: What /metrics exposes.
+        self.registry = CollectorRegistry()
+        if self.multiprocess:
+            # The metric objects write to this process's files; the collector reads every
+            # process's. Registering the objects too would count this process twice.
+            MultiProcessCollector(self.registry)
+            own = None
+        else:
+            own = self.registry
+        labels = {"model_name": model_name, "model": model, "backend": backend}
+        self._gauges = [
+            (attr, Gauge(PREFIX + name, help_, LABELS, registry=own, multiprocess_mode=mode).labels(**labels))
+            for name, attr, help_, mode in _GAUGES
+        ]
+        self._counters = [
+            (attr, Counter(PREFIX + name, help_, LABELS, registry=own).labels(**labels))
+            for name, attr, help_ in _COUNTERS
+        ]
+        self._finished = Counter(PREFIX + "request_success_total",
+                                 "Count of finished requests by finish reason.",
+                                 (*LABELS, "finished_reason"), registry=own)
+        self._labels = labels
+        for reason in FINISH_REASONS:
+            self._finished.labels(**labels, finished_reason=reason)
+        first = snapshot()  # the engine's bucket bounds
+        self._histograms = [
+            (attr, Histogram(PREFIX + name, help_, LABELS, registry=own,
+                             buckets=_bounds(getattr(first, attr))).labels(**labels))
+            for name, attr, help_ in _HISTOGRAMS
+        ]
+        #: Totals already carried into the counters and histograms, by key.
+        self._seen: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+
+    def _advance(self, key: Any, total: float) -> float:
+        """How much ``total`` grew since the last refresh (never negative)."""
+        grown = max(total - self._seen.get(key, 0), 0)
+        self._seen[key] = max(total, self._seen.get(key, 0))
+        return grown
+
+    def refresh(self) -> None:
+        """Carry the engine's current snapshot into the metric objects."""
+        snap = self._snapshot()
+        with self._lock:
+            for attr, gauge in self._gauges:
+                gauge.set(float(getattr(snap, attr)))
+            for attr, counter in self._counters:
+                counter.inc(self._advance(attr, getattr(snap, attr)))
+            for reason, total in snap.requests_finished.items():
+                self._finished.labels(**self._labels, finished_reason=reason).inc(
+                    self._advance(("finished", reason), total))
+            for attr, hist in self._histograms:
+                h: SnapshotHistogram = getattr(snap, attr)
+                grown = [self._advance((attr, i), n) for i, n in enumerate(_per_bucket(h))]
+                _add_observations(hist, grown, self._advance((attr, "sum"), h.sum))
+
+    def render(self) -> bytes:
+        """The text exposition, after a refresh."""
+        self.refresh()
+        return generate_latest(self.registry)
+
+    async def refresh_periodically(self, interval: float = MULTIPROCESS_REFRESH) -> None:
+        """Refresh every ``interval`` seconds until cancelled (multiprocess mode's app runs it)."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.refresh()
+            except Exception:  # a failed refresh must not end the next ones
+                log.exception("refreshing the metrics failed")
+
+
+def _add_observations(hist: Any, per_bucket: list[float], total: float) -> None:
+    """Add ``per_bucket[i]`` observations to bucket ``i`` of a labelled Histogram and ``total`` to
+    its sum. prometheus_client can only ``observe`` one value at a time and the engine keeps
+    counts, not values; its per-bucket values (``_buckets``, ``_sum``: in memory, or this
+    process's file in multiprocess mode) are what ``observe`` itself increments.
+    tests/server/test_metrics.py checks the result against prometheus_client's own output."""
+    for value, grown in zip(hist._buckets, per_bucket, strict=True):
+        if grown:
+            value.inc(grown)
+    if total:
+        hist._sum.inc(total)

@@ -1,11 +1,14 @@
 """From an OpenAI request body to what the engine takes: prompt ids and GenerationParams.
 
 Every refusal is an :class:`ruvllm.errors.InvalidRequest` naming the OpenAI field, so the
-client sees ``400`` with ``param`` set rather than a quietly ignored option.
+client sees ``400`` with ``param`` set rather than a quietly ignored option. Prompts are tokenized
+by the engine (``encode_async``: on its model thread, between two steps), never on the event
+loop, so a long prompt does not hold up the other requests' streams.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,16 +60,17 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage]) -> list[int]:
+async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage]) -> list[int]:
     """Token ids of ``messages`` in the model's own chat template (as ``LLM.chat_prompt``)."""
     st = engine.info.special_tokens
     text = render_chat(engine.info.chat_template, message_dicts(messages),
                        bos_token=st.bos_text, eos_token=st.eos_text)
-    return engine.tokenizer.encode(text, add_special=False, parse_special=True)
+    return await engine.encode_async(text, add_special=False, parse_special=True)
 
 
-def completion_prompts(engine: AsyncEngine, prompt: Any) -> list[list[int]]:
-    """Each prompt of a completions request as token ids (a string, ids, or a list of either)."""
+async def completion_prompts(engine: AsyncEngine, prompt: Any) -> list[list[int]]:
+    """Each prompt of a completions request as token ids (a string, ids, or a list of either);
+    the strings are tokenized together, in one visit to the engine's model thread."""
     if isinstance(prompt, str):
         prompts: list[Any] = [prompt]
     elif prompt and all(isinstance(t, int) for t in prompt):
@@ -75,15 +79,19 @@ def completion_prompts(engine: AsyncEngine, prompt: Any) -> list[list[int]]:
         prompts = list(prompt)
     if not prompts:
         raise InvalidRequest("prompt", "must not be empty")
-    out = []
+    pending = []
     for p in prompts:
         if isinstance(p, str):
             if not p:
                 raise InvalidRequest("prompt", "must not be an empty string")
-            out.append(engine.tokenizer.encode(require_encodable("prompt", p), add_special=True))
+            pending.append(engine.encode_async(require_encodable("prompt", p), add_special=True))
         else:
-            out.append(list(p))
-    return out
+            pending.append(_ready(list(p)))
+    return list(await asyncio.gather(*pending))
+
+
+async def _ready(ids: list[int]) -> list[int]:
+    return ids
 
 
 def _refuse(field: str, why: str) -> None:

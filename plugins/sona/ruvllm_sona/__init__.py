@@ -5,7 +5,7 @@
 >>> engine = ServingEngine(backend)                  # a candle_like backend
 >>> sona = ruvllm_sona.attach(engine, ruvllm_sona.SonaOptions(interval=2.0))
 >>> handle = engine.submit_sync(ids, params); result = handle.result()
->>> ruvllm.feedback(handle.request_id, 1.0)          # or POST /v1/feedback
+>>> engine.feedback(handle.request_id, 1.0)          # or POST /v1/feedback
 
 See docs/sona.md.
 

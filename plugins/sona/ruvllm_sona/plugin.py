@@ -1,5 +1,10 @@
 """Entry point of the ``ruvllm`` plugin group: SONA's hook implementations.
 
+Core's hooks are generic; SONA's loops implement them: the instant loop is
+``ruvllm_request_finished``, feedback is ``ruvllm_feedback``, an on-demand background step is
+``ruvllm_step_idle`` (SONA's own thread runs the background and deep loops on its timer, see
+:meth:`~ruvllm_sona.controller.Sona.start`), routing is ``ruvllm_select_adapter``.
+
 Each engine has at most one :class:`~ruvllm_sona.controller.Sona`, attached explicitly
 (:func:`attach`) or by ``ServingEngine.from_config`` when ``[sona] enabled = true``. The hooks
 find it by engine; engines without one are left alone (a dictionary lookup on the serving path).
@@ -59,14 +64,14 @@ def ruvllm_engine_started(engine: Any, config: Any) -> None:
 
 
 @ruvllm.hookimpl
-def ruvllm_sona_instant(engine: Any, trajectory: Trajectory) -> None:
+def ruvllm_request_finished(engine: Any, trajectory: Trajectory) -> None:
     sona = _attached.get(engine)
     if sona is not None:
         sona.on_finished(trajectory)
 
 
 @ruvllm.hookimpl
-def ruvllm_sona_feedback(request_id: str, score: float) -> bool | None:
+def ruvllm_feedback(request_id: str, score: float) -> bool | None:
     for sona in list(_attached.values()):
         if request_id in sona.store:
             return sona.feedback(request_id, score)
@@ -74,15 +79,10 @@ def ruvllm_sona_feedback(request_id: str, score: float) -> bool | None:
 
 
 @ruvllm.hookimpl
-def ruvllm_sona_background(engine: Any) -> None:
+def ruvllm_step_idle(engine: Any) -> None:
+    """One background-loop step now (training on buffered feedback, then publishing)."""
     if engine in _attached:
         _attached[engine].background_step()
-
-
-@ruvllm.hookimpl
-def ruvllm_sona_deep(engine: Any, reason: str) -> None:
-    if engine in _attached:
-        _attached[engine].deep(reason)
 
 
 @ruvllm.hookimpl

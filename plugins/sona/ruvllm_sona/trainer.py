@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 import torch.nn.functional as F
-from ruvllm.errors import ConfigError
+from ruvllm.errors import OptionError
 from ruvllm_candle_like.attention_ops import attend_sequence
 from ruvllm_candle_like.cpu_dtype import fast_cpu_dtype, native_on, warn_if_slow
 from ruvllm_candle_like.lora import LoraPlan
@@ -42,8 +42,8 @@ def training_dtype(name: str, model: Transformer) -> torch.dtype:
         return model.dtype if native_on(model.dtype, model.device) else fast_cpu_dtype()
     dtype = DTYPES[name]
     if model.device.type == "cpu" and dtype == torch.float16:
-        raise ConfigError("[sona] dtype: float16 is slow and poorly supported on CPU; use auto, "
-                          "bfloat16 or float32")
+        raise OptionError("sona", "dtype", "float16 is slow and poorly supported on CPU", name,
+                          fix="use auto, bfloat16 or float32")
     warn_if_slow(dtype, model.device, "sona training")
     return dtype
 
