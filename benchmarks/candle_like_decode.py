@@ -89,13 +89,17 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def measure(backends: dict[str, CandleLikeBackend], ids, a) -> dict[str, dict[str, list[float]]]:
-    """Per dtype asked, the single-stream and batched tok/s of every run, taken round-robin."""
+    """Per dtype asked, the single-stream and batched tok/s of every run, taken round-robin in a
+    rotating order after one untimed warm-up run each."""
     for backend in backends.values():  # untimed: first-call allocations and weight packing
-        single_stream(backend, ids, min(a.tokens, 4))
-        batched(backend, ids, a.batch, min(a.tokens, 4))
+        single_stream(backend, ids, a.tokens)
+        batched(backend, ids, a.batch, a.tokens)
     runs = {asked: {"single": [], "batched": []} for asked in backends}
+    names = list(backends)
     for r in range(a.runs):
-        for asked, backend in backends.items():
+        # Each run starts with the next dtype: no dtype always runs first (or right after another).
+        for asked in names[r % len(names):] + names[: r % len(names)]:
+            backend = backends[asked]
             one = single_stream(backend, ids, a.tokens)
             many = batched(backend, ids, a.batch, a.tokens)
             runs[asked]["single"].append(one)
