@@ -28,7 +28,7 @@ class Outcome:
     reason: str = ""
 
 
-@attrs.define
+@attrs.define(eq=False)  # pluggy keeps plugins in sets: identity hashing
 class SummaryCollector:
     """pytest plugin object recording the outcome of every suite test."""
 
