@@ -33,7 +33,7 @@ run: setup
 # CI's suite: everything but the long proofs marked `slow` (kept under 15 minutes here).
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" --durations=25
 
 # Everything, including the long proofs: full conformance on every backend, 8x32-token
 # parity with llama.cpp, the 2,000-token two-tier cache.

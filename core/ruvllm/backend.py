@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ruvllm.errors import BackendUnavailable
-from ruvllm.executor import BatchExecutor
+from ruvllm.executor import BatchExecutor, KvLayout
 from ruvllm.models import ModelSource
 from ruvllm.sampling import Sampler
 from ruvllm.tokenizer import Tokenizer
@@ -84,12 +84,36 @@ class LlmBackend(abc.ABC):
         """
         return None
 
+    #: The ``kv_layout`` of the executor :meth:`create_executor` returns. The engine asks a
+    #: ``per_sequence`` executor for extra sequences that keep finished requests' cached prefixes
+    #: alive (``[engine] prefix_donor_slots``); a ``paged`` one shares prefixes by block and is
+    #: asked only for the sequences that run, so it sizes nothing for sequences that never do.
+    executor_kv_layout: ClassVar[KvLayout] = "paged"
+
     def create_executor(self, *, max_sequences: int, block_size: int) -> BatchExecutor:
         """The iteration-level executor over this model, for backends whose capabilities say
         ``executor=True``; the others are driven through :meth:`generate`."""
         raise BackendUnavailable(
             self.name, "it has no iteration-level executor; the engine uses the request-level path"
         )
+
+    def embed_batch(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """Sentence embeddings of ``inputs`` (token-id lists), float32 ``[len(inputs), dim]``,
+        each row L2-normalised (OpenAI's embeddings are unit vectors), for backends whose
+        capabilities say ``embeddings=True``.
+
+        Pooling is the **mean** of the final (normed) hidden state over every token of the input,
+        the same on every backend (see docs/server.md#embeddings for why not the last token).
+        An input's vector must not depend on the other inputs it is batched with, beyond float
+        rounding. Inputs longer than :meth:`max_embedding_tokens` are refused, never truncated.
+        Called on the engine's model thread (``ServingEngine.embed_async``).
+        """
+        raise BackendUnavailable(
+            self.name, "it cannot produce embeddings (its capabilities say embeddings=False)")
+
+    def max_embedding_tokens(self) -> int:
+        """The most tokens one input of :meth:`embed_batch` may have."""
+        return self.info.context_length
 
     def memory_summary(self) -> str | None:
         """One line on the memory this backend sized by a setting (its KV cache), printed by

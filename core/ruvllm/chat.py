@@ -92,8 +92,12 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
-    """The prompt text for ``messages``; special tokens in it are parsed when tokenizing."""
+    """The prompt text for ``messages``; special tokens in it are parsed when tokenizing.
+
+    ``tools`` (OpenAI's tool dicts) reach the template as transformers passes them; a template
+    that does not use them renders the same prompt as without."""
     checked = validate_messages(messages)
     try:
         if template is None:
@@ -101,6 +105,7 @@ def render_chat(
         return _compile(template or CHATML).render(
             messages=checked,
             add_generation_prompt=add_generation_prompt,
+            tools=list(tools) if tools else None,
             bos_token=bos_token,
             eos_token=eos_token,
         )

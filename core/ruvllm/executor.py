@@ -43,6 +43,10 @@ class BatchEntry:
     #: LoRA adapter this sequence runs with (None: the base model). Executors of backends
     #: without LoRA never receive one: the engine refuses such requests at submit time.
     adapter: str | None = None
+    #: True when the logits of EVERY token of this entry are needed (prompt logprobs): the
+    #: executor then returns ``len(tokens)`` rows for it, the last of which is the sampling row
+    #: when ``sample`` is also set. Only executors with ``prompt_logits = True`` receive it.
+    all_logits: bool = False
 
 
 @runtime_checkable
@@ -59,8 +63,8 @@ class BatchExecutor(Protocol):
     max_sequences: int
 
     def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
-        """Run one forward pass; return float logits ``[n, vocab]``, one row per entry with
-        ``sample=True``, in batch order."""
+        """Run one forward pass; return float logits ``[n, vocab]`` in batch order: one row per
+        entry with ``sample=True``, or ``len(tokens)`` rows for an entry with ``all_logits``."""
         ...
 
     def free(self, seq_id: int) -> None:

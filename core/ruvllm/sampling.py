@@ -44,22 +44,46 @@ class Sampler:
         self._output: list[int] = []
         self._counts: np.ndarray | None = None
         self._seen: np.ndarray | None = None
+        self._bias_ids: np.ndarray | None = None
+        self._bias: np.ndarray | None = None
+        if params.logit_bias:
+            ids, bias = zip(*params.logit_bias, strict=True)
+            self._bias_ids = np.asarray(ids, dtype=np.int64)
+            self._bias = np.asarray(bias, dtype=np.float32)
         if params.has_penalties:
             self._counts = np.zeros(vocab_size, dtype=np.int32)
             self._seen = np.zeros(vocab_size, dtype=bool)
             ids = np.asarray([t for t in prompt_ids if 0 <= t < vocab_size], dtype=np.int64)
             self._seen[ids] = True
 
+    @property
+    def processors(self) -> tuple[LogitsProcessor, ...]:
+        """This request's logits processors (the engine starts grammar masks from them)."""
+        return self._processors
+
+    @property
+    def output_ids(self) -> list[int]:
+        """Tokens chosen so far (read-only by convention)."""
+        return self._output
+
     def sample(self, logits: np.ndarray) -> SampledToken:
         """Pick a token from a 1-D logits row (any float dtype) and record it."""
         raw = np.asarray(logits, dtype=np.float32)
         p = self.params
         scores = raw
+        if self._bias_ids is not None:
+            # OpenAI's logit_bias: added to the model's logits before everything else.
+            scores = raw.copy()
+            scores[self._bias_ids] += self._bias
         for processor in self._processors:
             # A copy per processor: a processor may write in place, the model's row stays intact.
             scores = np.asarray(processor(tuple(self._output), scores.copy()), dtype=np.float32)
         scores = self._penalised(scores) if self._counts is not None else scores
-        token = int(np.argmax(scores)) if p.greedy else self._draw(scores / np.float32(p.temperature))
+        if p.greedy:
+            token = int(np.argmax(scores))
+        else:
+            with np.errstate(over="ignore"):
+                token = self._draw(_finite_top(scores / np.float32(p.temperature)))
         self._record(token)
         return self._with_logprobs(token, raw)
 
@@ -71,9 +95,10 @@ class Sampler:
         if p.repetition_penalty != 1.0:
             seen = np.flatnonzero(self._seen[:vocab])
             vals = scores[seen]
-            scores[seen] = np.where(
-                vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
-            )
+            with np.errstate(over="ignore", divide="ignore"):  # a tiny penalty: +inf, capped below
+                scores[seen] = np.where(
+                    vals > 0, vals / np.float32(p.repetition_penalty), vals * np.float32(p.repetition_penalty)
+                )
         if p.frequency_penalty or p.presence_penalty:
             # Only generated tokens are penalised: touch those, not the whole row.
             generated = np.flatnonzero(self._counts[:vocab])
@@ -114,14 +139,27 @@ class Sampler:
         if n is None:
             return SampledToken(token_id=token)
         lp = log_softmax(raw)
-        top: tuple[tuple[int, float], ...] = ()
-        # A vocabulary smaller than the request (tiny test models) reports every token.
-        n = min(n, len(lp))
-        if n > 0:
-            best = np.argpartition(lp, -n)[-n:]
-            best = best[np.argsort(-lp[best])]
-            top = tuple((int(i), float(lp[i])) for i in best)
-        return SampledToken(token_id=token, logprob=float(lp[token]), top_logprobs=top)
+        return SampledToken(token_id=token, logprob=float(lp[token]), top_logprobs=top_logprobs(lp, n))
+
+
+def _finite_top(scores: np.ndarray) -> np.ndarray:
+    """``scores`` with +inf lowered to the largest float32: a tiny temperature or repetition
+    penalty overflows the best scores to +inf, and ``inf - inf`` would turn the distribution into
+    NaN. Capped, those tokens share the mass, as their overwhelming scores mean."""
+    if np.isposinf(scores).any():
+        return np.minimum(scores, np.finfo(np.float32).max)
+    return scores
+
+
+def top_logprobs(lp: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
+    """The ``n`` best ``(token id, logprob)`` pairs of a logprob row, best first."""
+    # A vocabulary smaller than the request (tiny test models) reports every token.
+    n = min(n, len(lp))
+    if n <= 0:
+        return ()
+    best = np.argpartition(lp, -n)[-n:]
+    best = best[np.argsort(-lp[best])]
+    return tuple((int(i), float(lp[i])) for i in best)
 
 
 _BLOCK = 512

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 import attrs
+import numpy as np
 
 from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import Capabilities, GenerationParams, GenerationResult, ModelInfo, TokenOutput
@@ -93,6 +94,12 @@ class AsyncEngine(Protocol):
     async def encode_async(self, text: str, *, add_special: bool = True,
                            parse_special: bool = False) -> list[int]:
         """Token ids of the prompt ``text`` (not empty), tokenized off the caller's event loop."""
+        ...
+
+    async def embed_async(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """L2-normalised, mean-pooled embeddings of ``inputs`` (token-id lists) as one batch;
+        ``InvalidRequest`` naming ``model`` when the backend cannot embed, ``input[i]`` for a bad
+        input (empty, too long, out of the vocabulary)."""
         ...
 
     async def submit(

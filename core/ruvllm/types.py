@@ -89,6 +89,34 @@ def _int_tuple(value: Sequence[int] | None) -> tuple[int, ...]:
 
 MAX_LOGPROBS = 20
 
+#: Temperatures below this decode greedily.
+GREEDY_TEMPERATURE = 1e-5
+
+#: OpenAI's bound on one ``logit_bias`` value.
+MAX_LOGIT_BIAS = 100.0
+
+
+def _logit_bias(value: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None) -> tuple[tuple[int, float], ...]:
+    """``{token id: bias}`` (OpenAI sends the ids as strings) as sorted ``(id, bias)`` pairs,
+    so the frozen params stay hashable; a bias outside [-100, 100] or a bad id is refused."""
+    if not value:
+        return ()
+    items = value.items() if isinstance(value, Mapping) else value
+    out: dict[int, float] = {}
+    for key, bias in items:
+        try:
+            tid = int(key)
+        except (TypeError, ValueError):
+            raise InvalidRequest("logit_bias", f"keys must be token ids, got {key!r}", key) from None
+        if tid < 0:
+            raise InvalidRequest("logit_bias", f"token ids must be >= 0, got {tid}", tid)
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or math.isnan(bias) \
+                or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise InvalidRequest("logit_bias", f"bias of token {tid} must be a number in "
+                                 f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias!r}", bias)
+        out[tid] = float(bias)
+    return tuple(sorted(out.items()))
+
 
 def _adapter_name(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is not None and (not isinstance(value, str) or not value.strip()):
@@ -122,10 +150,19 @@ class GenerationParams:
     #: Name of a loaded LoRA adapter to generate with (backends with ``Capabilities.lora``);
     #: None runs the base model (or whatever adapter a SONA router picks).
     adapter: str | None = attrs.field(default=None, validator=_adapter_name)
+    #: ``(token id, bias)`` pairs added to the logits before the sampler chooses (OpenAI's
+    #: ``logit_bias``; a dict is accepted). Reported logprobs stay the model's own.
+    logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_logit_bias)
+    #: Logprobs of the prompt's own tokens, from the prefill logits, with this many top
+    #: alternatives each (None = not computed). The first prompt token has none (nothing
+    #: precedes it). Needs the executor path; such a request never reuses cached prefix KV.
+    prompt_logprobs: int | None = attrs.field(default=None, validator=_int_at_least(0, MAX_LOGPROBS))
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below 1e-5 (vLLM's threshold) sampling IS greedy in effect, and dividing float32
+        # logits by such a temperature overflows to inf/NaN (a 1e-40 temperature is 0 in float32).
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def has_penalties(self) -> bool:
@@ -150,6 +187,16 @@ class TokenLogprob:
     token_id: int
     text: str
     logprob: float
+
+
+@attrs.frozen(kw_only=True)
+class PromptLogprob:
+    """One prompt token's logprob under the model, given the tokens before it."""
+
+    token_id: int
+    text: str
+    logprob: float
+    top_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -211,6 +258,8 @@ class GenerationResult:
     logprobs: tuple[TokenLogprob, ...] | None = None
     #: Which stop string or token ended the request, when one did.
     stop_reason: str | int | None = None
+    #: With ``params.prompt_logprobs``: one entry per prompt token, None for the first.
+    prompt_logprobs: tuple[PromptLogprob | None, ...] | None = None
 
     @property
     def decode_tokens_per_second(self) -> float:

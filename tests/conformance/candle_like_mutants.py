@@ -1,11 +1,13 @@
-"""The real candle_like backend with one executor bug injected (see llamacpp_mutants.py).
+"""The real candle_like backend with one bug injected each (see llamacpp_mutants.py).
 
-candle_like keeps KV in pages the engine owns: a freed sequence's blocks go back to the pool
-with their contents, and batched decode pads shorter sequences to the longest one. The validity
-mask is what keeps those padding positions (slot 0 of the pool: KV of whichever request wrote
-it last) out of attention; this mutant drops it, so short sequences in a batch attend to stale
-KV of other requests. Solo runs never pad and stay correct, so only the batched-isolation test
-can see the bug, through real numerics.
+- ``UnmaskedPaddingCandleLikeBackend``: candle_like keeps KV in pages the engine owns: a freed
+  sequence's blocks go back to the pool with their contents, and batched decode pads shorter
+  sequences to the longest one. The validity mask is what keeps those padding positions (slot 0
+  of the pool: KV of whichever request wrote it last) out of attention; this mutant drops it, so
+  short sequences in a batch attend to stale KV of other requests. Solo runs never pad and stay
+  correct, so only the batched-isolation test can see the bug, through real numerics.
+- ``KeptCachesCandleLikeBackend``: each request's KV cache stays referenced after the call;
+  outputs and the backend's own ``cached_tokens()`` are unaffected, only memory grows.
 """
 
 from __future__ import annotations
@@ -43,3 +45,17 @@ class UnmaskedPaddingCandleLikeBackend(CandleLikeBackend):
         executor = super().create_executor(max_sequences=max_sequences, block_size=block_size)
         executor.__class__ = _UnmaskedExecutor
         return executor
+
+
+class KeptCachesCandleLikeBackend(CandleLikeBackend):
+    """candle_like whose per-request KV caches stay referenced after each call (collected in a
+    list, as a memory report or a debugging hook might do). Every call still gets a fresh cache,
+    so outputs stay isolated, and ``cached_tokens()`` still drops to 0 in ``finally``: only the
+    process's memory shows the leak, which is what the suite's RSS probe measures."""
+
+    name: ClassVar[str] = "candle_like-kept-caches"
+
+    def new_cache(self, capacity: int):
+        cache = super().new_cache(capacity)
+        self.__dict__.setdefault("_kept_caches", []).append(cache)
+        return cache

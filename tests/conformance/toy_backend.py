@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 from ruvllm import Capabilities, LlmBackend, ModelInfo, ModelSource, SampledToken, SpecialTokens
 from ruvllm.backend import sample_stream
-from ruvllm.executor import BatchEntry
+from ruvllm.executor import BatchEntry, KvLayout
 from ruvllm.types import GenerationParams
 
 BOS, EOS, IM_START = 256, 257, 258
@@ -177,6 +177,33 @@ class LeakyToyBackend(ToyBackend):
     leaky: ClassVar[bool] = True
 
 
+class KvHoardingToyBackend(ToyBackend):
+    """Isolated outputs and a ``cached_tokens()`` of 0 after every call, yet each call's KV
+    buffers stay referenced: a list of caches kept "for statistics", or a cache object caught in
+    a reference cycle. Each buffer is the size the loaded model's KV really takes for the call's
+    tokens (``ruvllm.testing.kv_geometry``, at 2 bytes per element), so memory grows exactly as
+    a real KV leak would; only the suite's RSS probe, measured outside the backend, can see it."""
+
+    name: ClassVar[str] = "toy-kv-hoarder"
+
+    def __init__(self, model: ModelSource, *, leaky: bool | None = None):
+        from ruvllm.testing.kv_geometry import kv_geometry
+
+        super().__init__(model, leaky=leaky)
+        self._kv_bytes_per_token = kv_geometry(model).bytes_per_token()
+        self._kept: list[np.ndarray] = []
+
+    def generate(self, prompt_ids: Sequence[int], params: GenerationParams) -> Iterator[SampledToken]:
+        produced = 0
+        try:
+            for token in super().generate(prompt_ids, params):
+                produced += 1
+                yield token
+        finally:
+            # np.ones writes every byte, so the pages are resident like a filled KV cache.
+            self._kept.append(np.ones((len(prompt_ids) + produced) * self._kv_bytes_per_token, np.uint8))
+
+
 class NoLogprobsToyBackend(ToyBackend):
     """Correct, but declares no logprobs and no core sampler: capability-gated tests skip."""
 
@@ -243,6 +270,7 @@ class BatchedToyBackend(ToyBackend):
     batch_noise: ClassVar[float] = 0.05
     keep_stale: ClassVar[bool] = False
     batch_invariant: ClassVar[bool] = False
+    executor_kv_layout: ClassVar[KvLayout] = "per_sequence"
 
     @classmethod
     def capabilities(cls) -> Capabilities:
@@ -269,7 +297,7 @@ class StaleKvToyBackend(BatchedToyBackend):
     keep_stale: ClassVar[bool] = True
 
 
-TOY_BACKENDS = (ToyBackend, LeakyToyBackend, NoLogprobsToyBackend, BatchedToyBackend,
+TOY_BACKENDS = (ToyBackend, LeakyToyBackend, KvHoardingToyBackend, NoLogprobsToyBackend, BatchedToyBackend,
                 ClaimsInvariantToyBackend, StaleKvToyBackend)
 
 

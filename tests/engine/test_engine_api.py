@@ -302,3 +302,32 @@ def test_logits_processors_need_the_executor_path():
             eng.submit_sync(P[0], GenerationParams(max_tokens=2), logits_processors=[lambda ids, row: row])
     finally:
         eng.close()
+
+
+class _SizeRecorder(FakeBackend):
+    """Records the sequence count the engine asks its executor for."""
+
+    asked: list[int]
+
+    def create_executor(self, *, max_sequences: int, block_size: int):
+        self.asked = [*getattr(self, "asked", []), max_sequences]
+        return super().create_executor(max_sequences=max_sequences, block_size=block_size)
+
+
+class _PerSequenceSizeRecorder(_SizeRecorder):
+    executor_kv_layout = "per_sequence"
+
+    def create_executor(self, *, max_sequences: int, block_size: int):
+        self.asked = [*getattr(self, "asked", []), max_sequences]
+        return PerSeqFakeExecutor(max_sequences=max_sequences, block_size=block_size)
+
+
+@pytest.mark.parametrize(("backend_cls", "donors_asked"), [(_SizeRecorder, 0), (_PerSequenceSizeRecorder, 2)])
+def test_prefix_donor_sequences_only_for_per_sequence_executors(backend_cls, donors_asked):
+    """Donor sequences keep cached prefixes alive where KV lives per sequence id; a paged
+    executor shares prefixes by block, so asking it for them would only size memory (a two-tier
+    hot window each, say) for sequences that never run."""
+    backend = backend_cls()
+    with ServingEngine(backend, EngineOptions(max_num_seqs=3, prefix_donor_slots=2, block_size=4)) as eng:
+        assert eng.generate_sync([[1, 2, 3]], GenerationParams(max_tokens=2))[0].token_ids
+    assert backend.asked == [3 + donors_asked]

@@ -59,7 +59,8 @@ DROP_IT = "remove it"  # the fix named for an unknown option
         ({"prefix_reuse": "yes"}, "prefix_reuse", "true or false", SET_IT),
         ({"verbose": 1}, "verbose", "true or false", SET_IT),
         ({"kv_budget_mib": -1}, "kv_budget_mib", ">= 0", SET_IT),
-        ({"n_ctxx": 512}, "n_ctxx", "known options: flash_attn, kv_budget_mib, n_batch, n_ctx", DROP_IT),
+        ({"n_ctxx": 512}, "n_ctxx", "known options: embedding_tokens, flash_attn, kv_budget_mib, n_batch",
+         DROP_IT),
     ],
 )
 def test_bad_options_name_the_field_and_the_fix(options, field, hint, fix, model_path):

@@ -14,14 +14,14 @@ from ruvllm.plugins import get_registry
 API_KEY = "test-key-123"
 
 
-def _require_llamacpp() -> None:
+def _require_backend(name: str = "llamacpp") -> None:
     reg = get_registry()
-    cls = reg.backends.get("llamacpp")
+    cls = reg.backends.get(name)
     if cls is None:
-        pytest.skip("the llamacpp backend is not installed (pip install -e plugins/llamacpp)")
+        pytest.skip(f"the {name} backend is not installed (pip install -e plugins/{name})")
     reason = cls.unavailable_reason()
     if reason:
-        pytest.skip(f"llamacpp backend unavailable: {reason}")
+        pytest.skip(f"{name} backend unavailable: {reason}")
 
 
 def free_port() -> int:
@@ -47,12 +47,12 @@ class RunningServer:
 
 
 def start_server(*, api_key: str | None = API_KEY, engine_options: dict | None = None,
-                 server: dict | None = None) -> RunningServer:
+                 server: dict | None = None, backend: str = "llamacpp") -> RunningServer:
     import uvicorn
     from ruvllm.server.runner import load_engine, settings_for
 
-    _require_llamacpp()
-    config = load_config(overrides={"backend": "llamacpp", "model": "default"})
+    _require_backend(backend)
+    config = load_config(overrides={"backend": backend, "model": "default"})
     config = attrs.evolve(config, server=attrs.evolve(config.server, api_key=api_key, **(server or {})))
     engine = load_engine(config, engine_options)
     from ruvllm.server.app import create_app

@@ -20,15 +20,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 
 from ruvllm.adapters import adapter_cache_key
 from ruvllm.backend import LlmBackend
 from ruvllm.config import Config, merged_options
+from ruvllm.embeddings import check_embedding_inputs
 from ruvllm.engine.executor_core import ExecutorCore
 from ruvllm.engine.handles import AsyncSink, RequestHandle, Sink, SyncRequestHandle, SyncSink
 from ruvllm.engine.live import LiveRequest
 from ruvllm.engine.metrics import EngineMetrics
 from ruvllm.engine.options import EngineOptions
+from ruvllm.engine.prompt_logprobs import PromptLogprobsCollector, check_logits_options
 from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.request_level import RequestLevelCore
 from ruvllm.errors import BackendError, EngineClosed, EngineOptionError, InvalidRequest, Overloaded
@@ -177,6 +180,24 @@ class ServingEngine:
             text, add_special=add_special, parse_special=parse_special))
         return await asyncio.wrap_future(fut)
 
+    async def embed_async(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """L2-normalised embeddings of ``inputs`` (token-id lists), ``[len(inputs), dim]``, as one
+        batch on the model thread between two steps (``LlmBackend.embed_batch``)."""
+        return await asyncio.wrap_future(self._embed_future(inputs))
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """:meth:`embed_async` for plain threads."""
+        return self._embed_future(inputs).result()
+
+    def _embed_future(self, inputs: Sequence[Sequence[int]]) -> concurrent.futures.Future:
+        if not self._caps.embeddings:
+            raise InvalidRequest("model", f"{self._info.name!r} on backend {self.backend_name!r} cannot "
+                                 "produce embeddings; serve it on a backend whose capabilities list "
+                                 "embeddings (candle_like, llamacpp; see `ruvllm backends`)")
+        batch = check_embedding_inputs(inputs, vocab_size=self._info.vocab_size,
+                                       max_tokens=self._backend.max_embedding_tokens())
+        return self.call_future(lambda: self._backend.embed_batch(batch))
+
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the model thread between steps and return its result."""
         return self.call_future(fn).result()
@@ -209,6 +230,8 @@ class ServingEngine:
         prompt = [int(t) for t in prompt_ids]
         check_prompt(prompt, params, self._info.context_length, self._info.vocab_size,
                      limit_note=self.context_limit_note)
+        check_logits_options(params, path=self.path, backend=self.backend_name,
+                             vocab_size=self._info.vocab_size, executor=getattr(self._core, "executor", None))
         if params.adapter is None and self._router_active():
             chosen = self._hooks.ruvllm_select_adapter(engine=self, prompt_ids=tuple(prompt), embedding=None)
             if chosen is not None:
@@ -230,13 +253,16 @@ class ServingEngine:
             self._queued += 1
             self._active.add(rid)
         sched = SchedRequest(rid, prompt, params.max_tokens, priority=priority, arrival=time.monotonic(),
-                             cache_salt=cache_salt)
+                             cache_salt=cache_salt, reuse_prefix=params.prompt_logprobs is None)
         sampler = Sampler(params, self._info.vocab_size, prompt, logits_processors) \
             if self.path == "executor" else None
         live = LiveRequest(sched, params, RequestOutputBuilder(self._backend.tokenizer, prompt, params),
                            sampler, _Tracked(sink, self, rid, tuple(prompt), params.adapter),
                            arrival=time.perf_counter(),
                            timeout=timeout if timeout is not None else self.options.request_timeout)
+        if params.prompt_logprobs is not None:
+            live.prompt_logprobs = PromptLogprobsCollector(prompt, params.prompt_logprobs,
+                                                           self._backend.tokenizer)
         self._inbox.put(("add", live))
         return rid
 
@@ -355,9 +381,15 @@ class ServingEngine:
             raise EngineOptionError("path", f"backend {backend.name!r} has no executor; use auto or request")
         if want != "request" and caps.executor:
             opts = self.options
-            donors = opts.prefix_donor_slots if opts.enable_prefix_caching else 0
+            per_sequence = getattr(backend, "executor_kv_layout", "paged") == "per_sequence"
+            donors = opts.prefix_donor_slots if opts.enable_prefix_caching and per_sequence else 0
             executor = backend.create_executor(max_sequences=opts.max_num_seqs + donors,
                                                block_size=opts.block_size)
+            if executor.kv_layout == "per_sequence" and not per_sequence and opts.prefix_donor_slots:
+                log.warning("backend %r returned a per_sequence executor but declares executor_kv_layout "
+                            "%r: no prefix donor sequences were reserved, so cached prefixes die with "
+                            "their requests; set executor_kv_layout = 'per_sequence' on the backend class",
+                            backend.name, getattr(backend, "executor_kv_layout", "paged"))
             self._core: ExecutorCore | RequestLevelCore = ExecutorCore(executor, self.options, self._metrics)
         else:
             self._core = RequestLevelCore(backend, self.options, self._metrics)

@@ -19,6 +19,7 @@ from ruvllm.engine.scheduler import Scheduler
 from ruvllm.engine.slots import DonorSlotPool, SlotPool
 from ruvllm.errors import BackendError, RequestTimedOut
 from ruvllm.executor import BatchEntry, BatchExecutor
+from ruvllm.guided.batch import start_step_masks
 from ruvllm.types import FinishReason
 
 log = logging.getLogger(__name__)
@@ -104,17 +105,22 @@ class ExecutorCore:
         entries = []
         for chunk in plan.chunks:
             req = chunk.request
-            self.live[req.request_id].mark_started(now, self.metrics)
+            live = self.live[req.request_id]
+            live.mark_started(now, self.metrics)
+            collector = live.prompt_logprobs
             entries.append(BatchEntry(
                 seq_id=req.slot, tokens=chunk.tokens, start_pos=chunk.start_pos,  # type: ignore[arg-type]
                 block_table=self.blocks.block_table(req.slot), sample=chunk.sample,  # type: ignore[arg-type]
-                adapter=self.live[req.request_id].params.adapter,
+                adapter=live.params.adapter,
+                all_logits=collector is not None and collector.wants(chunk.start_pos, len(chunk.tokens)),
             ))
         try:
             if plan.copies:
                 self.executor.copy_blocks(plan.copies)
             for src, dst, n in plan.prefix_copies:
                 self.executor.copy_prefix(src, dst, n)
+            # Grammar masks of the constrained rows are computed while the model runs.
+            start_step_masks(self.live[c.request.request_id].sampler for c in plan.chunks if c.sample)
             logits = self.executor.execute(entries)
         except Exception as exc:  # the backend failed: fail this step's requests, keep serving
             log.exception("executor step failed")
@@ -126,11 +132,15 @@ class ExecutorCore:
         self.scheduler.update(plan)
         now = time.perf_counter()
         row = 0
-        for chunk in plan.chunks:
-            if not chunk.sample:
-                continue
+        for chunk, entry in zip(plan.chunks, entries, strict=True):
             req = chunk.request
             live = self.live[req.request_id]
+            if entry.all_logits:
+                k = len(entry.tokens)
+                live.prompt_logprobs.add(entry.start_pos, logits[row:row + k])  # type: ignore[union-attr]
+                row += k - 1 if chunk.sample else k  # the last row is also the sampling row
+            if not chunk.sample:
+                continue
             token = live.sampler.sample(logits[row])  # type: ignore[union-attr]
             row += 1
             live.add_token(token, now, self.metrics)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import time
 
+import attrs
+
 from ruvllm.engine.handles import Sink
 from ruvllm.engine.metrics import EngineMetrics
+from ruvllm.engine.prompt_logprobs import PromptLogprobsCollector
 from ruvllm.engine.request import SchedRequest
 from ruvllm.errors import RequestTimedOut
 from ruvllm.generation import RequestOutputBuilder
@@ -34,6 +37,8 @@ class LiveRequest:
         self.last_token: float | None = None
         self.ended = False
         self._pending: list[TokenOutput] = []
+        #: Set by the engine when the request asks for prompt logprobs.
+        self.prompt_logprobs: PromptLogprobsCollector | None = None
 
     @property
     def request_id(self) -> str:
@@ -76,6 +81,8 @@ class LiveRequest:
             if tail:
                 self._pending.append(TokenOutput(index=len(b.token_ids), token_id=None, text=tail))
         result = b.result(self._timings(now))
+        if self.prompt_logprobs is not None:
+            result = attrs.evolve(result, prompt_logprobs=self.prompt_logprobs.result())
         if isinstance(error, RequestTimedOut):
             error.partial = result
         metrics.observe_finish(

@@ -43,6 +43,8 @@ class SchedRequest:
     #: Admission order, the tie-breaker that keeps ordering total and FCFS stable.
     seq_no: int = 0
     cache_salt: str | None = None
+    #: False when every prompt position must run (prompt logprobs need their logits).
+    reuse_prefix: bool = True
     num_prompt: int = attrs.field(default=-1)
     num_computed: int = 0
     #: Executor sequence id while the request holds KV.

@@ -175,7 +175,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = min(self.waiting, key=lambda r: self._waiting_key(r, now))
             hit = NO_HIT
-            if req.num_computed == 0:
+            if req.num_computed == 0 and req.reuse_prefix:
                 hit = self.blocks.lookup_prefix(req.token_ids, req.cache_salt)
             donor = self.slots.donor_for(hit) if self.copy_prefixes and hit.block_ids else None
             if self.copy_prefixes and donor is None:

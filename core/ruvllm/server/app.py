@@ -20,12 +20,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest, ModelNotFound, RuvllmError
+from ruvllm.guided.request import chat_constraint, completion_constraint
+from ruvllm.guided.request import processors as guided_processors
 from ruvllm.hardware import cpu_info
 from ruvllm.server import responses
+from ruvllm.server.echo import merge_echo
+from ruvllm.server.embeddings import register_embeddings
 from ruvllm.server.errors import install_error_handlers, ruvllm_error_body
 from ruvllm.server.feedback import register_feedback
 from ruvllm.server.limits import RequestLimitsMiddleware
 from ruvllm.server.metrics import CONTENT_TYPE, ServerMetrics
+from ruvllm.server.openapi import install_openapi_limits
 from ruvllm.server.params import (
     Limits,
     chat_prompt_ids,
@@ -33,6 +38,7 @@ from ruvllm.server.params import (
     generation_params,
     seeded,
 )
+from ruvllm.server.scheduling import priority_scheduling, submit_options
 from ruvllm.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -40,6 +46,7 @@ from ruvllm.server.schemas import (
     TokenizeRequest,
 )
 from ruvllm.server.sse import DONE, SSEResponse, sse_event
+from ruvllm.server.tokenizer_info import register_tokenizer_info
 from ruvllm.serving import AsyncEngine, RequestHandle
 from ruvllm.tokenizer import require_encodable
 from ruvllm.types import FinishReason, GenerationParams, GenerationResult, TokenOutput
@@ -91,12 +98,19 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
                        api_key=settings.api_key)
     install_error_handlers(app)
     register_feedback(app, engine)  # POST /v1/feedback (SONA)
+    register_tokenizer_info(app, engine)  # GET /tokenizer_info (vLLM's; lm-eval's remote tokenizer)
+    install_openapi_limits(app, settings.limits, engine.info.vocab_size,
+                           models=[settings.model_name, *settings.aliases],
+                           priority_scheduling=priority_scheduling(engine))
     accepted = {settings.model_name, *settings.aliases}
 
     def check_model(name: str | None) -> None:
         if name is not None and name not in accepted:
             raise ModelNotFound(f"model {name!r} is not served here; this server serves "
                                 f"{settings.model_name!r} (see GET /v1/models)")
+
+    # POST /v1/embeddings
+    register_embeddings(app, engine, model_name=settings.model_name, check_model=check_model)
 
     context_length = settings.limits.context_length(engine.info.context_length)
     limit_note = getattr(engine, "context_limit_note", "") if context_length == engine.info.context_length \
@@ -110,13 +124,17 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
             raise ContextLengthExceeded(len(ids), params.max_tokens, context_length, limit_note=limit_note)
 
     async def submit_all(jobs: list[tuple[int, int, list[int], GenerationParams]],
-                         kind: str) -> list[_Choice]:
-        """Submit every choice; if one is refused, cancel those already accepted."""
+                         kind: str, processors: Sequence[Sequence[Any]] = (), *,
+                         scheduling: dict[str, Any] | None = None) -> list[_Choice]:
+        """Submit every choice; if one is refused, cancel those already accepted.
+        ``processors[k]`` are job k's logits processors (its grammar), when there are any."""
         base = f"{kind}-{uuid.uuid4().hex[:24]}"
         choices: list[_Choice] = []
         try:
-            for index, prompt_index, ids, params in jobs:
-                handle = await engine.submit(ids, params, request_id=f"{base}-{index}")
+            for k, (index, prompt_index, ids, params) in enumerate(jobs):
+                extra = {"logits_processors": processors[k]} if processors and processors[k] else {}
+                handle = await engine.submit(ids, params, request_id=f"{base}-{index}", **extra,
+                                             **(scheduling or {}))
                 choices.append(_Choice(index=index, handle=handle, prompt_index=prompt_index))
         except BaseException:
             for c in choices:
@@ -280,14 +298,22 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
-        ids = await chat_prompt_ids(engine, body.messages)
+        constraint = chat_constraint(body, engine.info.chat_template)
+        ids = await chat_prompt_ids(engine, body.messages, constraint.tools.rendered)
         params = generation_params(body, limits=settings.limits, room=room_after(ids),
                                    logprobs_supported=engine.capabilities.logprobs)
         check_context(ids, params)
+        procs = await guided_processors(engine, constraint.spec, body.n)
         jobs = [(i, 0, ids, seeded(params, i)) for i in range(body.n)]
-        choices = await submit_all(jobs, "chatcmpl")
+        choices = await submit_all(jobs, "chatcmpl", procs,
+                                   scheduling=submit_options(body.priority, body.cache_salt, engine))
+        from ruvllm.guided.openai_format import ToolChatFormatter  # it imports server.responses
+
         fmt = responses.ChatFormatter(choices[0].handle.request_id.rsplit("-", 1)[0],
-                                      settings.model_name, engine.tokenizer, params.logprobs)
+                                      settings.model_name, engine.tokenizer, params.logprobs) \
+            if not constraint.tools.parses_output else ToolChatFormatter(
+                choices[0].handle.request_id.rsplit("-", 1)[0], settings.model_name, engine.tokenizer,
+                params.logprobs, plan=constraint.tools)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return SSEResponse(stream_events(choices, fmt, include_usage, len(ids)))
@@ -300,8 +326,10 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_model(body.model)
         prompts = await completion_prompts(engine, body.prompt)
-        if body.echo and body.logprobs is not None:
-            raise InvalidRequest("echo", "echo with logprobs (prompt logprobs) is not supported")
+        if body.echo and body.stream and (body.logprobs is not None or body.max_tokens == 0):
+            raise InvalidRequest("echo", "echo with logprobs or max_tokens 0 is answered whole, not "
+                                 "streamed (prompt logprobs exist only once the prompt has run); "
+                                 "set stream to false")
         jobs = []
         params = None
         for p_index, ids in enumerate(prompts):
@@ -310,7 +338,9 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
             check_context(ids, params)
             for j in range(body.n):
                 jobs.append((p_index * body.n + j, p_index, ids, seeded(params, j)))
-        choices = await submit_all(jobs, "cmpl")
+        spec = completion_constraint(body).spec
+        choices = await submit_all(jobs, "cmpl", await guided_processors(engine, spec, len(jobs)),
+                                   scheduling=submit_options(body.priority, body.cache_salt, engine))
         echoes = [engine.tokenizer.decode(ids) if body.echo else "" for ids in prompts]
         fmt = responses.CompletionFormatter(
             choices[0].handle.request_id.rsplit("-", 1)[0], settings.model_name, engine.tokenizer,
@@ -323,6 +353,11 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         outcomes = await gather_watching(request, choices)
         if outcomes is None:
             return Response(status_code=499)  # the client is gone
-        return JSONResponse(fmt.complete(outcomes, [len(ids) for ids in prompts]))
+        answer = fmt.complete(outcomes, [len(ids) for ids in prompts])
+        if body.echo:
+            answer = merge_echo(answer, [r for _, r in outcomes], [prompts[c.prompt_index] for c in choices],
+                                [echoes[c.prompt_index] for c in choices], engine.tokenizer,
+                                top_n=body.logprobs, echo_only=body.max_tokens == 0)
+        return JSONResponse(answer)
 
     return app

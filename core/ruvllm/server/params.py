@@ -16,13 +16,15 @@ import attrs
 
 from ruvllm.chat import render_chat
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from ruvllm.server.schemas import (
+    MAX_COMPLETION_LOGPROBS,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+)
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable
 from ruvllm.types import MAX_LOGPROBS, GenerationParams
-
-#: Legacy completions cap ``logprobs`` at 5; chat's ``top_logprobs`` at 20.
-MAX_COMPLETION_LOGPROBS = 5
 
 
 @attrs.frozen(kw_only=True)
@@ -56,15 +58,21 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         d: dict[str, Any] = {"role": m.role, "content": content}
         if m.name:
             d["name"] = m.name
+        for key in ("tool_calls", "tool_call_id"):  # tool-calling turns, as templates read them
+            value = (m.model_extra or {}).get(key)
+            if value is not None:
+                d[key] = value
         out.append(d)
     return out
 
 
-async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage]) -> list[int]:
-    """Token ids of ``messages`` in the model's own chat template (as ``LLM.chat_prompt``)."""
+async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage],
+                          tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+    """Token ids of ``messages`` (and ``tools``) in the model's own chat template (as
+    ``LLM.chat_prompt``)."""
     st = engine.info.special_tokens
     text = render_chat(engine.info.chat_template, message_dicts(messages),
-                       bos_token=st.bos_text, eos_token=st.eos_text)
+                       bos_token=st.bos_text, eos_token=st.eos_text, tools=tools)
     return await engine.encode_async(text, add_special=False, parse_special=True)
 
 
@@ -101,8 +109,6 @@ def _refuse(field: str, why: str) -> None:
 def _check_common(req: ChatCompletionRequest | CompletionRequest, limits: Limits) -> None:
     if not 1 <= req.n <= limits.max_n:
         _refuse("n", f"must be between 1 and {limits.max_n} on this server; got {req.n}")
-    if req.logit_bias:
-        _refuse("logit_bias", "is not supported by ruvllm; remove it")
     if req.best_of not in (None, 1):
         _refuse("best_of", "is not supported by ruvllm; use n for several completions")
     if req.stream_options is not None and not req.stream:
@@ -115,10 +121,6 @@ def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits:
     _check_common(req, limits)
     lp_field = "logprobs"
     if isinstance(req, ChatCompletionRequest):
-        if req.tools:
-            _refuse("tools", "tool calling is not supported by ruvllm; remove tools")
-        if req.response_format and req.response_format.get("type") not in (None, "text"):
-            _refuse("response_format", "only {\"type\": \"text\"} is supported")
         max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs: int | None = None
@@ -136,6 +138,11 @@ def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits:
         logprobs = req.logprobs
         if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
             _refuse("logprobs", f"must be between 0 and {MAX_COMPLETION_LOGPROBS}; got {logprobs}")
+        if max_tokens == 0:
+            if not req.echo:
+                _refuse("max_tokens", "may be 0 only with echo: true (to score the prompt); got 0")
+            # Echo only: the engine generates one token, which the response leaves out.
+            max_tokens = 1
     if logprobs is not None and not logprobs_supported:
         _refuse(lp_field, "this model's backend cannot report logprobs (see `ruvllm backends`)")
     if max_tokens is None:
@@ -155,7 +162,10 @@ def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits:
         "logprobs": logprobs,
         "ignore_eos": req.ignore_eos,
         "stop_token_ids": req.stop_token_ids,
+        "logit_bias": req.logit_bias,
     }
+    if isinstance(req, CompletionRequest) and req.echo and logprobs is not None:
+        values["prompt_logprobs"] = logprobs  # OpenAI's echo + logprobs: the prompt's logprobs too
     for name in ("top_k", "min_p", "repetition_penalty"):
         value = getattr(req, name)
         if value is not None:

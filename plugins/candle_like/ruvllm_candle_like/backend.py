@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from ruvllm.backend import LlmBackend, sample_stream
+from ruvllm.embeddings import check_embedding_inputs, normalise_rows
 from ruvllm.errors import BackendError, InvalidRequest, ModelLoadError, RuvllmError
 from ruvllm.executor import BatchExecutor
 from ruvllm.hf_tokenizer import HfTokenizer
@@ -26,6 +27,7 @@ from ruvllm.options import parse_options
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken, SpecialTokens
 
 from ruvllm_candle_like.cpu_dtype import bf16_note, warn_once
+from ruvllm_candle_like.embeddings import mean_pooled
 from ruvllm_candle_like.kv_contiguous import ContiguousCache
 from ruvllm_candle_like.kv_two_tier import TwoTierCache, TwoTierSettings
 from ruvllm_candle_like.loading import LoadedModel, load
@@ -174,20 +176,23 @@ class CandleLikeBackend(LlmBackend):
 
     # -- embeddings ----------------------------------------------------------------------
 
-    @torch.inference_mode()
     def embed(self, ids: Sequence[int]) -> np.ndarray:
-        """Mean-pooled final hidden state of ``ids`` under the base model (float32 [hidden]).
-
-        Runs in a private cache, so it is safe beside generation on another thread."""
+        """Mean-pooled final hidden state of ``ids`` under the base model (float32 [hidden], not
+        normalised; SONA's prompt routing). Keeps no state, so it is safe beside generation."""
         if not ids:
             raise InvalidRequest("ids", "need at least one token to embed")
         ids = list(ids)[: self.model.max_positions]
-        cache = ContiguousCache(self._loaded.config, len(ids), kv_dtype=self.kv_dtype,
-                                compute_dtype=self.dtype, device=self.device)
-        cache.begin(len(ids))
-        hidden = self.model.hidden(torch.tensor(ids, dtype=torch.long, device=self.device),
-                                   torch.arange(len(ids), device=self.device), cache)
-        return hidden.float().mean(dim=0).cpu().numpy()
+        return mean_pooled(self.model, [ids], max_batch_tokens=self.options.max_batch_tokens)[0]
+
+    def embed_batch(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """``/v1/embeddings``: mean-pooled, L2-normalised vectors of whole inputs, batched
+        (see ruvllm_candle_like.embeddings)."""
+        batch = check_embedding_inputs(inputs, vocab_size=self._info.vocab_size,
+                                       max_tokens=self.max_embedding_tokens())
+        return normalise_rows(mean_pooled(self.model, batch, max_batch_tokens=self.options.max_batch_tokens))
+
+    def max_embedding_tokens(self) -> int:
+        return self.model.max_positions
 
     @torch.inference_mode()
     def step(self, cache: RequestCache, tokens: Sequence[int],

@@ -117,6 +117,8 @@ class PagedExecutor:
     """:class:`ruvllm.executor.BatchExecutor` over a :class:`Transformer` with a paged KV pool."""
 
     kv_layout = "paged"
+    #: Honours ``BatchEntry.all_logits`` (prompt logprobs).
+    prompt_logits = True
 
     def __init__(self, model: Transformer, *, max_sequences: int, block_size: int, num_tokens: int,
                  max_batch_tokens: int, kv_dtype: torch.dtype, adapters: AdapterRegistry | None = None,
@@ -232,7 +234,9 @@ class PagedExecutor:
                 gather = torch.from_numpy(kv.gather(i)).to(dev)
                 prefills.append(_Prefill(slice(row, row + n), gather, e.start_pos))
             row += n
-            if e.sample:
+            if e.all_logits:  # prompt logprobs: a row for every token of the entry
+                logit_rows.extend(range(row - n, row))
+            elif e.sample:
                 logit_rows.append(row - 1)
         decode_gather = decode_valid = decode_rows_t = None
         if decode_rows:

@@ -20,12 +20,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 from ruvllm.backend import LlmBackend, sample_stream
+from ruvllm.embeddings import check_embedding_inputs, normalise_rows
 from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest, ModelLoadError
+from ruvllm.executor import KvLayout
 from ruvllm.models import ModelSource
 from ruvllm.options import parse_options
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
 
 from ruvllm_llamacpp import _lib
+from ruvllm_llamacpp.embeddings import LlamaCppEmbedder
 from ruvllm_llamacpp.kv import SequenceKV
 from ruvllm_llamacpp.kv_budget import CELL_GRANULARITY, MIB, kv_bytes_per_token
 from ruvllm_llamacpp.metadata import model_info, read_metadata
@@ -43,8 +46,13 @@ class _Handles:
         self.model: int | None = model
         self.ctx: int | None = None
         self.batch: Any = None
+        #: The embeddings context, created on first use (freed before the model).
+        self.embedder: LlamaCppEmbedder | None = None
 
     def close(self) -> None:
+        if self.embedder is not None:
+            self.embedder.close()
+            self.embedder = None
         if self.batch is not None:
             self.lib.llama_batch_free(self.batch)
             self.batch = None
@@ -82,11 +90,13 @@ class LlamaCppBackend(LlmBackend):
 
     Isolation: every ``generate`` starts from an empty KV memory and clears it again when it
     ends. With ``prefix_reuse = true`` the KV of the previous call is kept and only the part of
-    the new prompt after the longest common token prefix is evaluated; the tokens produced are
-    the same as from an empty KV (tested), only the prefill is shorter.
+    the new prompt after the longest common token prefix is evaluated. The logits equal an empty
+    KV's up to the rounding of a differently batched evaluation (see ruvllm_llamacpp.kv and
+    docs/backends/llamacpp.md): greedy tokens can differ only at near-ties (tested).
     """
 
     name: ClassVar[str] = "llamacpp"
+    executor_kv_layout: ClassVar[KvLayout] = "per_sequence"
     formats: ClassVar[tuple[str, ...]] = ("gguf",)
 
     # ----------------------------------------------------------------- class-level queries
@@ -118,6 +128,7 @@ class LlamaCppBackend(LlmBackend):
             executor=True,
             logprobs=True,
             core_sampler=True,
+            embeddings=True,
             device="gpu" if gpu_build and gpu_layers != 0 else "cpu",
             notes=tuple(notes),
         )
@@ -146,13 +157,14 @@ class LlamaCppBackend(LlmBackend):
             # llama.cpp pads a sequence's window up to whole 256-cell blocks: asking for the padded
             # size makes the window known before any context exists, and exactly what is allocated.
             n_ctx = -(-n_ctx // CELL_GRANULARITY) * CELL_GRANULARITY
-            return cls(llama_cpp, model, opts, handles, n_ctx=n_ctx, n_batch=min(opts.n_batch, n_ctx))
+            return cls(llama_cpp, model, opts, handles, n_ctx=n_ctx, n_batch=min(opts.n_batch, n_ctx),
+                       n_ctx_train=n_ctx_train)
         except BaseException:
             handles.close()
             raise
 
     def __init__(self, llama_cpp: ModuleType, source: ModelSource, options: LlamaCppOptions,
-                 handles: _Handles, *, n_ctx: int, n_batch: int):
+                 handles: _Handles, *, n_ctx: int, n_batch: int, n_ctx_train: int = 0):
         """Use :meth:`load`; this wires up an already loaded model."""
         self._lib = llama_cpp
         self._handles = handles
@@ -161,6 +173,8 @@ class LlamaCppBackend(LlmBackend):
         self.source = source
         self.n_ctx = n_ctx
         self.n_batch = n_batch
+        #: The model's training context (0 when the GGUF does not say).
+        self.n_ctx_train = n_ctx_train
         assert handles.model is not None
         vocab = llama_cpp.llama_model_get_vocab(handles.model)
         self._tokenizer = LlamaCppTokenizer(llama_cpp, vocab)
@@ -196,6 +210,13 @@ class LlamaCppBackend(LlmBackend):
         self._sequence()
         assert self._handles.ctx is not None
         return self._handles.ctx
+
+    @property
+    def sequence(self) -> SequenceKV:
+        """Sequence 0 of the request-level context, the KV ``generate()`` runs on (created now if
+        no generate() did yet). For code that needs the raw logits rows of that context, e.g. the
+        teacher-forced comparison of prefix reuse with a fresh prefill in tests/llamacpp."""
+        return self._sequence()
 
     def _sequence(self) -> SequenceKV:
         """Sequence 0 of the request-level context, which is created on first use."""
@@ -233,6 +254,29 @@ class LlamaCppBackend(LlmBackend):
         executor = create_executor(self, max_sequences=max_sequences, block_size=block_size)
         self._executor_kv = executor.kv.describe()
         return executor
+
+    # ------------------------------------------------------------------------- embeddings
+    def embed_batch(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        """``/v1/embeddings`` through llama.cpp's MEAN pooling, in a context of its own created
+        on first use (see ruvllm_llamacpp.embeddings); L2-normalised rows."""
+        batch = check_embedding_inputs(inputs, vocab_size=self._tokenizer.vocab_size,
+                                       max_tokens=self.max_embedding_tokens())
+        handles = self._handles
+        if handles.embedder is None:
+            self._check_open()
+            opts = self.options
+            with _lib.capture_log(self._lib, opts.verbose) as log:
+                try:
+                    handles.embedder = LlamaCppEmbedder(
+                        self._lib, handles.model, n_tokens=self.max_embedding_tokens(),
+                        n_threads=opts.n_threads, flash_attn=opts.flash_attn)
+                except BackendError as exc:
+                    raise BackendError(f"{exc} ({log.reason()})" if log.reason() else str(exc)) from None
+        return normalise_rows(handles.embedder.embed(batch))
+
+    def max_embedding_tokens(self) -> int:
+        """The ``embedding_tokens`` option, capped at the window the model was trained for."""
+        return min(self.options.embedding_tokens, self.n_ctx_train or self.options.embedding_tokens)
 
     def memory_summary(self) -> str | None:
         """The KV this backend holds: the last executor's, and the request-level context's once

@@ -45,6 +45,8 @@ MAX_FILL_GAP = 2
 
 class LlamaCppExecutor:
     kv_layout = "per_sequence"
+    #: Honours ``BatchEntry.all_logits`` (prompt logprobs).
+    prompt_logits = True
 
     def __init__(self, llama_cpp: ModuleType, model: Any, *, owner: Any = None, kv: KvPlan,
                  block_size: int, max_batch_tokens: int, n_threads: int, n_vocab: int,
@@ -132,7 +134,8 @@ class LlamaCppExecutor:
                 room = self.max_batch_tokens - total - len(fillers)
             prev = s
         fill_at = {g: p for g, p in fillers}
-        rows: list[int] = []  # for each sampled entry (in sorted order), its caller-order index
+        # For each output row (in sorted order): (caller-order entry index, token index in it).
+        rows: list[tuple[int, int]] = []
         prev = None
         for i in order:
             e = batch[i]
@@ -164,9 +167,12 @@ class LlamaCppExecutor:
                     seq_ptrs[j][0] = e.seq_id
                     cur[j] = e.seq_id
             n += k
-            if e.sample:
+            if e.all_logits:  # prompt logprobs: a row for every token of the entry
+                want[n - k:n] = 1
+                rows.extend((i, j) for j in range(k))
+            elif e.sample:
                 want[n - 1] = 1
-                rows.append(i)
+                rows.append((i, 0))
         self._batch.n_tokens = n
         rc = self._lib.llama_decode(self._ctx, self._batch)
         for g, p in fillers:  # forget the throw-away tokens (also after a failed pass)
@@ -184,8 +190,8 @@ class LlamaCppExecutor:
         logits = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx), shape=(n_out, self.n_vocab))
         if rows == sorted(rows):
             return logits.copy()
-        # rows[r] is the caller index of logits row r: row j of the answer is the j-th smallest.
-        return logits[np.argsort(rows)]
+        # rows[r] is the caller position of logits row r: row j of the answer is the j-th smallest.
+        return logits[sorted(range(n_out), key=rows.__getitem__)]
 
     # ------------------------------------------------------------------ KV management
 

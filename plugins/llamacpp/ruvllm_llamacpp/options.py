@@ -57,5 +57,9 @@ class LlamaCppOptions:
     #: sequences gets as many tokens as fit, up to n_ctx (see kv_budget.py). 256 gives the
     #: embedded model 18 sequences x 512 tokens and ``ruvllm serve`` under 500 MB resident.
     kv_budget_mib: int = attrs.field(default=256, validator=int_range(0, note="0: n_ctx for every sequence"))
+    #: Tokens of the embeddings context (/v1/embeddings; created on first use): the longest input
+    #: and the most tokens one embeddings batch holds. Its compute buffer keeps logits for every
+    #: token: about embedding_tokens x n_vocab x 4 bytes (96 MiB at 512 for the embedded model).
+    embedding_tokens: int = attrs.field(default=512, validator=int_range(MIN_CTX))
     #: Let llama.cpp print its load and performance logs to stderr.
     verbose: bool = attrs.field(default=False, validator=boolean())

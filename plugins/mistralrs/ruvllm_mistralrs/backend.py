@@ -35,6 +35,13 @@ from ruvllm_mistralrs.model_files import read_model_files
 from ruvllm_mistralrs.options import MistralRsOptions
 from ruvllm_mistralrs.platform import Build, installed_build
 from ruvllm_mistralrs.requests import SEED_UNSUPPORTED, chat_request
+from ruvllm_mistralrs.runtime import (
+    PAGED_UNAVAILABLE,
+    RuntimePlacement,
+    captured_stdout,
+    placement_notes,
+    placement_of_load,
+)
 from ruvllm_mistralrs.token_ids import TokenIdResolver
 from ruvllm_mistralrs.worker import RunnerThread
 from ruvllm_mistralrs.xlora import KNOWN_BROKEN as XLORA_KNOWN_BROKEN
@@ -78,14 +85,29 @@ class MistralRsBackend(LlmBackend):
 
     @classmethod
     def capabilities(cls) -> Capabilities:
+        """Capabilities before a model is loaded: what the installed build allows. A loaded
+        backend reports the device mistral.rs actually placed the model on, and PagedAttention
+        only when mistral.rs configured it (see ruvllm_mistralrs.runtime)."""
         build = installed_build()
+        notes = []
+        if build is not None and build.paged_kernels:
+            notes.append(f"device, paged_attention: decided when a model loads: {build.distribution} targets "
+                         f"{build.device}, but mistral.rs falls back to the CPU without a usable "
+                         f"{build.device} device, and uses PagedAttention only on a GPU placement")
+        return cls._capabilities(build, device=build.device if build else "cpu", paged=False, extra=notes)
+
+    @classmethod
+    def _capabilities(cls, build: Build | None, *, device: str, paged: bool,
+                      extra: Sequence[str]) -> Capabilities:
         notes = [
             "sampling runs inside mistral.rs: a per-request seed cannot be honoured (its RNG is seeded "
             "once per engine with the option seed)",
             "no iteration-level executor: mistral.rs schedules and batches the requests in flight "
             "itself (option max_seqs)",
+            *extra,
         ]
-        if build is not None and not build.paged_attention:
+        if build is not None and not build.paged_kernels and not any(n.startswith("paged_attention:")
+                                                                      for n in extra):
             notes.append(f"paged_attention: {build.paged_attention_absent_reason}")
         if build is not None and build.version in XLORA_KNOWN_BROKEN:
             notes.append(f"xlora: mistral.rs {build.version} loads X-LoRA models but fails the prompt step "
@@ -93,9 +115,8 @@ class MistralRsBackend(LlmBackend):
                          "measured); loading with option xlora checks this and raises BackendUnavailable")
         return Capabilities(
             streaming=True, executor=False, logprobs=True, core_sampler=False,
-            concurrent_requests=True, lora=True, isq=True,
-            paged_attention=build is not None and build.paged_attention,
-            embeddings=False, device=build.device if build else "cpu", notes=tuple(notes),
+            concurrent_requests=True, lora=True, isq=True, paged_attention=paged,
+            embeddings=False, device=device, notes=tuple(notes),
         )
 
     @classmethod
@@ -136,16 +157,34 @@ class MistralRsBackend(LlmBackend):
             # Read once, when mistral.rs builds its thread pool for the first Runner.
             os.environ["RAYON_NUM_THREADS"] = str(opts.threads)
 
+        placements: list[RuntimePlacement | None] = []
+
         def create() -> Any:
             # mistral.rs refuses the load if its estimate exceeds the available memory it reads
             # now; without this, heap freed by models closed earlier in the process counts as used.
             release_freed_heap()
             try:
-                return mistralrs.Runner(which=which, **kwargs)
+                # Its load log is the only place mistral.rs says where it put the model.
+                with captured_stdout() as load_log:
+                    runner = mistralrs.Runner(which=which, **kwargs)
             except Exception as exc:  # mistral.rs reports load failures as ValueError/RuntimeError
+                if PAGED_UNAVAILABLE in str(exc):
+                    raise BackendUnavailable(
+                        self.name, f"PagedAttention was asked for (options paged_*), and mistral.rs says: "
+                        f"{_first_line(exc)}; it runs only on a model placed on a CUDA or Metal device",
+                    ) from exc
                 raise ModelLoadError(model.name, f"mistral.rs could not load it: {_first_line(exc)}") from exc
+            placements.append(placement_of_load(load_log.text))
+            return runner
 
         self._runner = RunnerThread(create)
+        #: Where mistral.rs placed the model (None: its load log did not say).
+        self.placement = placements[0]
+        device = self.placement.device if self.placement else build.device
+        # Instance view of the capabilities: the device and PagedAttention of this load.
+        self.capabilities = lambda: type(self)._capabilities(  # type: ignore[method-assign]
+            build, device=device, paged=bool(self.placement and self.placement.paged_attention),
+            extra=placement_notes(self.placement, build.device))
         if staged is not None:
             failure = self._runner.call(lambda r: probe(r, mistralrs))
             if failure is not None:

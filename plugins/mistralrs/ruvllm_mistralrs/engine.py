@@ -30,7 +30,7 @@ _OPTION_OF_PAGED = {
 
 def check_paged_attention(opts: MistralRsOptions, build: Build) -> None:
     """Fail before loading when the options demand PagedAttention this build does not have."""
-    if not opts.wants_paged_attention or build.paged_attention:
+    if not opts.wants_paged_attention or build.paged_kernels:
         return
     named = next(name for name in _OPTION_OF_PAGED if getattr(opts, name) not in (None, False))
     raise BackendUnavailable("mistralrs", f"option {named}={getattr(opts, named)!r} needs PagedAttention: "
@@ -75,7 +75,7 @@ def runner_kwargs(m: Any, opts: MistralRsOptions, build: Build, template_file: P
         seed=opts.seed,
         token_source="none",  # local files only: never look for a hub token
     )
-    if build.paged_attention:
+    if build.paged_kernels:
         if opts.paged_attention is True:
             kwargs["paged_attn"] = True
         elif opts.paged_attention is False:

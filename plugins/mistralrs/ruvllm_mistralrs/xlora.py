@@ -189,7 +189,9 @@ def probe(runner: Any, m: Any) -> str | None:
     return None
 
 
-#: Why X-LoRA is absent with the mistral.rs versions measured here (capabilities().notes).
+#: Why X-LoRA is absent with the mistral.rs versions measured here (capabilities().notes). 0.9.5 is
+#: the newest release on PyPI (2026-11-23); the pin in constraints.txt waits for the first later
+#: release whose X-LoRA passes :func:`probe`, and this entry goes when the pin moves to it.
 KNOWN_BROKEN = {"0.9.5": "RoPE positions length 1 does not match token count N"}
 
 

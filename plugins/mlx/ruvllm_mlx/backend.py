@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from ruvllm.backend import LlmBackend, sample_stream
-from ruvllm.executor import BatchExecutor
+from ruvllm.executor import BatchExecutor, KvLayout
 from ruvllm.models import ModelSource
 from ruvllm.options import parse_options
 from ruvllm.tokenizer import Tokenizer
@@ -32,6 +32,7 @@ PREFILL_CHUNK = 512
 
 class MlxBackend(LlmBackend):
     name: ClassVar[str] = "mlx"
+    executor_kv_layout: ClassVar[KvLayout] = "per_sequence"
     formats: ClassVar[tuple[str, ...]] = ("gguf", "hf")
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, info: ModelInfo, options: MlxOptions,

@@ -30,6 +30,8 @@ DEFAULT_KV_MEMORY_BYTES = 2 * 1024**3
 
 class MlxBatchExecutor:
     kv_layout: KvLayout = "per_sequence"
+    #: Honours ``BatchEntry.all_logits`` (prompt logprobs).
+    prompt_logits = True
 
     def __init__(self, model: Transformer, *, max_sequences: int, block_size: int, context_length: int,
                  kv_quantize: tuple[int, int] | None = None, max_batch_tokens: int = 2048,
@@ -99,7 +101,9 @@ class MlxBatchExecutor:
                                  f"the entry starts at {entry.start_pos}")
             segments.append(Segment(cache, entry.start_pos, len(entry.tokens)))
             tokens.extend(entry.tokens)
-            if entry.sample:
+            if entry.all_logits:  # prompt logprobs: a row for every token of the entry
+                rows.extend(range(len(tokens) - len(entry.tokens), len(tokens)))
+            elif entry.sample:
                 rows.append(len(tokens) - 1)
         if len(tokens) > self.max_batch_tokens:
             raise InvalidRequest(

@@ -18,8 +18,9 @@ from ruvllm.models import ModelSource
 from ruvllm.testing.support import PROMPT_A, SHORT, describe
 from ruvllm.types import GenerationParams, GenerationResult
 
-#: Tokens of the health check after each rejected request (a corrupted state shows at once).
-HEALTH_TOKENS = 8
+#: Tokens of the health check after each rejected request (a corrupted state shows at once, in
+#: the first tokens; the check runs after every one of some 25 rejected requests).
+HEALTH_TOKENS = 4
 
 #: (field, bad value) pairs; each must be rejected with InvalidRequest naming the field.
 OUT_OF_RANGE: list[tuple[str, Any]] = [

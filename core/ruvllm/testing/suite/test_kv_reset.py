@@ -12,23 +12,29 @@ import attrs
 import pytest
 
 from ruvllm.llm import LLM
+from ruvllm.models import ModelSource
+from ruvllm.testing.kv_geometry import MIN_KV_BYTES_PER_ELEMENT, kv_geometry
+from ruvllm.testing.memory_probe import heap_in_use_bytes, rss_bytes
 from ruvllm.testing.support import (
     LOGPROB_TOLERANCE,
     LONG_PROMPT_TOKENS,
     MANY_CALLS,
     MANY_CALLS_TOKENS,
     MEDIUM,
+    MEMORY_LEAK_SHARE,
     PROMPT_A,
     PROMPT_A_SIBLING,
     PROMPT_C,
-    RSS_GROWTH_LIMIT_MIB,
     SHORT,
     describe,
     long_prompt,
     require,
-    rss_bytes,
 )
 from ruvllm.types import GenerationResult
+
+MIB = 2**20
+#: Tokens of each run of the shared-prefix test: enough for the sibling prompt's answer to show.
+PREFIX_TOKENS = 8
 
 
 @attrs.frozen
@@ -36,20 +42,34 @@ class ManyCalls:
     """What the state-growth tests assert on: one run of MANY_CALLS identical requests."""
 
     results: tuple[GenerationResult, ...]
+    #: The backend's own report after each call (None: it cannot tell).
     cached_tokens: tuple[int | None, ...]
+    #: The process's memory after each call, read from outside the backend: bytes the C
+    #: allocator has handed out (None where it cannot be asked), and the resident set.
+    heap: tuple[int | None, ...]
     rss: tuple[int | None, ...]
+
+    def kept_tokens(self) -> int:
+        """Tokens of KV that calls 2..MANY_CALLS would hold if none of them were released."""
+        return sum(r.usage.prompt_tokens + r.usage.completion_tokens for r in self.results[1:])
 
 
 @pytest.fixture(scope="session")
 def many_calls(ruvllm_llm: LLM) -> ManyCalls:
     """Run PROMPT_A greedily MANY_CALLS times in a row, once per backend, recording the
-    backend's cache size and the process's memory after each call."""
-    results, cached, rss = [], [], []
+    backend's cache size and the process's memory after each call (and the tokens'
+    log-probabilities where the backend has them). Every state-growth test reads this one run."""
+    llm = ruvllm_llm
+    prompt = PROMPT_A
+    logprobs = 0 if llm.capabilities.logprobs else None
+    results, cached, heap, rss = [], [], [], []
     for _ in range(MANY_CALLS):
-        results.append(ruvllm_llm.generate(PROMPT_A, max_tokens=MANY_CALLS_TOKENS, temperature=0.0))
-        cached.append(ruvllm_llm.backend.cached_tokens())
+        results.append(llm.generate(prompt, max_tokens=MANY_CALLS_TOKENS, temperature=0.0, ignore_eos=True,
+                                    logprobs=logprobs))
+        cached.append(llm.backend.cached_tokens())
+        heap.append(heap_in_use_bytes())
         rss.append(rss_bytes())
-    return ManyCalls(tuple(results), tuple(cached), tuple(rss))
+    return ManyCalls(tuple(results), tuple(cached), tuple(heap), tuple(rss))
 
 
 class TestKvReset:
@@ -58,9 +78,9 @@ class TestKvReset:
         same token for token. A backend that keeps B's KV continues A after B instead."""
         llm = ruvllm_llm
         prompt_b = long_prompt(llm.tokenizer, llm.info.context_length)
-        before = llm.generate(PROMPT_A, max_tokens=MEDIUM)
+        before = llm.generate(PROMPT_A, max_tokens=SHORT)
         long_run = llm.generate(prompt_b, max_tokens=SHORT)
-        after = llm.generate(PROMPT_A, max_tokens=MEDIUM)
+        after = llm.generate(PROMPT_A, max_tokens=SHORT)
         assert long_run.usage.prompt_tokens >= min(LONG_PROMPT_TOKENS, llm.info.context_length // 2)
         assert after.token_ids == before.token_ids, (
             f"prompt A's greedy output changed after a {long_run.usage.prompt_tokens}-token prompt: "
@@ -101,8 +121,26 @@ class TestKvReset:
                 f"call {i} of {MANY_CALLS} differs from call 1: {describe(first)} -> {describe(result)}"
             )
 
+    def test_many_calls_logprobs_unchanged(self, ruvllm_llm: LLM, many_calls: ManyCalls) -> None:
+        """The last of the MANY_CALLS identical calls gives the first call's log-probabilities
+        (within LOGPROB_TOLERANCE): state that builds up call after call and shifts the logits
+        without flipping a greedy token shows here, whatever the backend reports about itself."""
+        require(ruvllm_llm, "logprobs", "the engine does not expose token probabilities")
+        first, last = many_calls.results[0].logprobs, many_calls.results[-1].logprobs
+        assert first is not None and last is not None
+        moved = [(i, a.logprob, b.logprob) for i, (a, b) in enumerate(zip(first, last, strict=True))
+                 if abs(a.logprob - b.logprob) > LOGPROB_TOLERANCE]
+        assert not moved, (
+            f"call {MANY_CALLS} of {MANY_CALLS} identical calls gave other log-probabilities than call 1 "
+            f"(more than {LOGPROB_TOLERANCE} apart): state accumulates across calls. "
+            f"(position, call 1, call {MANY_CALLS}): {moved}"
+        )
+
     def test_many_calls_cached_tokens_bounded(self, ruvllm_llm: LLM, many_calls: ManyCalls) -> None:
-        """The state a backend holds between calls does not grow from call to call."""
+        """The state the backend reports holding between calls does not grow from call to call.
+
+        This is the backend's own account (exact where the engine is asked, as llama.cpp's KV
+        cells are); the memory and log-probability probes check the same run from outside."""
         readings = many_calls.cached_tokens
         if readings[0] is None:
             pytest.skip(f"{ruvllm_llm.backend_name} cannot report cached_tokens() (it returns None)")
@@ -110,15 +148,33 @@ class TestKvReset:
             f"cached_tokens() grew across {MANY_CALLS} identical calls: {list(readings)}"
         )
 
-    def test_many_calls_rss_bounded(self, many_calls: ManyCalls) -> None:
-        """Resident memory grows by less than RSS_GROWTH_LIMIT_MIB from call 1 to call 50."""
-        start, end = many_calls.rss[0], many_calls.rss[-1]
-        if start is None or end is None:
-            pytest.skip("resident memory cannot be read on this platform (no /proc, no psutil)")
-        growth_mib = (end - start) / 2**20
-        assert growth_mib < RSS_GROWTH_LIMIT_MIB, (
-            f"RSS grew by {growth_mib:.1f} MiB over {MANY_CALLS - 1} identical calls "
-            f"(limit {RSS_GROWTH_LIMIT_MIB} MiB)"
+    def test_many_calls_memory_bounded(self, ruvllm_model_source: ModelSource, many_calls: ManyCalls) -> None:
+        """The process's memory grows from call 1 to call MANY_CALLS by less than MEMORY_LEAK_SHARE
+        of what keeping the KV of calls 2..MANY_CALLS would add: their tokens times the model's
+        KV bytes per token, read from the model file (not from the backend), at 2 bytes per
+        element. Memory is the C allocator's bytes in use where it can be asked (a kept cache
+        served from freed chunks does not move the resident set), else the resident set. A
+        backend that keeps each call's KV, or buffers of its size, exceeds it."""
+        probes = [(name, readings) for name, readings in (("heap in use", many_calls.heap),
+                                                          ("RSS", many_calls.rss))
+                  if readings[0] is not None and readings[-1] is not None]
+        if not probes:
+            pytest.skip("process memory cannot be read on this platform (no glibc, /proc or psutil)")
+        name, readings = probes[0]
+        per_token = kv_geometry(ruvllm_model_source).bytes_per_token(MIN_KV_BYTES_PER_ELEMENT)
+        kept = many_calls.kept_tokens()
+        leak = kept * per_token
+        limit = MEMORY_LEAK_SHARE * leak
+        growth = readings[-1] - readings[0]
+        rss = [r for r in (many_calls.rss[0], many_calls.rss[-1]) if r is not None]
+        rss_growth = f"{(rss[1] - rss[0]) / MIB:.2f} MiB" if len(rss) == 2 else "unknown"
+        print(f"{name} growth over {MANY_CALLS - 1} calls: {growth / MIB:.2f} MiB (RSS {rss_growth}); "
+              f"a KV leak would add {leak / MIB:.1f} MiB; limit {limit / MIB:.1f} MiB")
+        assert growth < limit, (
+            f"{name} grew by {growth / MIB:.1f} MiB over {MANY_CALLS - 1} identical calls (RSS "
+            f"{rss_growth}), more than {MEMORY_LEAK_SHARE:.0%} of the {leak / MIB:.1f} MiB that keeping "
+            f"their {kept} tokens of KV ({per_token} bytes per token) would add (limit "
+            f"{limit / MIB:.1f} MiB): memory is kept per request"
         )
 
     def test_prompts_sharing_a_prefix_stay_isolated(self, ruvllm_llm: LLM) -> None:
@@ -129,10 +185,10 @@ class TestKvReset:
         sibling, a = llm.encode(PROMPT_A_SIBLING), llm.encode(PROMPT_A)
         assert sibling[0] == a[0] and sibling != a
         llm.generate(PROMPT_C, max_tokens=1)  # an unrelated first token: nothing to reuse
-        fresh = llm.generate(sibling, max_tokens=MANY_CALLS_TOKENS)
+        fresh = llm.generate(sibling, max_tokens=PREFIX_TOKENS)
         llm.generate(PROMPT_C, max_tokens=1)  # so that A itself runs clean (its KV is A's)
-        llm.generate(a, max_tokens=MANY_CALLS_TOKENS)
-        after_a = llm.generate(sibling, max_tokens=MANY_CALLS_TOKENS)
+        llm.generate(a, max_tokens=PREFIX_TOKENS)
+        after_a = llm.generate(sibling, max_tokens=PREFIX_TOKENS)
         assert after_a.token_ids == fresh.token_ids, (
             f"{PROMPT_A_SIBLING!r} changed when it followed {PROMPT_A!r}, which shares its first "
             f"tokens: state of the previous call was reused.\n after {PROMPT_C!r}: {describe(fresh)}\n "

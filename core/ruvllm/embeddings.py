@@ -1,0 +1,46 @@
+"""What every embeddings backend shares: input checks and the final L2 normalisation.
+
+Backends pool hidden states their own way (a padded torch batch, a llama.cpp embeddings
+context) but must refuse the same inputs with the same errors and return unit vectors, so a
+client sees one behaviour whichever engine serves the model (``LlmBackend.embed_batch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ruvllm.errors import InvalidRequest
+
+
+def check_embedding_inputs(inputs: Sequence[Sequence[int]], *, vocab_size: int, max_tokens: int,
+                           field: str = "input") -> list[list[int]]:
+    """``inputs`` as lists of ints, or :class:`InvalidRequest` naming the first bad one.
+
+    Over-long inputs are refused rather than truncated: a vector of a silently cut text would
+    be a wrong answer that looks right.
+    """
+    if not inputs:
+        raise InvalidRequest(field, "must hold at least one input")
+    out: list[list[int]] = []
+    for i, ids in enumerate(inputs):
+        name = f"{field}[{i}]" if len(inputs) > 1 else field
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise InvalidRequest(name, "is empty; every input needs at least one token")
+        if len(ids) > max_tokens:
+            raise InvalidRequest(name, f"has {len(ids)} tokens, but this model embeds at most {max_tokens} "
+                                 "tokens per input; shorten or split it", len(ids))
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise InvalidRequest(name, f"token id {bad} is outside the vocabulary [0, {vocab_size})", bad)
+        out.append(ids)
+    return out
+
+
+def normalise_rows(vectors: np.ndarray) -> np.ndarray:
+    """Each row scaled to unit L2 norm, as float32 (a zero row stays zero rather than NaN)."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return vectors / np.where(norms > 0, norms, 1.0)

@@ -1,0 +1,107 @@
+"""What a request asks its output to match, as one llguidance grammar string.
+
+Every request-level way of constraining output (OpenAI's ``response_format``, the ``guided_regex``
+/ ``guided_grammar`` / ``guided_choice`` extension fields vLLM users already send, an enforced
+tool call) ends here as a :class:`GrammarSpec`: the field it came from (named in every error) and
+the llguidance grammar text. Checking that the grammar compiles happens in
+:mod:`ruvllm.guided.compile`, where the tokenizer is known.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from ruvllm.errors import InvalidRequest
+
+
+@attrs.frozen
+class GrammarSpec:
+    """One request's output constraint: ``grammar`` is llguidance's serialised grammar."""
+
+    #: The request field the constraint came from (``response_format``, ``tools``...).
+    field: str
+    grammar: str
+    #: Short description for logs and errors ("json_schema 'weather'", "regex").
+    kind: str
+
+
+def _ll() -> Any:
+    import llguidance
+
+    return llguidance
+
+
+def json_schema_grammar(field: str, schema: Any, *, kind: str = "json_schema") -> GrammarSpec:
+    """A grammar for JSON matching ``schema`` (a dict). Unsupported keywords are an error, not
+    silently ignored, so that ``strict`` output really validates against the schema."""
+    if not isinstance(schema, Mapping):
+        raise InvalidRequest(field, f"the JSON schema must be an object; got {type(schema).__name__}")
+    try:
+        grammar = _ll().LLMatcher.grammar_from_json_schema(
+            json.dumps(schema), defaults={"whitespace_flexible": False})
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(field, f"is not a usable JSON schema: {exc}") from exc
+    return GrammarSpec(field, grammar, kind)
+
+
+def from_response_format(response_format: Mapping[str, Any] | None) -> GrammarSpec | None:
+    """OpenAI's ``response_format``: ``text`` (no constraint), ``json_object``, ``json_schema``."""
+    if not response_format:
+        return None
+    kind = response_format.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return json_schema_grammar("response_format", {"type": "object"}, kind="json_object")
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, Mapping):
+            raise InvalidRequest("response_format.json_schema",
+                                 "is required with type json_schema: {\"name\": ..., \"schema\": {...}}")
+        schema = spec.get("schema")
+        if schema is None:
+            # OpenAI accepts a json_schema without a schema: any JSON object.
+            schema = {"type": "object"}
+        name = spec.get("name") or "unnamed"
+        return json_schema_grammar("response_format.json_schema.schema", schema,
+                                   kind=f"json_schema {name!r}")
+    raise InvalidRequest("response_format",
+                         f"type must be one of text, json_object, json_schema; got {kind!r}")
+
+
+def from_extensions(*, guided_regex: str | None = None, guided_grammar: str | None = None,
+                    guided_choice: Sequence[str] | None = None,
+                    guided_json: Any = None) -> GrammarSpec | None:
+    """vLLM's extension fields (at most one may be set): a regex, a Lark grammar (llguidance's
+    Lark dialect, which also embeds ``%json`` schemas), a list of choices or a JSON schema."""
+    given = {k: v for k, v in (("guided_regex", guided_regex), ("guided_grammar", guided_grammar),
+                               ("guided_choice", guided_choice), ("guided_json", guided_json))
+             if v is not None}
+    if not given:
+        return None
+    if len(given) > 1:
+        raise InvalidRequest(sorted(given)[1], f"give only one of {', '.join(sorted(given))}")
+    (field, value), = given.items()
+    ll = _ll()
+    if field == "guided_regex":
+        if not isinstance(value, str) or not value:
+            raise InvalidRequest(field, "must be a non-empty regular expression string")
+        return GrammarSpec(field, ll.LLMatcher.grammar_from_regex(value), "regex")
+    if field == "guided_grammar":
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidRequest(field, "must be a non-empty Lark grammar string")
+        return GrammarSpec(field, ll.LLMatcher.grammar_from_lark(value), "lark")
+    if field == "guided_choice":
+        if not value or not all(isinstance(c, str) and c for c in value):
+            raise InvalidRequest(field, "must be a non-empty list of non-empty strings")
+        lark = "start: " + " | ".join(json.dumps(c) for c in value)
+        return GrammarSpec(field, ll.LLMatcher.grammar_from_lark(lark), "choice")
+    try:
+        schema = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(field, f"is not valid JSON: {exc}") from exc
+    return json_schema_grammar(field, schema)

@@ -1,0 +1,66 @@
+"""Chat completion responses whose output may be tool calls, in OpenAI's shapes.
+
+Wraps the server's :class:`~ruvllm.server.responses.ChatFormatter`: text the model writes
+before a tool call streams as ``content``; text that is (or may be the start of) a tool call is
+held back and, once the choice finishes, sent as ``delta.tool_calls`` (``index``, ``id``,
+``type``, ``function.name``, ``function.arguments``) with ``finish_reason: "tool_calls"``.
+Enforced calls (``required`` / named) never stream content.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ruvllm.guided.tools import ToolPlan, hold_back, split_tool_calls
+from ruvllm.server.responses import ChatFormatter
+from ruvllm.types import TokenOutput
+
+
+class ToolChatFormatter(ChatFormatter):
+    def __init__(self, *args: Any, plan: ToolPlan, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.plan = plan
+        self._text: dict[int, str] = {}
+        self._sent: dict[int, int] = {}
+
+    def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
+        text = self._text.get(index, "") + out.text
+        self._text[index] = text
+        ready = len(text) - hold_back(text, self.plan)
+        sent = self._sent.get(index, 0)
+        if ready <= sent:
+            return None
+        self._sent[index] = ready
+        return self._text_chunk(index, text[sent:ready])
+
+    def token_event(self, index: int, out: TokenOutput) -> str | None:
+        from ruvllm.server.sse import sse_event
+
+        chunk = self.token(index, out)
+        return None if chunk is None else sse_event(chunk)
+
+    def finish(self, index: int, reason: str) -> dict[str, Any]:
+        text = self._text.get(index, "")
+        content, calls = split_tool_calls(text, self.plan)
+        sent = self._sent.get(index, 0)
+        delta: dict[str, Any] = {}
+        if calls:
+            if len(content) > sent:
+                delta["content"] = content[sent:]
+            delta["tool_calls"] = [c.openai(k) for k, c in enumerate(calls)]
+            reason = "tool_calls" if reason == "stop" else reason
+        elif len(text) > sent:
+            delta["content"] = text[sent:]
+        return self._chunk(index, delta, reason)
+
+    def complete(self, outcomes, prompt_lengths) -> dict[str, Any]:
+        out = super().complete(outcomes, prompt_lengths)
+        for choice in out["choices"]:
+            message = choice["message"]
+            content, calls = split_tool_calls(message["content"] or "", self.plan)
+            if calls:
+                message["content"] = content or None
+                message["tool_calls"] = [c.openai() for c in calls]
+                if choice["finish_reason"] == "stop":
+                    choice["finish_reason"] = "tool_calls"
+        return out

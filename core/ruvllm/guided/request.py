@@ -1,0 +1,78 @@
+"""From an OpenAI request body to its output constraint and the processors that enforce it.
+
+The server's glue: which of ``response_format``, the ``guided_*`` extension fields and an
+enforced ``tool_choice`` applies (they exclude each other, and a conflict is a 400 naming the
+field), whether the engine can enforce it at all (only where core's sampler chooses the tokens),
+and one fresh processor per choice, compiled off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import attrs
+
+from ruvllm.errors import InvalidRequest
+from ruvllm.guided.compile import GrammarCache
+from ruvllm.guided.grammar import GrammarSpec, from_extensions, from_response_format
+from ruvllm.guided.processor import GuidedProcessor
+from ruvllm.guided.tools import ToolPlan, plan_tools
+
+
+@attrs.frozen
+class RequestConstraint:
+    #: The grammar the output must match (None: unconstrained).
+    spec: GrammarSpec | None = None
+    #: What the request does with tools (mode ``none`` when it has none).
+    tools: ToolPlan = attrs.field(factory=lambda: ToolPlan("none"))
+
+
+def _extensions(body: Any) -> GrammarSpec | None:
+    return from_extensions(guided_regex=body.guided_regex, guided_grammar=body.guided_grammar,
+                           guided_choice=body.guided_choice, guided_json=body.guided_json)
+
+
+def _one(*specs: GrammarSpec | None) -> GrammarSpec | None:
+    given = [s for s in specs if s is not None]
+    if len(given) > 1:
+        raise InvalidRequest(given[1].field, f"cannot be combined with {given[0].field}: "
+                             "a request takes one output constraint")
+    return given[0] if given else None
+
+
+def chat_constraint(body: Any, chat_template: str | None) -> RequestConstraint:
+    """The constraint of a chat completion request (``ChatCompletionRequest``)."""
+    plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, chat_template)
+    spec = _one(plan.grammar, from_response_format(body.response_format), _extensions(body))
+    return RequestConstraint(spec, plan)
+
+
+def completion_constraint(body: Any) -> RequestConstraint:
+    """The constraint of a legacy completions request (extension fields only)."""
+    return RequestConstraint(_extensions(body))
+
+
+def check_engine(engine: Any, spec: GrammarSpec) -> None:
+    """Refuse, naming the field, where the engine's backend chooses tokens itself."""
+    if getattr(engine, "path", "executor") != "executor":
+        raise InvalidRequest(
+            spec.field, f"constrained output needs core's sampler, but backend {engine.backend_name!r} "
+            "generates request by request with its own sampler, so ruvllm cannot enforce the grammar "
+            "there; serve the model with llamacpp, candle_like or mlx")
+
+
+async def processors(engine: Any, spec: GrammarSpec | None, n: int,
+                     cache: GrammarCache | None = None) -> list[list[GuidedProcessor]]:
+    """One processor list per choice (empty lists when unconstrained); compiles in a thread."""
+    if spec is None:
+        return [[] for _ in range(n)]
+    check_engine(engine, spec)
+    from ruvllm.guided import guided_processor
+
+    tokenizer = engine.tokenizer
+
+    def build() -> list[list[GuidedProcessor]]:
+        return [[guided_processor(spec, tokenizer, cache=cache)] for _ in range(n)]
+
+    return await asyncio.to_thread(build)

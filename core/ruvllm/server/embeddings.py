@@ -1,0 +1,111 @@
+"""``POST /v1/embeddings``: OpenAI's embeddings endpoint over the engine's backend.
+
+The whole request's inputs are one batch, run by the backend on the engine's model thread
+between two generation steps (``AsyncEngine.embed_async``), so concurrent embeddings and
+completions never touch the model from two threads. Vectors are the mean of each input's final
+hidden states, L2-normalised (``LlmBackend.embed_batch``); ``encoding_format: "base64"`` sends
+the little-endian float32 bytes, as OpenAI does (and as the ``openai`` client asks by default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict
+
+from ruvllm.errors import InvalidRequest
+from ruvllm.serving import AsyncEngine
+from ruvllm.tokenizer import require_encodable
+
+#: OpenAI's limit on inputs per request.
+MAX_INPUTS = 2048
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+def split_inputs(value: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """Each input of the request: a string, one token-id list, or a list of either."""
+    if isinstance(value, str):
+        return [value]
+    if value and all(isinstance(t, int) for t in value):
+        return [list(value)]  # type: ignore[arg-type]
+    items = list(value)
+    if not items:
+        raise InvalidRequest("input", "must not be empty")
+    if len(items) > MAX_INPUTS:
+        raise InvalidRequest("input", f"holds {len(items)} inputs; at most {MAX_INPUTS} per request",
+                             len(items))
+    return items  # type: ignore[return-value]
+
+
+async def input_ids(engine: AsyncEngine, items: list[str | list[int]]) -> list[list[int]]:
+    """Token ids of every input (strings tokenized by the engine with its special tokens, on its
+    model thread; all of them queued at once, so they are tokenized in one visit)."""
+    pending = []
+    for i, item in enumerate(items):
+        name = f"input[{i}]" if len(items) > 1 else "input"
+        if isinstance(item, str):
+            if not item:
+                raise InvalidRequest(name, "must not be an empty string")
+            pending.append(engine.encode_async(require_encodable(name, item), add_special=True))
+        else:
+            pending.append(_ready(list(item)))
+    return list(await asyncio.gather(*pending))
+
+
+async def _ready(ids: list[int]) -> list[int]:
+    return ids
+
+
+def check_dimensions(dimensions: int | None) -> None:
+    """``dimensions`` is refused: a shortened vector (truncated and renormalised) is a valid
+    embedding only for Matryoshka-trained models, and the decoder models served here are not."""
+    if dimensions is not None:
+        raise InvalidRequest("dimensions", "is not supported: this model is not Matryoshka-trained, so a "
+                             "shortened vector would not be a valid embedding; remove dimensions", dimensions)
+
+
+def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return vector.astype(np.float32).tolist()
+
+
+def embeddings_response(vectors: np.ndarray, *, model: str, encoding_format: str,
+                        prompt_tokens: int) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": encode_vector(v, encoding_format)}
+                 for i, v in enumerate(vectors)],
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+def register_embeddings(app: FastAPI, engine: AsyncEngine, *, model_name: str,
+                        check_model: Callable[[str | None], None]) -> None:
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
+        check_model(body.model)
+        if not engine.capabilities.embeddings:
+            raise InvalidRequest("model", f"{model_name!r} is served by backend {engine.backend_name!r}, "
+                                 "which cannot produce embeddings; serve it with --backend candle_like "
+                                 "or llamacpp for /v1/embeddings", body.model)
+        check_dimensions(body.dimensions)
+        ids = await input_ids(engine, split_inputs(body.input))
+        vectors = await engine.embed_async(ids)
+        return embeddings_response(vectors, model=model_name, encoding_format=body.encoding_format,
+                                   prompt_tokens=sum(len(x) for x in ids))

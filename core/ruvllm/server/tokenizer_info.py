@@ -1,0 +1,39 @@
+"""``GET /tokenizer_info``: what a client needs to tokenize like the served model (vLLM's endpoint).
+
+lm-evaluation-harness's remote tokenizer reads ``bos_token``, ``eos_token``, ``pad_token`` and
+``chat_template`` from it and tokenizes through ``/tokenize``, so scores are computed on exactly
+the server's token ids without downloading the model's tokenizer from a hub.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from ruvllm.serving import AsyncEngine
+
+
+def tokenizer_info(engine: AsyncEngine) -> dict[str, Any]:
+    info = engine.info
+    st = info.special_tokens
+    tok = engine.tokenizer
+    return {
+        "tokenizer_class": type(tok).__name__,
+        "bos_token": st.bos_text or None,
+        "bos_token_id": st.bos_id,
+        "eos_token": st.eos_text or None,
+        "eos_token_id": st.eos_ids[0] if st.eos_ids else None,
+        "eos_token_ids": list(st.eos_ids),
+        "pad_token": tok.token_text(st.pad_id) if st.pad_id is not None else None,
+        "pad_token_id": st.pad_id,
+        "vocab_size": tok.vocab_size,
+        "model_max_length": info.context_length,
+        "chat_template": info.chat_template,
+    }
+
+
+def register_tokenizer_info(app: FastAPI, engine: AsyncEngine) -> None:
+    @app.get("/tokenizer_info")
+    async def get_tokenizer_info() -> dict[str, Any]:
+        return tokenizer_info(engine)
