@@ -8,6 +8,9 @@ cannot pass conformance.
 
 from __future__ import annotations
 
+import itertools
+import statistics
+
 import attrs
 import pytest
 
@@ -149,32 +152,37 @@ class TestKvReset:
         )
 
     def test_many_calls_memory_bounded(self, ruvllm_model_source: ModelSource, many_calls: ManyCalls) -> None:
-        """The process's memory grows from call 1 to call MANY_CALLS by less than MEMORY_LEAK_SHARE
-        of what keeping the KV of calls 2..MANY_CALLS would add: their tokens times the model's
-        KV bytes per token, read from the model file (not from the backend), at 2 bytes per
-        element. Memory is the C allocator's bytes in use where it can be asked (a kept cache
-        served from freed chunks does not move the resident set), else the resident set. A
-        backend that keeps each call's KV, or buffers of its size, exceeds it."""
+        """Memory does not grow with the number of calls, judged against what keeping the KV of
+        calls 2..MANY_CALLS would add: their tokens times the model's KV bytes per token, read
+        from the model file (not from the backend), at 2 bytes per element.
+
+        Two bounds, because allocators are noisy in steps, leaks are steady: the *median* growth
+        per call, times the calls, must stay under MEMORY_LEAK_SHARE of that leak (a backend that
+        keeps each call's KV grows by about its share every call; a one-off step of a runtime's
+        thread arenas, measured up to 4 MiB on mistral.rs, leaves the median at 0), and the total
+        growth must stay under the whole leak (a leak released to the allocator in lumps still
+        adds up). Memory is the C allocator's bytes in use where it can be asked (a kept cache
+        served from freed chunks does not move the resident set), else the resident set."""
         probes = [(name, readings) for name, readings in (("heap in use", many_calls.heap),
                                                           ("RSS", many_calls.rss))
-                  if readings[0] is not None and readings[-1] is not None]
+                  if all(r is not None for r in readings)]
         if not probes:
             pytest.skip("process memory cannot be read on this platform (no glibc, /proc or psutil)")
         name, readings = probes[0]
         per_token = kv_geometry(ruvllm_model_source).bytes_per_token(MIN_KV_BYTES_PER_ELEMENT)
         kept = many_calls.kept_tokens()
         leak = kept * per_token
-        limit = MEMORY_LEAK_SHARE * leak
-        growth = readings[-1] - readings[0]
-        rss = [r for r in (many_calls.rss[0], many_calls.rss[-1]) if r is not None]
-        rss_growth = f"{(rss[1] - rss[0]) / MIB:.2f} MiB" if len(rss) == 2 else "unknown"
-        print(f"{name} growth over {MANY_CALLS - 1} calls: {growth / MIB:.2f} MiB (RSS {rss_growth}); "
-              f"a KV leak would add {leak / MIB:.1f} MiB; limit {limit / MIB:.1f} MiB")
-        assert growth < limit, (
-            f"{name} grew by {growth / MIB:.1f} MiB over {MANY_CALLS - 1} identical calls (RSS "
-            f"{rss_growth}), more than {MEMORY_LEAK_SHARE:.0%} of the {leak / MIB:.1f} MiB that keeping "
-            f"their {kept} tokens of KV ({per_token} bytes per token) would add (limit "
-            f"{limit / MIB:.1f} MiB): memory is kept per request"
+        calls = len(readings) - 1
+        steady = statistics.median(b - a for a, b in itertools.pairwise(readings)) * calls
+        total = readings[-1] - readings[0]
+        print(f"{name} over {calls} calls: steady growth (median per call x calls) {steady / MIB:.2f} MiB, "
+              f"total {total / MIB:.2f} MiB; a KV leak would add {leak / MIB:.1f} MiB")
+        assert steady < MEMORY_LEAK_SHARE * leak and total < leak, (
+            f"{name} grew by {steady / MIB:.2f} MiB steadily (median per call x {calls}; limit "
+            f"{MEMORY_LEAK_SHARE:.0%} = {MEMORY_LEAK_SHARE * leak / MIB:.1f} MiB) and "
+            f"{total / MIB:.2f} MiB in all (limit {leak / MIB:.1f} MiB, what keeping the {kept} tokens "
+            f"of KV of calls 2..{calls + 1} "
+            f"would add at {per_token} bytes per token): memory is kept per request"
         )
 
     def test_prompts_sharing_a_prefix_stay_isolated(self, ruvllm_llm: LLM) -> None:
