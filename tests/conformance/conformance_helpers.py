@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -45,3 +46,14 @@ def read_junit(path: Path) -> dict[str, Outcome]:
                 break
         out[key] = outcome
     return out
+
+
+def skip_unless_installed(module: str, what: str) -> None:
+    """Skip when ``module`` is missing, without importing it here.
+
+    The child run is what loads the engine. Importing it in this process would be undone by
+    pytester's ``sys.modules`` snapshot at teardown, and re-importing a C extension such as
+    torch's after that crashes the interpreter.
+    """
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{what} is not installed")

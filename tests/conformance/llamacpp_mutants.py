@@ -14,6 +14,7 @@ do part of that work themselves, in the engine underneath, the way third-party b
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -57,8 +58,9 @@ class _EngineLoop(LlamaCppBackend):
         finally:
             tokens.close()
 
+    @abc.abstractmethod
     def _engine(self, tokens: Iterator[SampledToken], params: GenerationParams) -> Iterator[SampledToken]:
-        raise NotImplementedError
+        """The mutant's own streaming loop over the real backend's tokens."""
 
 
 # ---------------------------------------------------------------------- 1. KV kept across calls

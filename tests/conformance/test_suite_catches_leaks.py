@@ -15,6 +15,7 @@ a correct executor whose batched logits differ slightly from its solo ones passe
 from __future__ import annotations
 
 import pytest
+from conformance_helpers import skip_unless_installed
 
 #: The KV-reset tests that must catch a leak, by name.
 LEAK_TESTS = (
@@ -65,7 +66,7 @@ def test_rss_probe_catches_kv_kept_behind_an_honest_counter(suite_runner) -> Non
 def test_rss_probe_catches_real_candle_like_keeping_request_caches(suite_runner) -> None:
     """The real candle_like backend keeping every request's KV cache alive: outputs and its
     ``cached_tokens()`` (reset in ``finally``) look clean, real memory grows past the bound."""
-    pytest.importorskip("torch", reason="torch is not installed")
+    skip_unless_installed("torch", "torch")
     run = suite_runner("--ruvllm-backend", "candle_like_mutants:KeptCachesCandleLikeBackend",
                        "--ruvllm-option", "n_threads=1", "-k", "test_many_calls", toys=False)
     outcomes = {k.split("::")[1]: o.outcome for k, o in run.outcomes.items()}
@@ -153,7 +154,7 @@ def test_isolation_fails_leaky_request_level_backend(suite_runner) -> None:
 
 def test_isolation_rule_fails_real_llamacpp_executor_keeping_stale_kv(suite_runner) -> None:
     """The shipped llama.cpp executor with ``free()`` no longer removing the sequence's cells."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    skip_unless_installed("llama_cpp", "llama-cpp-python")
     run = suite_runner("--ruvllm-backend", "llamacpp_mutants:StaleKvLlamaCppBackend",
                        "-k", "test_isolation", toys=False)
     assert run.outcome(f"{ISOLATION}[llamacpp-stale-kv]") == "failed", run.tail()
@@ -162,7 +163,7 @@ def test_isolation_rule_fails_real_llamacpp_executor_keeping_stale_kv(suite_runn
 def test_isolation_rule_fails_real_candle_like_attending_stale_padding(suite_runner) -> None:
     """Real numerics, no crash: batched decode without the validity mask attends to padding
     slots holding other requests' KV; the near-tie rule reports positions far from any tie."""
-    pytest.importorskip("torch", reason="torch is not installed")
+    skip_unless_installed("torch", "torch")
     run = suite_runner("--ruvllm-backend", "candle_like_mutants:UnmaskedPaddingCandleLikeBackend",
                        "--ruvllm-option", "dtype=float32", "-k", "test_isolation", toys=False)
     assert run.outcome(f"{ISOLATION}[candle_like-unmasked-padding]") == "failed", run.tail()

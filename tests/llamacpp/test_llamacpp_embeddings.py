@@ -88,7 +88,7 @@ def test_close_frees_the_embeddings_context(model_path, test_options):
     b.embed_batch([[1, 2, 3]])
     embedder = b._handles.embedder
     b.close()
-    assert b._handles.embedder is None and embedder._closed
+    assert b._handles.embedder is None and embedder._context.closed
 
 
 def test_packed_runs_respect_tokens_and_sequences():

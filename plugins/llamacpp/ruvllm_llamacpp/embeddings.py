@@ -25,6 +25,8 @@ from types import ModuleType
 import numpy as np
 from ruvllm.errors import BackendError
 
+from ruvllm_llamacpp.batch_context import BatchContext
+
 _DECODE_ERRORS = {1: "no free KV slot", 2: "aborted", -1: "invalid batch"}
 
 
@@ -50,39 +52,22 @@ class LlamaCppEmbedder:
         self.n_tokens = n_tokens
         self.n_embd = int(llama_cpp.llama_model_n_embd(model))
         self.max_sequences = min(n_tokens, int(llama_cpp.llama_max_parallel_sequences()))
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = n_tokens
-        cparams.n_batch = n_tokens
-        cparams.n_ubatch = n_tokens
-        cparams.n_seq_max = self.max_sequences
-        cparams.kv_unified = True
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = n_threads
-        cparams.embeddings = True
-        cparams.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN
-        cparams.no_perf = True
-        cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
-                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        ctx = llama_cpp.llama_init_from_model(model, cparams)
-        if not ctx:
-            raise BackendError(f"llama.cpp could not create an embeddings context of {n_tokens} tokens; "
-                               "lower [backends.llamacpp] embedding_tokens")
-        self._ctx = ctx
-        self._mem = llama_cpp.llama_get_memory(ctx)
-        self._batch = llama_cpp.llama_batch_init(n_tokens, 0, 1)
-        b = self._batch
-        self._tok = np.ctypeslib.as_array(b.token, shape=(n_tokens,))
-        self._pos = np.ctypeslib.as_array(b.pos, shape=(n_tokens,))
+        self._context = BatchContext(
+            llama_cpp, model, n_ctx=n_tokens, n_batch=n_tokens, n_seq_max=self.max_sequences,
+            kv_unified=True, n_threads=n_threads, flash_attn=flash_attn,
+            pooling=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+            failure=(f"llama.cpp could not create an embeddings context of {n_tokens} tokens; "
+                     "lower [backends.llamacpp] embedding_tokens"))
+        c = self._context
+        self._ctx, self._mem, self._batch = c.ctx, c.mem, c.batch
+        self._tok, self._pos, self._seq_ptrs = c.tokens, c.positions, c.seq_ptrs
         # Every token is an output: llama.cpp pools over the outputs of a sequence.
-        np.ctypeslib.as_array(b.logits, shape=(n_tokens,))[:] = 1
-        np.ctypeslib.as_array(b.n_seq_id, shape=(n_tokens,))[:] = 1
-        self._seq_ptrs = [b.seq_id[i] for i in range(n_tokens)]
-        self._closed = False
+        c.wants_output[:] = 1
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
         """Mean-pooled vectors (not normalised), float32 ``[len(inputs), n_embd]``; every input
         has 1..``n_tokens`` valid token ids (the backend checks)."""
-        if self._closed:
+        if self._context.closed:
             raise BackendError("the llama.cpp embeddings context is closed")
         out = np.empty((len(inputs), self.n_embd), dtype=np.float32)
         runs = packed_runs([len(ids) for ids in inputs], max_tokens=self.n_tokens,
@@ -112,8 +97,4 @@ class LlamaCppEmbedder:
 
     def close(self) -> None:
         """Free the context (before the model it was created over)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._lib.llama_batch_free(self._batch)
-        self._lib.llama_free(self._ctx)
+        self._context.close()

@@ -29,6 +29,7 @@ import numpy as np
 from ruvllm.errors import BackendError, InvalidRequest
 from ruvllm.executor import BatchEntry
 
+from ruvllm_llamacpp.batch_context import BatchContext
 from ruvllm_llamacpp.kv_budget import KvPlan, plan_kv
 
 log = logging.getLogger(__name__)
@@ -67,36 +68,15 @@ class LlamaCppExecutor:
         self.max_batch_tokens = max_batch_tokens
         self.n_vocab = n_vocab
 
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = n_ctx_seq * max_sequences
-        cparams.n_batch = max_batch_tokens
-        cparams.n_ubatch = max_batch_tokens
-        cparams.n_seq_max = max_sequences
-        cparams.kv_unified = False
-        cparams.n_threads = n_threads
-        cparams.n_threads_batch = n_threads
-        cparams.embeddings = False
-        cparams.no_perf = True
-        cparams.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
-                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        ctx = llama_cpp.llama_init_from_model(model, cparams)
-        if not ctx:
-            raise BackendError(
-                f"llama.cpp could not create a context of {max_sequences} sequences x {n_ctx_seq} "
-                "tokens; lower [engine] max_num_seqs or [backends.llamacpp] kv_budget_mib"
-            )
-        self._ctx = ctx
-        self._mem = llama_cpp.llama_get_memory(ctx)
-        self._batch = llama_cpp.llama_batch_init(max_batch_tokens, 0, 1)
-        b = self._batch
-        # NumPy views over the batch's C arrays: filling a step is a few slice assignments.
-        self._tok = np.ctypeslib.as_array(b.token, shape=(max_batch_tokens,))
-        self._pos = np.ctypeslib.as_array(b.pos, shape=(max_batch_tokens,))
-        self._want = np.ctypeslib.as_array(b.logits, shape=(max_batch_tokens,))
-        np.ctypeslib.as_array(b.n_seq_id, shape=(max_batch_tokens,))[:] = 1
-        self._seq_ptrs = [b.seq_id[i] for i in range(max_batch_tokens)]
+        self._context = BatchContext(
+            llama_cpp, model, n_ctx=n_ctx_seq * max_sequences, n_batch=max_batch_tokens,
+            n_seq_max=max_sequences, kv_unified=False, n_threads=n_threads, flash_attn=flash_attn,
+            failure=(f"llama.cpp could not create a context of {max_sequences} sequences x {n_ctx_seq} "
+                     "tokens; lower [engine] max_num_seqs or [backends.llamacpp] kv_budget_mib"))
+        c = self._context
+        self._ctx, self._mem, self._batch = c.ctx, c.mem, c.batch
+        self._tok, self._pos, self._want, self._seq_ptrs = c.tokens, c.positions, c.wants_output, c.seq_ptrs
         self._cur_seq = [-1] * max_batch_tokens
-        self._closed = False
 
     # ------------------------------------------------------------------ the step
 
@@ -225,14 +205,10 @@ class LlamaCppExecutor:
 
     def close(self) -> None:
         """Free the context (call before the backend's close(), which frees the model)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._lib.llama_batch_free(self._batch)
-        self._lib.llama_free(self._ctx)
+        self._context.close()
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self._context.closed:
             raise BackendError("the llama.cpp executor is closed")
 
 
