@@ -56,43 +56,9 @@ def _run(suite_runner, backend: str, *args: str):
     return run
 
 
-#: Backends whose whole suite runs in ``make test``. The others (mlx and mistral.rs on this CPU:
-#: 346 s and 122 s for the whole suite, measured on a 2-core machine) run it under
-#: ``make test-all``; ``make test`` still runs the classes for the bug the suite exists for (KV
-#: reset) and for bad input on them, except on mlx (101 s even so; its KV reset between calls is
-#: tests/mlx/test_mlx_generation.py::test_isolation_between_calls), so that ``make test`` stays
-#: under 15 minutes on the AVX2 kind too.
-FULL_SUITE_IN_FAST_RUN = {"llamacpp", "candle_like"}
-CONTRACT_CORE_ONLY_IN_FULL_RUN = {"mlx"}
-CONTRACT_CORE = "TestKvReset or TestBadInput"
-
-
-def _full_params() -> list:
-    return [
-        p if isinstance(p, str) and p in FULL_SUITE_IN_FAST_RUN
-        else pytest.param(p, marks=pytest.mark.slow) if isinstance(p, str) else p
-        for p in _params()
-    ]
-
-
 # A whole suite in a child pytest legitimately outlives the per-test default (pyproject.toml).
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("backend", _full_params())
+@pytest.mark.parametrize("backend", _params())
 def test_suite_passes(suite_runner, backend: str) -> None:
     run = _run(suite_runner, backend)
     assert sum(o.outcome == "passed" for o in run.outcomes.values()) >= 30, run.outcomes
-
-
-def _contract_core_params() -> list:
-    slow_only = CONTRACT_CORE_ONLY_IN_FULL_RUN
-    return [
-        pytest.param(p, marks=pytest.mark.slow) if isinstance(p, str) and p in slow_only else p
-        for p in _params() if not (isinstance(p, str) and p in FULL_SUITE_IN_FAST_RUN)
-    ]
-
-
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("backend", _contract_core_params())
-def test_kv_reset_and_bad_input_pass(suite_runner, backend: str) -> None:
-    """The backends whose whole suite is ``slow``: the KV-reset and bad-input classes, always."""
-    _run(suite_runner, backend, "-k", CONTRACT_CORE)

@@ -179,7 +179,11 @@ class HubFixture:
         """Point this process's huggingface_hub at the fixture for the duration of the block."""
         from huggingface_hub import constants
 
-        saved = (constants.ENDPOINT, constants.HUGGINGFACE_CO_URL_TEMPLATE, os.environ.get("HF_ENDPOINT"))
+        saved = (constants.ENDPOINT, constants.HUGGINGFACE_CO_URL_TEMPLATE, os.environ.get("HF_ENDPOINT"),
+                 constants.HF_HUB_OFFLINE)
+        # huggingface_hub reads HF_HUB_OFFLINE once, at import: a test that imported it (through
+        # lm_eval or datasets) while offline would otherwise leave this process offline for good.
+        constants.HF_HUB_OFFLINE = False
         constants.ENDPOINT = self.url
         constants.HUGGINGFACE_CO_URL_TEMPLATE = self.url + "/{repo_id}/resolve/{revision}/{filename}"
         os.environ["HF_ENDPOINT"] = self.url
@@ -187,6 +191,7 @@ class HubFixture:
             yield self
         finally:
             constants.ENDPOINT, constants.HUGGINGFACE_CO_URL_TEMPLATE = saved[0], saved[1]
+            constants.HF_HUB_OFFLINE = saved[3]
             if saved[2] is None:
                 os.environ.pop("HF_ENDPOINT", None)
             else:

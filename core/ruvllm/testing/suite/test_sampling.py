@@ -40,14 +40,13 @@ class TestDeterminism:
         samples greedily, or reseeds with a constant, fails)."""
         require(ruvllm_llm, "core_sampler", _WHY_SEED)
         params = dict(max_tokens=SHORT, temperature=TEMPERATURE, ignore_eos=True)
+        # Lazily: a backend that honours seeds differs at the first other seed, one that ignores
+        # them runs every seed and fails.
         base = ruvllm_llm.generate(PROMPT_SAMPLING, seed=SEED, **params)
-        others = [ruvllm_llm.generate(PROMPT_SAMPLING, seed=s, **params) for s in OTHER_SEEDS]
-        assert any(o.token_ids != base.token_ids for o in others), (
+        others = (ruvllm_llm.generate(PROMPT_SAMPLING, seed=s, **params) for s in OTHER_SEEDS)
+        other = next((o for o in others if o.token_ids != base.token_ids), None)
+        assert other is not None, (
             f"seeds {SEED} and {OTHER_SEEDS} all gave the same {SHORT} tokens: {describe(base)}"
-        )
-        greedy = ruvllm_llm.generate(PROMPT_SAMPLING, max_tokens=SHORT, ignore_eos=True)
-        assert any(r.token_ids != greedy.token_ids for r in [base, *others]), (
-            "sampling at temperature 0.8 gave the greedy output for every seed: temperature ignored"
         )
 
     def test_temperature_changes_output(self, ruvllm_llm: LLM) -> None:
