@@ -1,8 +1,11 @@
 """Constrained decoding cost: mask time per step at SmolLM2's 49k vocabulary, and C=16
 aggregate throughput with every request json_schema-constrained vs unconstrained (one run,
 side by side, on the real ServingEngine with the llamacpp backend and the embedded model).
+``--engine`` picks the grammar engine (``guided_decoding_backend``): llguidance, xgrammar, or
+both (one row each, same process, same engine instance).
 
-    .venv/bin/python benchmarks/guided_decoding.py [--concurrency 16] [--max-tokens 64] [--runs 3]
+    .venv/bin/python benchmarks/guided_decoding.py [--engine llguidance|xgrammar|both]
+        [--concurrency 16] [--max-tokens 64] [--runs 3] [--mask-steps 200]
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 import numpy as np
 from ruvllm.config import load_config
 from ruvllm.engine import ServingEngine
-from ruvllm.guided import guided_processor, json_schema_grammar
+from ruvllm.guided import ENGINE_NAMES, guided_processor, json_schema_grammar
 from ruvllm.hardware import cpu_info
 from ruvllm.types import GenerationParams
 
@@ -26,8 +29,19 @@ SCHEMA = {"type": "object", "properties": {
     "required": ["name", "age", "tags", "city"], "additionalProperties": False}
 
 
-def mask_cost(engine: ServingEngine, steps: int = 200) -> tuple[float, float]:
-    """p50/p99 microseconds of one mask (llguidance fill + apply to a logits row)."""
+def compile_cost(engine: ServingEngine, grammar_engine: str) -> float:
+    """Milliseconds to compile the schema on a cold cache (vocabulary already built)."""
+    from ruvllm.guided import GrammarCache
+
+    spec = json_schema_grammar("bench", SCHEMA)
+    guided_processor(spec, engine.tokenizer, engine=grammar_engine)  # vocabulary, import
+    t0 = time.perf_counter()
+    guided_processor(spec, engine.tokenizer, engine=grammar_engine, cache=GrammarCache())
+    return (time.perf_counter() - t0) * 1e3
+
+
+def mask_cost(engine: ServingEngine, grammar_engine: str, steps: int = 200) -> tuple[float, float]:
+    """p50/p99 microseconds of one mask (one row's fill + apply to a logits row)."""
 
     spec = json_schema_grammar("bench", SCHEMA)
     tok = engine.tokenizer
@@ -35,7 +49,7 @@ def mask_cost(engine: ServingEngine, steps: int = 200) -> tuple[float, float]:
     times = []
     done = 0
     while done < steps:
-        proc = guided_processor(spec, tok)
+        proc = guided_processor(spec, tok, engine=grammar_engine)
         out: list[int] = []
         for _ in range(64):
             logits = rng.standard_normal(tok.vocab_size).astype(np.float32)
@@ -51,7 +65,8 @@ def mask_cost(engine: ServingEngine, steps: int = 200) -> tuple[float, float]:
     return float(np.percentile(us, 50)), float(np.percentile(us, 99))
 
 
-def batched_mask_cost(engine: ServingEngine, rows: int = 16, steps: int = 24) -> tuple[float, float]:
+def batched_mask_cost(engine: ServingEngine, grammar_engine: str, rows: int = 16,
+                      steps: int = 24) -> tuple[float, float]:
     """p50/p99 microseconds to fill the masks of ``rows`` constrained rows of one step together
     (what the engine runs beside the forward pass), sampling each row afterwards."""
     from ruvllm.guided.batch import start_step_masks
@@ -61,7 +76,8 @@ def batched_mask_cost(engine: ServingEngine, rows: int = 16, steps: int = 24) ->
     tok = engine.tokenizer
     rng = np.random.default_rng(1)
     params = GenerationParams(max_tokens=steps, temperature=0.8, seed=0)
-    samplers = [Sampler(params, tok.vocab_size, (), [guided_processor(spec, tok)]) for _ in range(rows)]
+    samplers = [Sampler(params, tok.vocab_size, (), [guided_processor(spec, tok, engine=grammar_engine)])
+                for _ in range(rows)]
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -75,11 +91,15 @@ def batched_mask_cost(engine: ServingEngine, rows: int = 16, steps: int = 24) ->
     return float(np.percentile(us, 50)), float(np.percentile(us, 99))
 
 
-def throughput(engine: ServingEngine, concurrency: int, max_tokens: int, constrained: bool) -> float:
+def throughput(engine: ServingEngine, concurrency: int, max_tokens: int, grammar_engine: str | None) -> float:
+    """Aggregate tok/s of ``concurrency`` requests, json_schema-constrained under
+    ``grammar_engine`` (None: unconstrained)."""
+    constrained = grammar_engine is not None
     prompt = engine.encode("Describe a person as JSON with name, age, tags and city.")
     params = GenerationParams(max_tokens=max_tokens, temperature=0.8, seed=1, ignore_eos=False)
     spec = json_schema_grammar("bench", SCHEMA)
-    procs = [[guided_processor(spec, engine.tokenizer)] if constrained else [] for _ in range(concurrency)]
+    procs = [[guided_processor(spec, engine.tokenizer, engine=grammar_engine)] if constrained else []
+             for _ in range(concurrency)]
     t0 = time.perf_counter()
     handles = [engine.submit_sync(prompt, params, logits_processors=procs[i]) for i in range(concurrency)]
     results = [h.result() for h in handles]
@@ -93,28 +113,42 @@ def throughput(engine: ServingEngine, concurrency: int, max_tokens: int, constra
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", choices=[*ENGINE_NAMES, "both"], default="llguidance",
+                    help="grammar engine (guided_decoding_backend); both: one row each")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--mask-steps", type=int, default=200, help="masks timed for the one-row figure")
     args = ap.parse_args()
+    grammar_engines = list(ENGINE_NAMES) if args.engine == "both" else [args.engine]
     engine = ServingEngine.from_config(load_config(overrides={"backend": "llamacpp", "model": "default"}))
     try:
         print(f"machine: {json.dumps(cpu_info().as_dict())}")
         print(f"backend: {engine.backend_name}  model: {engine.info.name}  "
               f"vocab: {engine.tokenizer.vocab_size}")
-        p50, p99 = mask_cost(engine)
-        print(f"mask per step (fill + apply, one row): p50 {p50:.0f} us  p99 {p99:.0f} us")
-        b50, b99 = batched_mask_cost(engine, args.concurrency)
-        print(f"masks of {args.concurrency} rows filled together: p50 {b50:.0f} us  p99 {b99:.0f} us")
-        throughput(engine, 2, 8, True)  # warm-up: compile cache, tokenizer table
-        plain, guided = [], []
+        for name in grammar_engines:
+            c = compile_cost(engine, name)
+            p50, p99 = mask_cost(engine, name, args.mask_steps)
+            b50, b99 = batched_mask_cost(engine, name, args.concurrency)
+            print(f"[{name}] schema compile (cold cache) {c:.1f} ms; mask per step (fill + apply, one row): "
+                  f"p50 {p50:.0f} us  p99 {p99:.0f} us; masks of {args.concurrency} rows filled together: "
+                  f"p50 {b50:.0f} us  p99 {b99:.0f} us")
+        for name in grammar_engines:
+            throughput(engine, 2, 8, name)  # warm-up: compile cache, tokenizer table
+        plain: list[float] = []
+        guided: dict[str, list[float]] = {name: [] for name in grammar_engines}
         for _ in range(args.runs):
-            plain.append(throughput(engine, args.concurrency, args.max_tokens, False))
-            guided.append(throughput(engine, args.concurrency, args.max_tokens, True))
-        p, g = statistics.median(plain), statistics.median(guided)
+            plain.append(throughput(engine, args.concurrency, args.max_tokens, None))
+            for name in grammar_engines:
+                guided[name].append(throughput(engine, args.concurrency, args.max_tokens, name))
+        p = statistics.median(plain)
         print(f"C={args.concurrency} max_tokens={args.max_tokens}, median of {args.runs} runs: "
-              f"unconstrained {p:.1f} tok/s  json_schema {g:.1f} tok/s  ratio {g / p:.2f}")
-        print("per run (plain, guided):", [f"{a:.1f}/{b:.1f}" for a, b in zip(plain, guided, strict=True)])
+              f"unconstrained {p:.1f} tok/s")
+        for name, runs in guided.items():
+            g = statistics.median(runs)
+            print(f"  json_schema [{name}] {g:.1f} tok/s  ratio {g / p:.2f}  per run: "
+                  f"{[f'{x:.1f}' for x in runs]}")
+        print("  unconstrained per run:", [f"{x:.1f}" for x in plain])
     finally:
         engine.close()
 

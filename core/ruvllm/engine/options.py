@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import attrs
 
 from ruvllm.engine.scheduler import Policy, SchedulerConfig
+from ruvllm.guided.engine import DEFAULT_ENGINE, engine_option
 from ruvllm.options import boolean, float_range, int_range, one_of, optional, parse_table, positive_int
 
 PATHS = ("auto", "executor", "request")
@@ -62,6 +63,9 @@ class EngineOptions:
     max_in_flight: int = attrs.field(default=8, validator=positive_int())
     #: "auto" (executor when the backend has one), "executor" or "request".
     path: str = attrs.field(default="auto", validator=one_of(PATHS))
+    #: Grammar engine of constrained decoding (vLLM's name): "llguidance" or "xgrammar"
+    #: (docs/structured-output.md); the library is imported on the first constrained request.
+    guided_decoding_backend: str = attrs.field(default=DEFAULT_ENGINE, validator=engine_option())
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> EngineOptions:

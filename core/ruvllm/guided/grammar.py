@@ -1,10 +1,12 @@
-"""What a request asks its output to match, as one llguidance grammar string.
+"""What a request asks its output to match: a language and its source text, engine-neutral.
 
 Every request-level way of constraining output (OpenAI's ``response_format``, the ``guided_regex``
-/ ``guided_grammar`` / ``guided_choice`` extension fields vLLM users already send, an enforced
-tool call) ends here as a :class:`GrammarSpec`: the field it came from (named in every error) and
-the llguidance grammar text. Checking that the grammar compiles happens in
-:mod:`ruvllm.guided.compile`, where the tokenizer is known.
+/ ``guided_grammar`` / ``guided_choice`` / ``guided_json`` extension fields vLLM users already send,
+an enforced tool call) ends here as a :class:`GrammarSpec`: the field it came from (named in every
+error), the language (JSON schema, regex or Lark) and its source. The selected grammar engine
+(:mod:`ruvllm.guided.engine`) turns it into its own grammar when it compiles, in
+:mod:`ruvllm.guided.compile`, where the tokenizer is known; a source an engine cannot use is a
+400 naming the field there.
 """
 
 from __future__ import annotations
@@ -17,35 +19,35 @@ import attrs
 
 from ruvllm.errors import InvalidRequest
 
+#: The languages a GrammarSpec can be written in.
+LANGUAGES = ("json_schema", "regex", "lark")
+
 
 @attrs.frozen
 class GrammarSpec:
-    """One request's output constraint: ``grammar`` is llguidance's serialised grammar."""
+    """One request's output constraint."""
 
     #: The request field the constraint came from (``response_format``, ``tools``...).
     field: str
-    grammar: str
     #: Short description for logs and errors ("json_schema 'weather'", "regex").
     kind: str
-
-
-def _ll() -> Any:
-    import llguidance
-
-    return llguidance
+    #: ``json_schema`` (source: the schema as JSON text), ``regex`` or ``lark`` (llguidance's
+    #: Lark dialect; xgrammar documents its own as compatible with it).
+    language: str = attrs.field(validator=attrs.validators.in_(LANGUAGES))
+    source: str
 
 
 def json_schema_grammar(field: str, schema: Any, *, kind: str = "json_schema") -> GrammarSpec:
-    """A grammar for JSON matching ``schema`` (a dict). Unsupported keywords are an error, not
-    silently ignored, so that ``strict`` output really validates against the schema."""
+    """A grammar for JSON matching ``schema`` (a dict), checked by the engine when it compiles:
+    llguidance refuses unsupported keywords rather than ignoring them, so that ``strict`` output
+    really validates; xgrammar ignores a few (docs/structured-output.md lists them)."""
     if not isinstance(schema, Mapping):
         raise InvalidRequest(field, f"the JSON schema must be an object; got {type(schema).__name__}")
     try:
-        grammar = _ll().LLMatcher.grammar_from_json_schema(
-            json.dumps(schema), defaults={"whitespace_flexible": False})
-    except (ValueError, TypeError) as exc:
+        source = json.dumps(schema)
+    except (TypeError, ValueError) as exc:
         raise InvalidRequest(field, f"is not a usable JSON schema: {exc}") from exc
-    return GrammarSpec(field, grammar, kind)
+    return GrammarSpec(field, kind, "json_schema", source)
 
 
 def from_response_format(response_format: Mapping[str, Any] | None) -> GrammarSpec | None:
@@ -77,7 +79,8 @@ def from_extensions(*, guided_regex: str | None = None, guided_grammar: str | No
                     guided_choice: Sequence[str] | None = None,
                     guided_json: Any = None) -> GrammarSpec | None:
     """vLLM's extension fields (at most one may be set): a regex, a Lark grammar (llguidance's
-    Lark dialect, which also embeds ``%json`` schemas), a list of choices or a JSON schema."""
+    Lark dialect, which also embeds ``%json`` schemas; xgrammar takes the part of it its own
+    dialect shares), a list of choices or a JSON schema."""
     given = {k: v for k, v in (("guided_regex", guided_regex), ("guided_grammar", guided_grammar),
                                ("guided_choice", guided_choice), ("guided_json", guided_json))
              if v is not None}
@@ -86,20 +89,20 @@ def from_extensions(*, guided_regex: str | None = None, guided_grammar: str | No
     if len(given) > 1:
         raise InvalidRequest(sorted(given)[1], f"give only one of {', '.join(sorted(given))}")
     (field, value), = given.items()
-    ll = _ll()
     if field == "guided_regex":
         if not isinstance(value, str) or not value:
             raise InvalidRequest(field, "must be a non-empty regular expression string")
-        return GrammarSpec(field, ll.LLMatcher.grammar_from_regex(value), "regex")
+        return GrammarSpec(field, "regex", "regex", value)
     if field == "guided_grammar":
         if not isinstance(value, str) or not value.strip():
             raise InvalidRequest(field, "must be a non-empty Lark grammar string")
-        return GrammarSpec(field, ll.LLMatcher.grammar_from_lark(value), "lark")
+        return GrammarSpec(field, "lark", "lark", value)
     if field == "guided_choice":
         if not value or not all(isinstance(c, str) and c for c in value):
             raise InvalidRequest(field, "must be a non-empty list of non-empty strings")
+        # JSON string escapes are Lark's (both engines' dialects) string-literal escapes.
         lark = "start: " + " | ".join(json.dumps(c) for c in value)
-        return GrammarSpec(field, ll.LLMatcher.grammar_from_lark(lark), "choice")
+        return GrammarSpec(field, "choice", "lark", lark)
     try:
         schema = json.loads(value) if isinstance(value, str) else value
     except json.JSONDecodeError as exc:

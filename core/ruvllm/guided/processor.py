@@ -5,7 +5,8 @@ backend that samples in core (llamacpp, candle_like, mlx on the executor path) i
 by the same code. Before each choice it feeds the matcher the tokens sampled since its last
 call, then takes the step's mask: the one :mod:`ruvllm.guided.batch` computed for all
 constrained rows of the step while the forward pass ran, or, outside the engine's step (a
-plain ``Sampler``), one computed here.
+plain ``Sampler``), one computed here. The matcher and the mask come from the request's grammar
+engine (:mod:`ruvllm.guided.engine`: llguidance or xgrammar); everything here is engine-neutral.
 """
 
 from __future__ import annotations
@@ -13,15 +14,18 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ruvllm.guided.engine import GrammarEngine, GuidedMatcher
 
 log = logging.getLogger(__name__)
 
 
 def mask_words(vocab_size: int) -> int:
-    """int32 words of one bitmask row (llguidance's layout: bit i of word i//32 is token i)."""
+    """int32 words of one bitmask row (both engines' layout: bit i%32 of word i//32 is token i)."""
     return (vocab_size + 31) // 32
 
 
@@ -32,10 +36,12 @@ def allowed_from_bitmask(row: np.ndarray, vocab_size: int) -> np.ndarray:
 
 
 class GuidedProcessor:
-    """Logits processor enforcing one ``llguidance.LLMatcher`` (one request, one instance)."""
+    """Logits processor enforcing one grammar matcher (one request, one instance)."""
 
-    def __init__(self, matcher: Any, vocab_size: int, eos_ids: Sequence[int] = (), *, kind: str = ""):
+    def __init__(self, matcher: GuidedMatcher, engine: GrammarEngine, vocab_size: int,
+                 eos_ids: Sequence[int] = (), *, kind: str = ""):
         self.matcher = matcher
+        self.engine = engine
         self.vocab_size = vocab_size
         self.eos_ids = tuple(eos_ids)
         self.kind = kind
@@ -48,8 +54,8 @@ class GuidedProcessor:
         for token in output_ids[self._consumed:]:
             if not self.matcher.consume_token(int(token)) and not self._warned:
                 self._warned = True
-                log.warning("guided decoding (%s): token %d broke the grammar: %s", self.kind, token,
-                            self.matcher.get_error())
+                log.warning("guided decoding (%s, %s): token %d broke the grammar: %s", self.kind,
+                            self.engine.name, token, self.matcher.error())
         self._consumed = len(output_ids)
 
     def expect_mask(self, future: concurrent.futures.Future, bitmask: np.ndarray, row: int) -> None:
@@ -64,10 +70,8 @@ class GuidedProcessor:
             future.result()
             return bitmask[row]
         self.sync(output_ids)
-        import llguidance.numpy as lln
-
         bitmask = np.full((1, mask_words(self.vocab_size)), -1, dtype=np.int32)
-        lln.fill_next_token_bitmask(self.matcher, bitmask)
+        self.engine.fill_masks([self.matcher], bitmask, [0])
         return bitmask[0]
 
     def __call__(self, output_ids: Sequence[int], logits: np.ndarray) -> np.ndarray:

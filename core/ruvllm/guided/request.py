@@ -3,7 +3,12 @@
 The server's glue: which of ``response_format``, the ``guided_*`` extension fields and an
 enforced ``tool_choice`` applies (they exclude each other, and a conflict is a 400 naming the
 field), whether the engine can enforce it at all (only where core's sampler chooses the tokens),
-and one fresh processor per choice, compiled off the event loop.
+and one fresh processor per choice under the serving engine's grammar engine (its
+``guided_decoding_backend`` option), compiled off the event loop.
+
+The grammar engine is chosen per serving engine, not per request: vLLM's V0 took a request-level
+``guided_decoding_backend``, and its V1 engine refuses one that differs from the server's, then
+dropped the field; ruvllm follows V1.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import attrs
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.guided.compile import GrammarCache
+from ruvllm.guided.engine import DEFAULT_ENGINE
 from ruvllm.guided.grammar import GrammarSpec, from_extensions, from_response_format
 from ruvllm.guided.processor import GuidedProcessor
 from ruvllm.guided.tools import ToolPlan, plan_tools
@@ -62,6 +68,13 @@ def check_engine(engine: Any, spec: GrammarSpec) -> None:
             "there; serve the model with llamacpp, candle_like or mlx")
 
 
+def grammar_engine_of(engine: Any) -> str:
+    """The grammar engine the serving ``engine`` was configured with (its options'
+    ``guided_decoding_backend``; llguidance for an engine without options)."""
+    options = getattr(engine, "options", None)
+    return getattr(options, "guided_decoding_backend", None) or DEFAULT_ENGINE
+
+
 async def processors(engine: Any, spec: GrammarSpec | None, n: int,
                      cache: GrammarCache | None = None) -> list[list[GuidedProcessor]]:
     """One processor list per choice (empty lists when unconstrained); compiles in a thread."""
@@ -71,8 +84,9 @@ async def processors(engine: Any, spec: GrammarSpec | None, n: int,
     from ruvllm.guided import guided_processor
 
     tokenizer = engine.tokenizer
+    grammar_engine = grammar_engine_of(engine)
 
     def build() -> list[list[GuidedProcessor]]:
-        return [[guided_processor(spec, tokenizer, cache=cache)] for _ in range(n)]
+        return [[guided_processor(spec, tokenizer, cache=cache, engine=grammar_engine)] for _ in range(n)]
 
     return await asyncio.to_thread(build)

@@ -1,33 +1,37 @@
-"""llguidance's view of a model's vocabulary, built from ruvllm's own tokenizer.
+"""The grammar engines' view of a model's vocabulary, built from ruvllm's own tokenizer.
 
-A grammar mask is only right if llguidance knows the exact bytes of every token id the engine
+A grammar mask is only right if the engine knows the exact bytes of every token id the engine
 samples from, so the table is built from the backend's tokenizer (the same one that encodes the
 prompt), not from a separately downloaded ``tokenizer.json``: llama.cpp's vocabulary through its
-``decode_bytes``, Hugging Face ``tokenizers`` through ``token_bytes()``. Control tokens get
-llguidance's ``0xFF`` prefix so that no grammar text can ever produce them. Building the table
-costs ~0.5 s at 49k tokens, so it is made once per tokenizer object and kept.
+``decode_bytes``, Hugging Face ``tokenizers`` through ``token_bytes()``. Control tokens must never
+be produced by grammar text: llguidance takes them with a ``0xFF`` prefix, xgrammar as empty
+tokens (which it treats as special). Building a table costs ~0.5 s at 49k tokens, so each
+engine's view is made once per tokenizer object and kept (:func:`cached_view`).
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.tokenizer import Tokenizer
 
+T = TypeVar("T")
+
 #: llguidance marks special (control) tokens with this leading byte.
 SPECIAL_PREFIX = b"\xff"
 
-_cache: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_by_id: dict[int, Any] = {}
+_cache: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+_by_id: dict[int, dict[str, Any]] = {}
 _lock = threading.Lock()
 
 
-def token_byte_table(tokenizer: Tokenizer) -> list[bytes]:
-    """The raw bytes of every token id, special tokens prefixed with ``0xFF``.
+def token_byte_table(tokenizer: Tokenizer, *, special_prefix: bytes | None = SPECIAL_PREFIX) -> list[bytes]:
+    """The raw bytes of every token id; special tokens prefixed with ``special_prefix``, or
+    given no bytes at all when it is None.
 
     Raises InvalidRequest (field ``response_format``) when the tokenizer cannot give exact
     bytes per token: a guess built from display text would let the grammar allow tokens whose
@@ -49,43 +53,29 @@ def token_byte_table(tokenizer: Tokenizer) -> list[bytes]:
     table = []
     for i in range(n):
         piece = bytes(raw[i]) if i < len(raw) else b""
-        table.append(SPECIAL_PREFIX + piece if tokenizer.is_special(i) and piece else piece)
+        if tokenizer.is_special(i) and piece:
+            piece = b"" if special_prefix is None else special_prefix + piece
+        table.append(piece)
     return table
 
 
-class _VocabSource:
-    """The object ``llguidance.TokenizerWrapper`` reads: token bytes, EOS/BOS and an encoder."""
-
-    def __init__(self, tokenizer: Tokenizer):
-        self._tok = tokenizer
-        self.tokens = token_byte_table(tokenizer)
-        self.eos_token_id = tokenizer.eos_ids[0] if tokenizer.eos_ids else None
-        self.bos_token_id = getattr(tokenizer, "bos_token_id", None) or tokenizer.bos_id
-        self.special_token_ids = [i for i in range(len(self.tokens)) if tokenizer.is_special(i)]
-
-    def __call__(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special=False, parse_special=False)
+def require_eos(tokenizer: Tokenizer) -> None:
+    """A grammar ends the output with an end-of-sequence token, so the model must declare one."""
+    if not tokenizer.eos_ids:
+        raise InvalidRequest("response_format", "constrained decoding needs an end-of-sequence "
+                             "token, and this model's tokenizer declares none")
 
 
-def ll_tokenizer(tokenizer: Tokenizer) -> Any:
-    """The ``llguidance.LLTokenizer`` for ``tokenizer``, built once and cached per object."""
-    import llguidance
-
+def cached_view(tokenizer: Tokenizer, engine: str, build: Callable[[Tokenizer], T]) -> T:
+    """``build(tokenizer)``, made once per (tokenizer object, engine) and kept while the
+    tokenizer lives (for the process's lifetime when it is not weak-referenceable)."""
     with _lock:
         try:
-            hit = _cache.get(tokenizer)
+            views = _cache.get(tokenizer)
+            if views is None:
+                views = _cache[tokenizer] = {}
         except TypeError:  # not weak-referenceable: cache by id for the process's lifetime
-            hit = _by_id.get(id(tokenizer))
-        if hit is not None:
-            return hit
-        source = _VocabSource(tokenizer)
-        if source.eos_token_id is None:
-            raise InvalidRequest("response_format", "constrained decoding needs an end-of-sequence "
-                                 "token, and this model's tokenizer declares none")
-        built = llguidance.LLTokenizer(llguidance.TokenizerWrapper(source), n_vocab=len(source.tokens),
-                                       eos_token=list(tokenizer.eos_ids))
-        try:
-            _cache[tokenizer] = built
-        except TypeError:
-            _by_id[id(tokenizer)] = built
-        return built
+            views = _by_id.setdefault(id(tokenizer), {})
+        if engine not in views:
+            views[engine] = build(tokenizer)
+        return views[engine]

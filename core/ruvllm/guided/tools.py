@@ -240,7 +240,10 @@ def split_tool_calls(text: str, plan: ToolPlan) -> tuple[str, list[ToolCall]]:
 
 def hold_back(text: str, plan: ToolPlan) -> int:
     """How many characters at the end of streamed ``text`` must wait: they may start the
-    model's tool-call syntax. Returns ``len(text)`` once a call has started (all text held)."""
+    model's tool-call syntax. Returns ``len(text)`` once a call has started (all text held).
+
+    Whitespace just before a (possible) call waits too: :func:`split_tool_calls` strips it from
+    the content, and the streamed content must add up to the same text as the whole answer's."""
     if plan.enforced:
         return len(text)
     marker = MARKERS.get(plan.parser or "")
@@ -252,9 +255,7 @@ def hold_back(text: str, plan: ToolPlan) -> int:
             return len(text)
         return 0
     start = text.find(marker)
-    if start >= 0:
-        return len(text) - start
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
+    if start < 0:
+        start = next((len(text) - k for k in range(min(len(marker) - 1, len(text)), 0, -1)
+                      if text.endswith(marker[:k])), len(text))
+    return len(text) - len(text[:start].rstrip())
