@@ -16,11 +16,26 @@ api_key = ""              # or RUVLLM_API_KEY; empty = no authentication
 max_body_bytes = 1048576  # larger request bodies get 413
 max_tokens_limit = 4096   # largest max_tokens a request may ask for
 max_n = 16                # largest `n` (choices per request)
+lora_adapters = {}        # LoRA adapters served by name: {name = "/path/to/peft-dir"}
+allow_runtime_lora = false  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+load_wait = 30            # seconds a request waits for its model to load, then 503 + Retry-After
+memory_budget = ""        # bytes ("8GB") the loaded models may take; LRU idle ones are unloaded
+
+[[models]]                # several models in one server (instead of the top-level `model`)
+name = "small"            # what requests send as `model`
+model = "default"         # model reference
+backend = "llamacpp"      # default: the top-level backend
+options = {n_threads = 2} # that backend's options
+engine = {}               # ServingEngine options (default: the [engine] table)
+keep_alive = "5m"         # unload after this long idle (seconds or 30s/5m/1h; default: never)
+preload = false           # load at start instead of on first use
+lora_adapters = {}        # as in [server], for this model
 ```
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -52,6 +67,110 @@ class ServerConfig:
     max_body_bytes: int = attrs.field(default=1 << 20, validator=attrs.validators.ge(1))
     max_tokens_limit: int = attrs.field(default=4096, validator=attrs.validators.ge(1))
     max_n: int = attrs.field(default=16, validator=attrs.validators.ge(1))
+    #: LoRA adapters of the served model: name -> PEFT directory.
+    lora_adapters: Mapping[str, str] = attrs.field(factory=dict, converter=lambda v: _adapters(v, "[server]"))
+    allow_runtime_lora: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    load_wait: float = attrs.field(default=30.0, converter=float, validator=attrs.validators.ge(0))
+    memory_budget: int | None = attrs.field(default=None, converter=lambda v: parse_bytes(v, "memory_budget"))
+
+
+_BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(value: Any, what: str) -> int | None:
+    """Bytes from an integer or "512MB" / "8GiB"; None or "" = no limit."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        text = value.strip().upper().replace(" ", "")
+        number = text.rstrip("KMGTIB")
+        unit = text[len(number):]
+        try:
+            if unit in _BYTE_UNITS and float(number) > 0:
+                return int(float(number) * _BYTE_UNITS[unit])
+        except ValueError:
+            pass
+    raise ConfigError(f"{what}: {value!r} is not a size; use bytes (8000000000) or a size like \"8GB\" or "
+                      "\"512MiB\"")
+
+
+def _adapters(value: Any, where: str) -> dict[str, str]:
+    """``{name = "path"}`` LoRA adapters, checked for shape (paths are checked when loaded)."""
+    if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in value.items()):
+        raise ConfigError(f"{where} lora_adapters must be a table of name = \"path to a PEFT LoRA "
+                          f"directory\", got {value!r}")
+    return dict(value)
+
+
+def parse_duration(value: Any, what: str = "keep_alive") -> float | None:
+    """Seconds from a number or "30s" / "5m" / "1h"; None or negative = forever (None)."""
+    if value is None:
+        return None
+    seconds = None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        scale = {"s": 1, "m": 60, "h": 3600}.get(text[-1:])
+        with contextlib.suppress(ValueError):
+            seconds = float(text[:-1]) * scale if scale else float(text)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    if seconds is None:
+        raise ConfigError(f"{what}: {value!r} is not a duration; use seconds (30), or 30s, 5m, 1h")
+    return None if seconds < 0 else seconds
+
+
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    """One ``[[models]]`` table: a model served under ``name`` next to others."""
+
+    name: str = attrs.field(validator=attrs.validators.and_(attrs.validators.instance_of(str),
+                                                            attrs.validators.min_len(1)))
+    model: str = attrs.field(validator=attrs.validators.instance_of(str))
+    #: None: the top-level ``backend``.
+    backend: str | None = attrs.field(default=None,
+                                      validator=attrs.validators.optional(attrs.validators.instance_of(str)))
+    #: That backend's options (over its ``[backends.<name>]`` table).
+    options: Mapping[str, Any] = attrs.field(factory=dict, validator=attrs.validators.instance_of(Mapping))
+    #: ServingEngine options; None: the ``[engine]`` table.
+    engine: Mapping[str, Any] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Mapping)))
+    keep_alive: float | None = attrs.field(default=None, converter=parse_duration)
+    preload: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    lora_adapters: Mapping[str, str] = attrs.field(factory=dict,
+                                                   converter=lambda v: _adapters(v, "[[models]]"))
+
+
+def _models(value: Any) -> tuple[ModelConfig, ...]:
+    if isinstance(value, tuple) and all(isinstance(m, ModelConfig) for m in value):
+        return value
+    if not isinstance(value, (list, tuple)) or not all(isinstance(m, (Mapping, ModelConfig)) for m in value):
+        raise ConfigError("[[models]] must be an array of tables (one [[models]] table per model)")
+    out = []
+    known = {f.name for f in attrs.fields(ModelConfig)}
+    for i, table in enumerate(value):
+        if isinstance(table, ModelConfig):
+            out.append(table)
+            continue
+        unknown = set(table) - known
+        if unknown:
+            raise ConfigError(f"[[models]] #{i + 1}: unknown key(s) {', '.join(sorted(unknown))}; "
+                              f"known keys: {', '.join(sorted(known))}")
+        missing = {"name", "model"} - set(table)
+        if missing:
+            raise ConfigError(f"[[models]] #{i + 1}: {' and '.join(sorted(missing))} missing; every model "
+                              "needs a name (what requests send) and a model reference")
+        try:
+            out.append(ModelConfig(**table))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"[[models]] #{i + 1} ({table.get('name')!r}): {exc}") from None
+    names = [m.name for m in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"[[models]]: names must be unique, got {names}")
+    return tuple(out)
 
 
 def _server_config(value: Any) -> ServerConfig:
@@ -67,6 +186,8 @@ def _server_config(value: Any) -> ServerConfig:
     try:
         return ServerConfig(**{k: (v or None) if k == "api_key" else v for k, v in value.items()})
     except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[server]: {exc}") from None
+    except ConfigError as exc:
         raise ConfigError(f"[server]: {exc}") from None
 
 
@@ -90,6 +211,8 @@ class Config:
     sona: Mapping[str, Any] = attrs.field(factory=dict)
     #: ``[server]`` table for ``ruvllm serve``.
     server: ServerConfig = attrs.field(factory=ServerConfig, converter=_server_config)
+    #: ``[[models]]`` tables: several models in one ``ruvllm serve`` (empty: serve ``model``).
+    models: tuple[ModelConfig, ...] = attrs.field(default=(), converter=_models)
     #: The file the values came from, if any (for messages).
     source: Path | None = None
 

@@ -47,12 +47,13 @@ class RunningServer:
 
 
 def start_server(*, api_key: str | None = API_KEY, engine_options: dict | None = None,
-                 server: dict | None = None, backend: str = "llamacpp") -> RunningServer:
+                 server: dict | None = None, backend: str = "llamacpp",
+                 model: str = "default") -> RunningServer:
     import uvicorn
     from ruvllm.server.runner import load_engine, settings_for
 
     _require_backend(backend)
-    config = load_config(overrides={"backend": backend, "model": "default"})
+    config = load_config(overrides={"backend": backend, "model": model})
     config = attrs.evolve(config, server=attrs.evolve(config.server, api_key=api_key, **(server or {})))
     engine = load_engine(config, engine_options)
     from ruvllm.server.app import create_app

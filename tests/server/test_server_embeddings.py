@@ -138,3 +138,12 @@ def test_backend_without_embeddings_is_a_400_naming_the_model():
     err = r.json()["error"]
     assert err["param"] == "model" and "'tiny-fake'" in err["message"] and "cannot produce embeddings" in \
         err["message"]
+
+
+def test_unknown_fields_are_refused_by_name(server, model_name):
+    r = post(server, {"model": model_name, "input": CAT, "encoding_fromat": "base64", "truncate": 8})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "encoding_fromat"
+    assert "encoding_fromat" in error["message"] and "truncate" in error["message"]
+    assert post(server, {"model": model_name, "input": CAT, "user": "u1"}).status_code == 200

@@ -1,10 +1,14 @@
-"""The OpenAI-compatible HTTP API over an :class:`ruvllm.serving.AsyncEngine`.
+"""The OpenAI-compatible HTTP API over one :class:`ruvllm.serving.AsyncEngine` or a pool of them.
 
 Handlers only translate: OpenAI JSON -> prompt ids and GenerationParams (``params``), engine
 outputs -> OpenAI JSON (``responses``). Every choice of every request is its own engine request,
 submitted before the first one is awaited so that the engine can batch them. Submission errors
 (bad parameters, context too long, queue full) come back with their real status codes because
 nothing is streamed before every choice has been accepted.
+
+Which engine serves a request (and with which LoRA adapter) is decided in one place, the
+:class:`~ruvllm.server.model_pool.ModelPool`, from the request's ``model``; a single engine is a
+pool of one.
 """
 
 from __future__ import annotations
@@ -19,17 +23,25 @@ import attrs
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest, ModelNotFound, RuvllmError
+from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest, RuvllmError
 from ruvllm.guided.request import chat_constraint, completion_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.hardware import cpu_info
 from ruvllm.server import responses
-from ruvllm.server.echo import merge_echo
-from ruvllm.server.embeddings import register_embeddings
+from ruvllm.server.echo import completion_formatter, finish_event, merge_echo
+from ruvllm.server.embeddings import (
+    EmbeddingRequest,
+    check_dimensions,
+    embeddings_response,
+    input_ids,
+    split_inputs,
+)
 from ruvllm.server.errors import install_error_handlers, ruvllm_error_body
 from ruvllm.server.feedback import register_feedback
 from ruvllm.server.limits import RequestLimitsMiddleware
+from ruvllm.server.lora import register_lora_routes
 from ruvllm.server.metrics import CONTENT_TYPE, ServerMetrics
+from ruvllm.server.model_pool import ModelEntry, ModelPool, Route
 from ruvllm.server.openapi import install_openapi_limits
 from ruvllm.server.params import (
     Limits,
@@ -46,7 +58,7 @@ from ruvllm.server.schemas import (
     TokenizeRequest,
 )
 from ruvllm.server.sse import DONE, SSEResponse, sse_event
-from ruvllm.server.tokenizer_info import register_tokenizer_info
+from ruvllm.server.tokenizer_info import tokenizer_info
 from ruvllm.serving import AsyncEngine, RequestHandle
 from ruvllm.tokenizer import require_encodable
 from ruvllm.types import FinishReason, GenerationParams, GenerationResult, TokenOutput
@@ -61,6 +73,10 @@ class ServerSettings:
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
     limits: Limits = attrs.field(factory=Limits)
+    #: LoRA adapters loaded at start on the single engine: name -> PEFT directory.
+    lora_adapters: dict[str, str] = attrs.field(factory=dict)
+    #: ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` answer (else 403).
+    allow_runtime_lora: bool = False
 
 
 @attrs.define
@@ -75,21 +91,59 @@ class _Choice:
 _Outcome = tuple[list[TokenOutput], GenerationResult]
 
 
-def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
-    """The FastAPI app; it owns ``engine`` and shuts it down when the server stops."""
+@attrs.frozen
+class _Target:
+    """One request's engine, adapter and the name its responses carry, with the engine's limits."""
 
-    server_metrics = ServerMetrics(engine.metrics, model_name=settings.model_name, model=engine.info.name,
-                                   backend=engine.backend_name)
+    engine: AsyncEngine
+    adapter: str | None
+    model_name: str
+    context_length: int
+    limit_note: str
+
+    def room_after(self, ids: Sequence[int]) -> int:
+        return self.context_length - len(ids)
+
+    def check_context(self, ids: Sequence[int], params: GenerationParams) -> None:
+        if len(ids) + params.max_tokens > self.context_length:
+            raise ContextLengthExceeded(len(ids), params.max_tokens, self.context_length,
+                                        limit_note=self.limit_note)
+
+    def with_adapter(self, params: GenerationParams) -> GenerationParams:
+        return params if self.adapter is None else attrs.evolve(params, adapter=self.adapter)
+
+
+def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> FastAPI:
+    """The FastAPI app; it owns ``engine`` (or every engine of the pool) and shuts it down when the
+    server stops. With a pool, ``settings.model_name`` names its first model."""
+    pool = engine if isinstance(engine, ModelPool) else ModelPool.single(
+        engine, settings.model_name, settings.aliases, adapters=settings.lora_adapters)
+    single = None if isinstance(engine, ModelPool) else engine
+    server_metrics = ServerMetrics()
+
+    def metrics_attach(entry: ModelEntry) -> None:
+        e = entry.engine
+        assert e is not None
+        server_metrics.attach(e.metrics, model_name=entry.name, model=e.info.name, backend=e.backend_name)
+
+    pool.on_loaded.append(metrics_attach)
+    pool.on_unloading.append(lambda entry: server_metrics.detach(entry.name))
+    for entry in pool.entries.values():
+        if entry.engine is not None:
+            metrics_attach(entry)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         # Multiprocess mode: keep this worker's metric files current even when it is not scraped.
         refresher = asyncio.ensure_future(server_metrics.refresh_periodically()) \
             if server_metrics.multiprocess else None
-        yield
-        if refresher is not None:
-            refresher.cancel()
-        await engine.shutdown()
+        try:
+            await pool.start()
+            yield
+        finally:
+            if refresher is not None:
+                refresher.cancel()
+            await pool.shutdown()
 
     app = FastAPI(title="ruvllm", description="OpenAI-compatible API served by ruvllm",
                   lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -97,33 +151,24 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=settings.max_body_bytes,
                        api_key=settings.api_key)
     install_error_handlers(app)
-    register_feedback(app, engine)  # POST /v1/feedback (SONA)
-    register_tokenizer_info(app, engine)  # GET /tokenizer_info (vLLM's; lm-eval's remote tokenizer)
-    install_openapi_limits(app, settings.limits, engine.info.vocab_size,
-                           models=[settings.model_name, *settings.aliases],
-                           priority_scheduling=priority_scheduling(engine))
-    accepted = {settings.model_name, *settings.aliases}
+    # POST /v1/feedback (SONA): request ids are unique in the process, so one hook relay serves
+    # every model (a pool's engines share the plugin registry's).
+    register_feedback(app, single)
+    register_lora_routes(app, pool, allow_runtime=settings.allow_runtime_lora)
+    install_openapi_limits(
+        app, settings.limits, single.info.vocab_size if single is not None else None,
+        # Adapters loaded at runtime are valid names the published schema cannot know in advance.
+        models=None if settings.allow_runtime_lora else pool.accepted_names(),
+        priority_scheduling=priority_scheduling(single) if single is not None else True)
 
-    def check_model(name: str | None) -> None:
-        if name is not None and name not in accepted:
-            raise ModelNotFound(f"model {name!r} is not served here; this server serves "
-                                f"{settings.model_name!r} (see GET /v1/models)")
+    def target(route: Route) -> _Target:
+        e = route.engine
+        context_length = settings.limits.context_length(e.info.context_length)
+        limit_note = getattr(e, "context_limit_note", "") if context_length == e.info.context_length \
+            else "this server's --max-context setting"
+        return _Target(e, route.adapter, route.served_name, context_length, limit_note)
 
-    # POST /v1/embeddings
-    register_embeddings(app, engine, model_name=settings.model_name, check_model=check_model)
-
-    context_length = settings.limits.context_length(engine.info.context_length)
-    limit_note = getattr(engine, "context_limit_note", "") if context_length == engine.info.context_length \
-        else "this server's --max-context setting"
-
-    def room_after(ids: Sequence[int]) -> int:
-        return context_length - len(ids)
-
-    def check_context(ids: Sequence[int], params: GenerationParams) -> None:
-        if len(ids) + params.max_tokens > context_length:
-            raise ContextLengthExceeded(len(ids), params.max_tokens, context_length, limit_note=limit_note)
-
-    async def submit_all(jobs: list[tuple[int, int, list[int], GenerationParams]],
+    async def submit_all(engine: AsyncEngine, jobs: list[tuple[int, int, list[int], GenerationParams]],
                          kind: str, processors: Sequence[Sequence[Any]] = (), *,
                          scheduling: dict[str, Any] | None = None) -> list[_Choice]:
         """Submit every choice; if one is refused, cancel those already accepted.
@@ -231,7 +276,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
                     remaining -= 1
                     if isinstance(item, GenerationResult) and item.finish_reason is not FinishReason.ERROR:
                         completion_tokens += item.usage.completion_tokens
-                        events.append(sse_event(fmt.finish(c.index, item.finish_reason.value)))
+                        events.append(finish_event(fmt, c.index, item))
                         continue
                     exc = item if isinstance(item, RuvllmError) else BackendError(
                         f"request {c.handle.request_id} failed: {item}")
@@ -255,25 +300,50 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": settings.model_name, "backend": engine.backend_name,
-                "engine_path": engine.path, "machine": cpu_info().as_dict()}
+        first = pool.default.engine
+        return {"status": "ok", "model": pool.default.name,
+                "backend": first.backend_name if first is not None else None,
+                "engine_path": first.path if first is not None else None,
+                "models": {e.name: e.state.value for e in pool.entries.values()},
+                "machine": cpu_info().as_dict()}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return responses.model_list(settings.model_name, engine)
+        return {"object": "list", "data": pool.cards()}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
-        check_model(model_id)
-        return responses.model_card(settings.model_name, engine)
+        return pool.card(model_id)
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(server_metrics.render(), media_type=CONTENT_TYPE)
 
+    @app.get("/tokenizer_info")  # vLLM's; lm-eval's remote tokenizer
+    async def get_tokenizer_info(model: str | None = None) -> dict[str, Any]:
+        async with pool.route(model) as route:
+            return tokenizer_info(route.engine)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
+        async with pool.route(body.model) as route:
+            engine = route.engine
+            if not engine.capabilities.embeddings:
+                raise InvalidRequest("model", f"{route.entry!r} is served by backend "
+                                     f"{engine.backend_name!r}, which cannot produce embeddings; serve it "
+                                     "with --backend candle_like or llamacpp for /v1/embeddings", body.model)
+            check_dimensions(body.dimensions)
+            ids = await input_ids(engine, split_inputs(body.input))
+            vectors = await engine.embed_async(ids)
+        return embeddings_response(vectors, model=route.served_name, encoding_format=body.encoding_format,
+                                   prompt_tokens=sum(len(x) for x in ids))
+
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        check_model(body.model)
+        async with pool.route(body.model) as route:
+            return await _tokenize(body, route.engine)
+
+    async def _tokenize(body: TokenizeRequest, engine: AsyncEngine) -> dict[str, Any]:
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequest("prompt", "give exactly one of prompt or messages")
         if body.messages is not None:
@@ -288,7 +358,8 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
-        check_model(body.model)
+        async with pool.route(body.model) as route:
+            engine = route.engine
         vocab = engine.tokenizer.vocab_size
         bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
         if bad is not None:
@@ -297,22 +368,27 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        check_model(body.model)
+        async with pool.route(body.model) as route:
+            return await _chat_completions(body, request, target(route))
+
+    async def _chat_completions(body: ChatCompletionRequest, request: Request, served: _Target) -> Response:
+        engine = served.engine
         constraint = chat_constraint(body, engine.info.chat_template)
         ids = await chat_prompt_ids(engine, body.messages, constraint.tools.rendered)
-        params = generation_params(body, limits=settings.limits, room=room_after(ids),
-                                   logprobs_supported=engine.capabilities.logprobs)
-        check_context(ids, params)
+        params = served.with_adapter(generation_params(body, limits=settings.limits,
+                                                       room=served.room_after(ids),
+                                                       logprobs_supported=engine.capabilities.logprobs))
+        served.check_context(ids, params)
         procs = await guided_processors(engine, constraint.spec, body.n)
         jobs = [(i, 0, ids, seeded(params, i)) for i in range(body.n)]
-        choices = await submit_all(jobs, "chatcmpl", procs,
+        choices = await submit_all(engine, jobs, "chatcmpl", procs,
                                    scheduling=submit_options(body.priority, body.cache_salt, engine))
         from ruvllm.guided.openai_format import ToolChatFormatter  # it imports server.responses
 
         fmt = responses.ChatFormatter(choices[0].handle.request_id.rsplit("-", 1)[0],
-                                      settings.model_name, engine.tokenizer, params.logprobs) \
+                                      served.model_name, engine.tokenizer, params.logprobs) \
             if not constraint.tools.parses_output else ToolChatFormatter(
-                choices[0].handle.request_id.rsplit("-", 1)[0], settings.model_name, engine.tokenizer,
+                choices[0].handle.request_id.rsplit("-", 1)[0], served.model_name, engine.tokenizer,
                 params.logprobs, plan=constraint.tools)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -324,28 +400,30 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        check_model(body.model)
+        async with pool.route(body.model) as route:
+            return await _completions(body, request, target(route))
+
+    async def _completions(body: CompletionRequest, request: Request, served: _Target) -> Response:
+        engine = served.engine
         prompts = await completion_prompts(engine, body.prompt)
-        if body.echo and body.stream and (body.logprobs is not None or body.max_tokens == 0):
-            raise InvalidRequest("echo", "echo with logprobs or max_tokens 0 is answered whole, not "
-                                 "streamed (prompt logprobs exist only once the prompt has run); "
-                                 "set stream to false")
         jobs = []
         params = None
         for p_index, ids in enumerate(prompts):
-            params = generation_params(body, limits=settings.limits, room=room_after(ids),
-                                       logprobs_supported=engine.capabilities.logprobs)
-            check_context(ids, params)
+            params = served.with_adapter(generation_params(body, limits=settings.limits,
+                                                           room=served.room_after(ids),
+                                                           logprobs_supported=engine.capabilities.logprobs))
+            served.check_context(ids, params)
             for j in range(body.n):
                 jobs.append((p_index * body.n + j, p_index, ids, seeded(params, j)))
         spec = completion_constraint(body).spec
-        choices = await submit_all(jobs, "cmpl", await guided_processors(engine, spec, len(jobs)),
+        choices = await submit_all(engine, jobs, "cmpl", await guided_processors(engine, spec, len(jobs)),
                                    scheduling=submit_options(body.priority, body.cache_salt, engine))
         echoes = [engine.tokenizer.decode(ids) if body.echo else "" for ids in prompts]
-        fmt = responses.CompletionFormatter(
-            choices[0].handle.request_id.rsplit("-", 1)[0], settings.model_name, engine.tokenizer,
-            params.logprobs if params else None,
-            echo={c.index: echoes[c.prompt_index] for c in choices} if body.echo else {})
+        fmt = completion_formatter(
+            choices[0].handle.request_id.rsplit("-", 1)[0], served.model_name, engine.tokenizer,
+            params.logprobs if params else None, stream=body.stream, echo_only=body.max_tokens == 0,
+            echo={c.index: echoes[c.prompt_index] for c in choices} if body.echo else {},
+            prompts={c.index: prompts[c.prompt_index] for c in choices})
         prompt_tokens = sum(len(ids) for ids in prompts)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)

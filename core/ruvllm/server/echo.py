@@ -10,11 +10,13 @@ the prompt's last position anyway), and that token is left out of the answer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ruvllm.server.responses import CompletionFormatter
+from ruvllm.server.sse import sse_event
 from ruvllm.tokenizer import Tokenizer
-from ruvllm.types import GenerationResult, PromptLogprob
+from ruvllm.types import GenerationResult, PromptLogprob, TokenOutput
 
 
 def prompt_logprob_lists(prompt_ids: Sequence[int], entries: Sequence[PromptLogprob | None],
@@ -65,3 +67,77 @@ def merge_echo(response: dict[str, Any], results: Sequence[GenerationResult],
         usage["completion_tokens"] = 0
         usage["total_tokens"] = usage["prompt_tokens"]
     return response
+
+
+class EchoStreamFormatter(CompletionFormatter):
+    """A streamed ``text_completion`` with ``echo``: the prompt's chunk first, as OpenAI and vLLM
+    send it, also with ``logprobs`` and with ``max_tokens: 0``.
+
+    Plain ``echo`` sends the prompt text at once (``opening``), then the tokens as they come.
+    With ``logprobs`` the prompt's chunk carries the prompt's logprobs, which reach the server
+    only with the choice's result, so that choice's chunks are held and sent in order (prompt,
+    then its tokens, then the finish) when it finishes. ``max_tokens: 0`` (echo only) sends the
+    prompt and a ``length`` finish; the one token the engine had to sample is never sent or
+    counted.
+    """
+
+    def __init__(self, *args: Any, prompts: Mapping[int, Sequence[int]], echo_only: bool, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.prompts = dict(prompts)
+        self.echo_only = echo_only
+        self._held: dict[int, list[dict[str, Any]]] = {}
+
+    @property
+    def _holds(self) -> bool:
+        return self.logprobs is not None
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        opening = super().opening(index)
+        return None if self._holds else opening
+
+    def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
+        if self.echo_only:
+            return None
+        chunk = super().token(index, out)
+        if chunk is None or not self._holds:
+            return chunk
+        self._held.setdefault(index, []).append(chunk)
+        return None
+
+    def token_event(self, index: int, out: TokenOutput) -> str | None:
+        if self.echo_only or self._holds:
+            chunk = self.token(index, out)
+            return None if chunk is None else sse_event(chunk)
+        return super().token_event(index, out)
+
+    def finish_event(self, index: int, result: GenerationResult) -> str:
+        """The SSE text that ends choice ``index``: its held chunks first, then the finish."""
+        chunks = []
+        if self._holds:
+            assert result.prompt_logprobs is not None, "prompt logprobs were asked of the engine"
+            lists = prompt_logprob_lists(self.prompts[index], result.prompt_logprobs, self.tok,
+                                         self.logprobs or 0)
+            chunks.append(self._chunk(index, self.echo.get(index, ""), None, lists))
+            chunks.extend(self._held.pop(index, []))
+        reason = "length" if self.echo_only else result.finish_reason.value
+        chunks.append(self.finish(index, reason))
+        return "".join(sse_event(c) for c in chunks)
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        return super().usage(prompt_tokens, 0 if self.echo_only else completion_tokens)
+
+
+def finish_event(fmt: Any, index: int, result: GenerationResult) -> str:
+    """The SSE text ending a streamed choice: the formatter's own when it has one (echo)."""
+    own = getattr(fmt, "finish_event", None)
+    return own(index, result) if own is not None else sse_event(fmt.finish(index, result.finish_reason.value))
+
+
+def completion_formatter(response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None, *,
+                         echo: Mapping[int, str], prompts: Mapping[int, Sequence[int]], stream: bool,
+                         echo_only: bool) -> CompletionFormatter:
+    """The ``text_completion`` formatter of one request: a streamed echo gets its own."""
+    if stream and echo:
+        return EchoStreamFormatter(response_id, model, tokenizer, logprobs, echo=dict(echo),
+                                   prompts=prompts, echo_only=echo_only)
+    return CompletionFormatter(response_id, model, tokenizer, logprobs, echo=dict(echo))

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
-from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.server.strict_fields import refuse_unknown_fields
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable
 
@@ -27,7 +26,15 @@ MAX_INPUTS = 2048
 
 
 class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """OpenAI's fields; any other is a 400 naming it (a misspelt ``encoding_fromat`` must not
+    quietly give floats), as on the completion endpoints."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields_only(cls, data: Any) -> Any:
+        return refuse_unknown_fields(cls, data)
 
     input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
@@ -93,19 +100,3 @@ def embeddings_response(vectors: np.ndarray, *, model: str, encoding_format: str
         "model": model,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
-
-
-def register_embeddings(app: FastAPI, engine: AsyncEngine, *, model_name: str,
-                        check_model: Callable[[str | None], None]) -> None:
-    @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
-        check_model(body.model)
-        if not engine.capabilities.embeddings:
-            raise InvalidRequest("model", f"{model_name!r} is served by backend {engine.backend_name!r}, "
-                                 "which cannot produce embeddings; serve it with --backend candle_like "
-                                 "or llamacpp for /v1/embeddings", body.model)
-        check_dimensions(body.dimensions)
-        ids = await input_ids(engine, split_inputs(body.input))
-        vectors = await engine.embed_async(ids)
-        return embeddings_response(vectors, model=model_name, encoding_format=body.encoding_format,
-                                   prompt_tokens=sum(len(x) for x in ids))

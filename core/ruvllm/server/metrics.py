@@ -2,7 +2,8 @@
 
 Names follow vLLM's (``vllm:time_to_first_token_seconds`` -> ``ruvllm:time_to_first_token_seconds``)
 so dashboards built for vLLM need only the prefix changed. Every series carries ``model_name``
-(the name clients send), ``model`` (the loaded model's own name) and ``backend``.
+(the name clients send), ``model`` (the loaded model's own name) and ``backend``; a server of
+several models reports each under its own ``model_name``.
 
 The engine keeps its own counters and histograms (``engine.metrics()``, a MetricsSnapshot, which
 the benchmark reads too). :class:`ServerMetrics` carries them into prometheus_client metric
@@ -105,12 +106,32 @@ def _per_bucket(h: SnapshotHistogram) -> list[float]:
     return out
 
 
-class ServerMetrics:
-    """The metrics of one app: its registry, its metric objects and what they last reported."""
+class _Series:
+    """One model's labelled children and what its engine last reported."""
 
-    def __init__(self, snapshot: Callable[[], MetricsSnapshot], *, model_name: str, model: str,
-                 backend: str):
-        self._snapshot = snapshot
+    def __init__(self, snapshot: Callable[[], MetricsSnapshot], labels: dict[str, str]):
+        self.snapshot = snapshot
+        self.labels = labels
+        self.gauges: list[tuple[str, Any]] = []
+        self.counters: list[tuple[str, Any]] = []
+        self.histograms: list[tuple[str, Any]] = []
+        #: Totals already carried into the counters and histograms, by key.
+        self.seen: dict[Any, Any] = {}
+
+    def advance(self, key: Any, total: float) -> float:
+        """How much ``total`` grew since the last refresh (never negative)."""
+        grown = max(total - self.seen.get(key, 0), 0)
+        self.seen[key] = max(total, self.seen.get(key, 0))
+        return grown
+
+
+class ServerMetrics:
+    """The metrics of one app: its registry, its metric objects and, per served model, what its
+    engine last reported. A server of several models :meth:`attach`-es each engine when it loads
+    (its series carry the model's ``model_name``) and :meth:`detach`-es it when it unloads."""
+
+    def __init__(self, snapshot: Callable[[], MetricsSnapshot] | None = None, *,
+                 model_name: str | None = None, model: str | None = None, backend: str | None = None):
         self.multiprocess = multiprocess_dir() is not None
         #: What /metrics exposes.
         self.registry = CollectorRegistry()
@@ -118,55 +139,91 @@ class ServerMetrics:
             # The metric objects write to this process's files; the collector reads every
             # process's. Registering the objects too would count this process twice.
             MultiProcessCollector(self.registry)
-            own = None
+            self._own = None
         else:
-            own = self.registry
-        labels = {"model_name": model_name, "model": model, "backend": backend}
-        self._gauges = [
-            (attr, Gauge(PREFIX + name, help_, LABELS, registry=own, multiprocess_mode=mode).labels(**labels))
+            self._own = self.registry
+        own = self._own
+        self._gauge_families = [
+            (attr, Gauge(PREFIX + name, help_, LABELS, registry=own, multiprocess_mode=mode))
             for name, attr, help_, mode in _GAUGES
         ]
-        self._counters = [
-            (attr, Counter(PREFIX + name, help_, LABELS, registry=own).labels(**labels))
-            for name, attr, help_ in _COUNTERS
+        self._counter_families = [
+            (attr, Counter(PREFIX + name, help_, LABELS, registry=own)) for name, attr, help_ in _COUNTERS
         ]
         self._finished = Counter(PREFIX + "request_success_total",
                                  "Count of finished requests by finish reason.",
                                  (*LABELS, "finished_reason"), registry=own)
-        self._labels = labels
-        for reason in FINISH_REASONS:
-            self._finished.labels(**labels, finished_reason=reason)
-        first = snapshot()  # the engine's bucket bounds
-        self._histograms = [
-            (attr, Histogram(PREFIX + name, help_, LABELS, registry=own,
-                             buckets=_bounds(getattr(first, attr))).labels(**labels))
-            for name, attr, help_ in _HISTOGRAMS
-        ]
-        #: Totals already carried into the counters and histograms, by key.
-        self._seen: dict[Any, Any] = {}
+        #: Created with the first engine's bucket bounds (every ServingEngine has the same).
+        self._histogram_families: list[tuple[str, Any]] | None = None
+        self._bounds: list[list[float]] = []
+        self._series: dict[str, _Series] = {}
         self._lock = threading.Lock()
+        if snapshot is not None:
+            self.attach(snapshot, model_name=model_name or model or "", model=model or "",
+                        backend=backend or "")
 
-    def _advance(self, key: Any, total: float) -> float:
-        """How much ``total`` grew since the last refresh (never negative)."""
-        grown = max(total - self._seen.get(key, 0), 0)
-        self._seen[key] = max(total, self._seen.get(key, 0))
-        return grown
+    def attach(self, snapshot: Callable[[], MetricsSnapshot], *, model_name: str, model: str,
+               backend: str) -> None:
+        """Report ``snapshot`` (an engine's ``metrics``) under ``model_name`` from now on. A model
+        loaded again continues its counters: only what the new engine counts is added."""
+        labels = {"model_name": model_name, "model": model, "backend": backend}
+        series = _Series(snapshot, labels)
+        first = snapshot()
+        with self._lock:
+            if self._histogram_families is None:
+                self._histogram_families = [
+                    (attr, Histogram(PREFIX + name, help_, LABELS, registry=self._own,
+                                     buckets=_bounds(getattr(first, attr))))
+                    for name, attr, help_ in _HISTOGRAMS
+                ]
+                self._bounds = [_bounds(getattr(first, attr)) for attr, _ in self._histogram_families]
+            series.gauges = [(attr, g.labels(**labels)) for attr, g in self._gauge_families]
+            series.counters = [(attr, c.labels(**labels)) for attr, c in self._counter_families]
+            for reason in FINISH_REASONS:
+                self._finished.labels(**labels, finished_reason=reason)
+            families = zip(self._histogram_families, self._bounds, strict=True)
+            same_buckets = all(_bounds(getattr(first, attr)) == bounds for (attr, _), bounds in families)
+            if same_buckets:
+                series.histograms = [(attr, h.labels(**labels)) for attr, h in self._histogram_families]
+            else:
+                log.warning("model %r reports histograms with other buckets than the first model; its "
+                            "histograms are left out of /metrics", model_name)
+            self._series[model_name] = series
+
+    def detach(self, model_name: str) -> None:
+        """Stop reading ``model_name``'s engine (it is unloading): its last counts are carried
+        over and its gauges drop to 0."""
+        series = self._series.get(model_name)
+        if series is None:
+            return
+        try:
+            self._refresh(series)
+        except Exception:  # the engine may already be failing; the counters keep what they had
+            log.exception("final metrics refresh of %r failed", model_name)
+        with self._lock:
+            for _, gauge in series.gauges:
+                gauge.set(0.0)
+            del self._series[model_name]
 
     def refresh(self) -> None:
-        """Carry the engine's current snapshot into the metric objects."""
-        snap = self._snapshot()
+        """Carry every attached engine's current snapshot into the metric objects."""
+        for series in list(self._series.values()):
+            self._refresh(series)
+
+    def _refresh(self, series: _Series) -> None:
+        snap = series.snapshot()
         with self._lock:
-            for attr, gauge in self._gauges:
+            for attr, gauge in series.gauges:
                 gauge.set(float(getattr(snap, attr)))
-            for attr, counter in self._counters:
-                counter.inc(self._advance(attr, getattr(snap, attr)))
+            for attr, counter in series.counters:
+                counter.inc(series.advance(attr, getattr(snap, attr)))
             for reason, total in snap.requests_finished.items():
-                self._finished.labels(**self._labels, finished_reason=reason).inc(
-                    self._advance(("finished", reason), total))
-            for attr, hist in self._histograms:
+                self._finished.labels(**series.labels, finished_reason=reason).inc(
+                    series.advance(("finished", reason), total))
+            for attr, hist in series.histograms:
                 h: SnapshotHistogram = getattr(snap, attr)
-                grown = [self._advance((attr, i), n) for i, n in enumerate(_per_bucket(h))]
-                _add_observations(hist, grown, self._advance((attr, "sum"), h.sum))
+                grown = [series.advance((attr, i), n) for i, n in enumerate(_per_bucket(h))]
+                _add_observations(hist, grown, series.advance((attr, "sum"), h.sum))
 
     def render(self) -> bytes:
         """The text exposition, after a refresh."""

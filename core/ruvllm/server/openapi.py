@@ -57,11 +57,13 @@ _CROSS_FIELD = {
 }
 
 
-def with_limits(schema: dict[str, Any], limits: Limits, vocab_size: int, *,
+def with_limits(schema: dict[str, Any], limits: Limits, vocab_size: int | None, *,
                 models: list[str] | None = None, priority_scheduling: bool = True) -> dict[str, Any]:
     """``schema`` with the server's bounds: ``max_n``, ``max_tokens``, the vocabulary for token
     ids, the served model names, ``priority`` fixed at 0 unless the engine schedules by priority,
-    and the rules between fields (``stream_options`` needs ``stream``...)."""
+    and the rules between fields (``stream_options`` needs ``stream``...). ``vocab_size`` None
+    (several models, each its own vocabulary) and ``models`` None (names that change at runtime)
+    leave those open."""
     components = schema.get("components", {}).get("schemas", {})
     for name in ("ChatCompletionRequest", "CompletionRequest"):
         model_schema = components.get(name, {})
@@ -80,12 +82,12 @@ def with_limits(schema: dict[str, Any], limits: Limits, vocab_size: int, *,
             if field in props:
                 _int_branch(props[field])["maximum"] = limits.max_tokens
         for field in ("stop_token_ids", "prompt", "logit_bias"):
-            if field in props:
+            if field in props and vocab_size is not None:
                 _token_ids(props[field], vocab_size)
     return schema
 
 
-def install_openapi_limits(app: FastAPI, limits: Limits, vocab_size: int, *, models: list[str],
+def install_openapi_limits(app: FastAPI, limits: Limits, vocab_size: int | None, *, models: list[str] | None,
                            priority_scheduling: bool) -> None:
     generate = app.openapi
 

@@ -9,6 +9,7 @@ loop, so a long prompt does not hold up the other requests' streams.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,11 +59,39 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         d: dict[str, Any] = {"role": m.role, "content": content}
         if m.name:
             d["name"] = m.name
-        for key in ("tool_calls", "tool_call_id"):  # tool-calling turns, as templates read them
-            value = (m.model_extra or {}).get(key)
-            if value is not None:
-                d[key] = value
+        extra = m.model_extra or {}
+        if extra.get("tool_call_id") is not None:
+            d["tool_call_id"] = extra["tool_call_id"]
+        if extra.get("tool_calls") is not None:
+            d["tool_calls"] = _template_tool_calls(extra["tool_calls"], f"messages[{i}].tool_calls")
         out.append(d)
+    return out
+
+
+def _template_tool_calls(calls: Any, field: str) -> list[Any]:
+    """An assistant turn's ``tool_calls`` as chat templates read them: ``arguments`` as an object.
+
+    OpenAI clients send the arguments as a JSON string; tool-use templates (transformers'
+    convention, which vLLM follows) render ``arguments | tojson``, so a string would reach the
+    model quoted twice.
+    """
+    if not isinstance(calls, list):
+        raise InvalidRequest(field, f"must be a list of tool calls, got {type(calls).__name__}")
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidRequest(f"{field}[{j}]", 'must be {"type": "function", "function": '
+                                 '{"name": ..., "arguments": ...}} as the API returned it')
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError as exc:
+                raise InvalidRequest(f"{field}[{j}].function.arguments",
+                                     f"is not valid JSON ({exc.msg} at character {exc.pos}); send the "
+                                     "arguments string the API returned for this call") from None
+        out.append({**call, "function": {**function, "arguments": arguments}})
     return out
 
 

@@ -13,7 +13,6 @@ from json.encoder import encode_basestring
 from typing import Any, Protocol
 
 from ruvllm.server.sse import sse_event
-from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import GenerationResult, TokenOutput
 
@@ -21,16 +20,6 @@ from ruvllm.types import GenerationResult, TokenOutput
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
-
-
-def model_card(name: str, engine: AsyncEngine) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "ruvllm",
-            "root": engine.info.path or name, "max_model_len": engine.info.context_length,
-            "backend": engine.backend_name}
-
-
-def model_list(name: str, engine: AsyncEngine) -> dict[str, Any]:
-    return {"object": "list", "data": [model_card(name, engine)]}
 
 
 class ChunkFormatter(Protocol):

@@ -1,7 +1,9 @@
 """Load the engine, build the app and run uvicorn: what ``ruvllm serve`` does.
 
 The model is loaded *before* the socket is bound, so a model that cannot load makes the command
-fail with the reason; nothing is ever served in its place.
+fail with the reason; nothing is ever served in its place. With ``[[models]]`` (or several
+``--model``) the models go into a :class:`~ruvllm.server.model_pool.ModelPool` instead and load on
+first use, or at start with ``preload``; a preloaded model that fails stops the server's start.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ import logging
 import socket
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
 
-from ruvllm.config import Config
+from ruvllm.config import Config, ModelConfig
 from ruvllm.errors import ConfigError
 from ruvllm.server.app import ServerSettings, create_app
+from ruvllm.server.model_pool import ModelPool, ModelSpec
 from ruvllm.server.params import Limits
 from ruvllm.serving import AsyncEngine
 
@@ -30,15 +34,65 @@ def load_engine(config: Config, engine_options: Mapping[str, Any] | None = None)
     return ServingEngine.from_config(config, options=dict(engine_options) if engine_options else None)
 
 
-def settings_for(config: Config, engine: AsyncEngine, *, served_name: str | None = None,
+def settings_for(config: Config, engine: AsyncEngine | None, *, served_name: str | None = None,
                  max_context: int | None = None) -> ServerSettings:
-    name = served_name or engine.info.name
-    aliases = tuple({config.model, engine.info.name} - {name})
+    name = served_name or (engine.info.name if engine is not None else config.model)
+    aliases = tuple({config.model, engine.info.name if engine is not None else name} - {name})
     srv = config.server
     return ServerSettings(model_name=name, aliases=aliases, api_key=srv.api_key or None,
                           max_body_bytes=srv.max_body_bytes,
                           limits=Limits(max_tokens=srv.max_tokens_limit, max_n=srv.max_n,
-                                                max_context=max_context))
+                                                max_context=max_context),
+                          lora_adapters=dict(srv.lora_adapters), allow_runtime_lora=srv.allow_runtime_lora)
+
+
+def _model_bytes(config: Config, ref: str) -> int:
+    """The size of ``ref``'s weights on disk: what ``memory_budget`` counts a model as."""
+    from ruvllm.registry import resolve
+
+    path = Path(resolve(ref, config.cache_dir).path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def model_spec(config: Config, model: ModelConfig, engine_options: Mapping[str, Any] | None = None,
+               *, extra_adapters: Mapping[str, str] | None = None) -> ModelSpec:
+    """The pool entry of one ``[[models]]`` table: a ServingEngine on its backend, options and model."""
+    backends = {**config.backends, "*": {**config.options_for("*"), **model.options}}
+    cfg = attrs.evolve(config, model=model.model, backend=model.backend or config.backend, backends=backends,
+                       models=())
+    options = dict(model.engine) if model.engine is not None else engine_options
+
+    return ModelSpec(name=model.name, loader=lambda: load_engine(cfg, options), keep_alive=model.keep_alive,
+                     preload=model.preload, memory_estimate=lambda: _model_bytes(config, model.model),
+                     adapters={**(extra_adapters or {}), **model.lora_adapters}, reference=model.model)
+
+
+def build_pool(config: Config, engine_options: Mapping[str, Any] | None = None) -> ModelPool:
+    """The pool of ``config.models``; ``[server] lora_adapters`` (``--lora``) go to the first model."""
+    srv = config.server
+    specs = [model_spec(config, m, engine_options, extra_adapters=srv.lora_adapters if i == 0 else None)
+             for i, m in enumerate(config.models)]
+    return ModelPool(specs, load_wait=srv.load_wait, memory_budget=srv.memory_budget)
+
+
+def pool_settings(config: Config, pool: ModelPool, *, max_context: int | None = None) -> ServerSettings:
+    """The settings of a pool's server: ``[server]``'s, without the single engine's names and
+    adapters (the pool holds each model's)."""
+    single = settings_for(config, None, served_name=pool.default.name, max_context=max_context)
+    return attrs.evolve(single, aliases=(), lora_adapters={})
+
+
+def pool_banner(pool: ModelPool) -> str:
+    """What ``ruvllm serve`` prints for several models: each one's reference and when it loads."""
+    lines = [f"ruvllm: serving {len(pool.entries)} models; each loads on first use unless preloaded"]
+    for entry in pool.entries.values():
+        spec = entry.spec
+        keep = "never unloaded" if spec.keep_alive is None else f"unloaded after {spec.keep_alive:g} s idle"
+        lines.append(f"ruvllm:   {spec.name}: {spec.reference} ({'preloaded' if spec.preload else 'lazy'}, "
+                     f"{keep})")
+    return "\n".join(lines)
 
 
 def startup_banner(engine: AsyncEngine, settings: ServerSettings) -> str:
@@ -73,15 +127,60 @@ def serve(config: Config, *, served_name: str | None = None,
 
     srv = config.server
     check_port_free(srv.host, srv.port)
-    engine = load_engine(config, engine_options)
-    settings = settings_for(config, engine, served_name=served_name, max_context=max_context)
-    app = create_app(engine, settings)
+    for spec_adapters in (srv.lora_adapters, *(m.lora_adapters for m in config.models)):
+        for name, path in spec_adapters.items():
+            if not Path(path).expanduser().exists():
+                raise ConfigError(f"LoRA adapter {name!r}: {path} does not exist; give the path of a PEFT "
+                                  "LoRA directory (--lora NAME=PATH)")
+    if config.models:
+        pool = build_pool(config, engine_options)
+        settings = pool_settings(config, pool, max_context=max_context)
+        app = create_app(pool, settings)
+        banner = pool_banner(pool)
+    else:
+        engine = load_engine(config, engine_options)
+        settings = settings_for(config, engine, served_name=served_name, max_context=max_context)
+        app = create_app(engine, settings)
+        banner = startup_banner(engine, settings)
     if srv.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
         log.warning("listening on %s without an API key: anyone who can reach this port can use the model",
                     srv.host)
+    if settings.allow_runtime_lora and not settings.api_key:
+        log.warning("runtime LoRA loading is on without an API key: any client can make this server read "
+                    "adapter files from its disk; set --api-key")
     if log_level in ("info", "debug"):
-        print(startup_banner(engine, settings), file=sys.stderr, flush=True)
+        print(banner, file=sys.stderr, flush=True)
     uvicorn.run(app, host=srv.host, port=srv.port, log_level=log_level, timeout_graceful_shutdown=5)
+
+
+def with_lora_flags(config: Config, lora: tuple[str, ...], allow_runtime: bool | None) -> Config:
+    """``--lora NAME=PATH`` (added to ``[server] lora_adapters``) and ``--allow-runtime-lora``."""
+    adapters = dict(config.server.lora_adapters)
+    for item in lora:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ConfigError(f"--lora {item!r} must look like NAME=PATH (the PEFT LoRA directory)")
+        adapters[name.strip()] = path.strip()
+    return with_server_overrides(config, lora_adapters=adapters if lora else None,
+                                 allow_runtime_lora=allow_runtime)
+
+
+def with_cli_models(config: Config, model: str | None, models: tuple[str, ...]) -> Config:
+    """``--model [NAME=]MODEL`` repeated: the models (with ``MODEL``, the positional argument,
+    first) replace ``[[models]]``, each preloaded. One model alone is plain single-model serving."""
+    refs = ([model] if model else []) + list(models)
+    if not models:
+        return config
+    if len(refs) == 1 and "=" not in refs[0]:
+        return attrs.evolve(config, model=refs[0], models=())
+    tables = []
+    for ref in refs:
+        name, sep, target = ref.partition("=")
+        if sep and (not name.strip() or not target.strip()):
+            raise ConfigError(f"--model {ref!r} must look like MODEL or NAME=MODEL")
+        tables.append(ModelConfig(name=name.strip() if sep else ref, model=target.strip() if sep else ref,
+                                  preload=True))
+    return attrs.evolve(config, models=tables)
 
 
 def with_server_overrides(config: Config, **overrides: Any) -> Config:

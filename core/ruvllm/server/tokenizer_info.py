@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
-
 from ruvllm.serving import AsyncEngine
 
 
@@ -31,9 +29,3 @@ def tokenizer_info(engine: AsyncEngine) -> dict[str, Any]:
         "model_max_length": info.context_length,
         "chat_template": info.chat_template,
     }
-
-
-def register_tokenizer_info(app: FastAPI, engine: AsyncEngine) -> None:
-    @app.get("/tokenizer_info")
-    async def get_tokenizer_info() -> dict[str, Any]:
-        return tokenizer_info(engine)
