@@ -6,6 +6,7 @@ import click
 
 from ruvllm.cli.app import backend_option, config_from, main, options_option
 from ruvllm.config import parse_option
+from ruvllm.scaleout.cli import run_scale_out, scale_out_options, scale_out_requested
 
 
 @main.command()
@@ -26,21 +27,35 @@ from ruvllm.config import parse_option
               help="ServingEngine option, e.g. -e max_batch_tokens=1024 (repeatable; see docs/engine.md).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@click.option("--model", "-m", "extra_models", multiple=True, metavar="[NAME=]MODEL",
+              help="Serve several models: repeat it (each loads at start; requests pick one by name; "
+                   "[[models]] in ruvllm.toml sets more, see docs/configuration.md).")
+@click.option("--lora", "lora", multiple=True, metavar="NAME=PATH",
+              help="LoRA adapter (PEFT directory) served as model NAME (repeatable; LoRA backends only).")
+@click.option("--allow-runtime-lora", is_flag=True, default=None,
+              help="Allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter (set --api-key too).")
 @click.pass_context
+@scale_out_options
 def serve(ctx: click.Context, model: str | None, backend: str | None, options: tuple[str, ...],
           host: str | None, port: int | None, api_key: str | None, served_model_name: str | None,
           max_concurrent: int | None, max_context: int | None, max_tokens_limit: int | None,
-          max_body_bytes: int | None, engine_opts: tuple[str, ...], log_level: str) -> None:
+          max_body_bytes: int | None, engine_opts: tuple[str, ...], log_level: str,
+          extra_models: tuple[str, ...], lora: tuple[str, ...], allow_runtime_lora: bool | None) -> None:
     """Serve MODEL (default: the embedded model) over an OpenAI-compatible HTTP API."""
     from ruvllm.server.runner import serve as run_server
-    from ruvllm.server.runner import with_server_overrides
+    from ruvllm.server.runner import with_cli_models, with_lora_flags, with_server_overrides
 
     config = config_from(ctx, backend=backend, model=model, options=options)
     config = with_server_overrides(config, host=host, port=port, api_key=api_key,
                                    max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes)
+    config = with_cli_models(with_lora_flags(config, lora, allow_runtime_lora), model, extra_models)
     engine_options = dict(getattr(config, "engine", None) or {})
     engine_options.update(parse_option(o) for o in engine_opts)
     if max_concurrent is not None:
         engine_options["max_num_seqs"] = max_concurrent
+    if scale_out_requested(ctx):
+        run_scale_out(ctx, config, served_name=served_model_name, engine_options=engine_options or None,
+                      max_context=max_context)
+        return
     run_server(config, served_name=served_model_name, engine_options=engine_options or None,
                log_level=log_level, max_context=max_context)

@@ -25,7 +25,8 @@ def guided_processor(spec: GrammarSpec, tokenizer: Tokenizer, *, cache: GrammarC
     beyond it."""
     eng = get_engine(engine) if isinstance(engine, str) else engine
     matcher = (cache or default_cache()).matcher(spec, tokenizer, eng)
-    return GuidedProcessor(matcher, eng, tokenizer.vocab_size, tokenizer.eos_ids, kind=spec.kind)
+    return GuidedProcessor(matcher, eng, tokenizer.vocab_size, tokenizer.eos_ids, kind=spec.kind,
+                           recipe=spec)
 
 
 __all__ = [

@@ -20,6 +20,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from ruvllm.guided.engine import GrammarEngine, GuidedMatcher
+    from ruvllm.guided.grammar import GrammarSpec
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,18 @@ class GuidedProcessor:
     """Logits processor enforcing one grammar matcher (one request, one instance)."""
 
     def __init__(self, matcher: GuidedMatcher, engine: GrammarEngine, vocab_size: int,
-                 eos_ids: Sequence[int] = (), *, kind: str = ""):
+                 eos_ids: Sequence[int] = (), *, kind: str = "", recipe: GrammarSpec | None = None):
         self.matcher = matcher
         self.engine = engine
         self.vocab_size = vocab_size
         self.eos_ids = tuple(eos_ids)
         self.kind = kind
+        #: The grammar this processor was built from (a small frozen attrs value, picklable):
+        #: the matcher is native state bound to this process, so a request that samples in
+        #: another process (``ruvllm serve --ray``) sends the recipe, and that process rebuilds
+        #: the processor with ``guided_processor(recipe, its tokenizer, ...)``. None for a
+        #: processor built by hand, which cannot be rebuilt elsewhere.
+        self.recipe = recipe
         self._consumed = 0
         self._pending: tuple[concurrent.futures.Future, np.ndarray, int] | None = None
         self._warned = False

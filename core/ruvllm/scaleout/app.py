@@ -1,0 +1,171 @@
+"""Build and run the Ray Serve application of ``ruvllm serve --ray``.
+
+One application per model: ``<name>-replicas`` (``EngineReplica``: a ServingEngine each, routed
+by ``PrefixAffinityRouter``; ``num_replicas`` or ``autoscaling_config``, ``ray_actor_options``)
+and ``<name>-ingress`` (the OpenAI app of ``ruvllm serve`` over a ``RemoteEngine``). Serve's HTTP
+proxy listens on ``[server] host/port`` (127.0.0.1:8000 unless configured otherwise).
+
+Routing choice: Serve's pluggable ``RequestRouter`` (``request_router_config``) rather than
+routing in the proxy engine. A DeploymentHandle cannot address one replica, so routing in the
+proxy would need one deployment per replica, losing Serve's autoscaling, health checks and
+restarts of a single deployment; the router keeps all of that and sees every request's
+arguments (the prefix key) and Serve's per-replica queue lengths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from ruvllm.config import Config
+from ruvllm.engine.options import EngineOptions
+from ruvllm.errors import ConfigError
+from ruvllm.scaleout.metrics_board import start_board
+from ruvllm.scaleout.remote_engine import RemoteEngine
+from ruvllm.scaleout.replica import EngineReplica
+from ruvllm.scaleout.tokenizer_host import load_tokenizer_backend
+
+
+def _positive(_inst: object, attr: attrs.Attribute, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ConfigError(f"ray {attr.name} must be an integer >= 1, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class ScaleOutSettings:
+    """How the model is spread over Ray: replica count or autoscaling, resources, routing."""
+
+    #: Application name (also prefixes the deployments and the metrics board).
+    name: str = "ruvllm"
+    replicas: int = attrs.field(default=1, validator=_positive)
+    #: Serve ``autoscaling_config`` (min_replicas, max_replicas, target_ongoing_requests...);
+    #: when given it replaces ``replicas``.
+    autoscaling_config: Mapping[str, Any] | None = None
+    #: Resources of one replica, e.g. ``{"num_cpus": 1}`` or ``{"num_gpus": 1}``.
+    ray_actor_options: Mapping[str, Any] = attrs.field(factory=lambda: {"num_cpus": 1})
+    #: The ingress does no model work (tokenizer calls only).
+    ingress_actor_options: Mapping[str, Any] = attrs.field(factory=lambda: {"num_cpus": 0})
+    #: Requests one replica takes before Serve queues them in the router (Serve's default, 5, is
+    #: below one engine's batch).
+    max_ongoing_requests: int = attrs.field(default=32, validator=_positive)
+    #: Prefix affinity: how many leading KV blocks make a request's key (see prefix_key).
+    affinity_blocks: int = attrs.field(default=3, validator=_positive)
+    #: Ongoing requests from which the key's home replica counts as busy.
+    busy_threshold: int = attrs.field(default=4, validator=_positive)
+    #: Resends of a request whose replica died before it produced a token.
+    retries: int = 1
+    #: Route by prompt prefix (PrefixAffinityRouter); False keeps Serve's default router (power
+    #: of two choices), the baseline of benchmarks/ray_serve.py.
+    prefix_affinity: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class _IngressArgs:
+    config: Config
+    engine_options: Mapping[str, Any] | None
+    served_name: str | None
+    max_context: int | None
+    scale: ScaleOutSettings
+    board_name: str
+
+
+class OpenAIIngress:
+    """Serve ingress: the unchanged ``create_app`` over a RemoteEngine (plus ``/ray/replicas``)."""
+
+    async def __init__(self, replicas: Any, args: _IngressArgs):
+        self._args = args
+        board = start_board(args.board_name)
+        description = await replicas.describe.remote()
+        baseline = await replicas.metrics.remote()
+        owner = await asyncio.to_thread(load_tokenizer_backend, args.config)
+        options = EngineOptions.from_mapping(dict(args.engine_options or args.config.engine or {}))
+        self.engine = RemoteEngine(replicas, description, owner.tokenizer, options=options,
+                                   affinity_blocks=args.scale.affinity_blocks, retries=args.scale.retries,
+                                   board=board, baseline=baseline, owner=owner)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from ruvllm.server.app import create_app
+        from ruvllm.server.runner import settings_for
+
+        a = self._args
+        settings = settings_for(a.config, self.engine, served_name=a.served_name, max_context=a.max_context)
+        app = create_app(self.engine, settings)
+        engine = self.engine
+
+        @app.get("/ray/replicas")
+        async def replicas() -> dict[str, Any]:
+            """Per-replica engine counters (latest report of each replica, dead ones included)."""
+            latest = await engine.refresh_metrics()
+            return {"replicas": [
+                {"replica_id": m.replica_id, "pid": m.pid, "reported_at": m.reported_at,
+                 "prefix_cache_queries": m.snapshot.prefix_cache_queries,
+                 "prefix_cache_hits": m.snapshot.prefix_cache_hits,
+                 "prompt_tokens": m.snapshot.prompt_tokens,
+                 "generation_tokens": m.snapshot.generation_tokens,
+                 "requests_finished": m.snapshot.requests_finished,
+                 "running": m.snapshot.running, "waiting": m.snapshot.waiting}
+                for m in sorted(latest.values(), key=lambda m: m.replica_id)]}
+
+        return app
+
+
+def build_app(config: Config, scale: ScaleOutSettings | None = None, *,
+              engine_options: Mapping[str, Any] | None = None, served_name: str | None = None,
+              max_context: int | None = None) -> Any:
+    """The Serve application (``serve.run`` it) for ``config``'s model."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from ruvllm.scaleout.serve_router import PrefixAffinityRouter
+
+    scale = scale or ScaleOutSettings()
+    board_name = f"{scale.name}-metrics"
+    sizing: dict[str, Any] = {"autoscaling_config": dict(scale.autoscaling_config)} \
+        if scale.autoscaling_config else {"num_replicas": scale.replicas}
+    if scale.prefix_affinity:
+        sizing["request_router_config"] = RequestRouterConfig(
+            request_router_class=PrefixAffinityRouter,
+            request_router_kwargs={"busy_threshold": scale.busy_threshold})
+    replica = serve.deployment(EngineReplica).options(
+        name=f"{scale.name}-replicas", ray_actor_options=dict(scale.ray_actor_options),
+        max_ongoing_requests=scale.max_ongoing_requests, **sizing)
+    ingress_cls = serve.ingress()(OpenAIIngress)
+    ingress = serve.deployment(ingress_cls).options(
+        name=f"{scale.name}-ingress", ray_actor_options=dict(scale.ingress_actor_options),
+        max_ongoing_requests=1024)
+    args = _IngressArgs(config=config, engine_options=engine_options, served_name=served_name,
+                        max_context=max_context, scale=scale, board_name=board_name)
+    return ingress.bind(replica.bind(config, engine_options, board_name), args)
+
+
+def init_ray(num_cpus: int | None = None) -> None:
+    """Join ``$RAY_ADDRESS`` when set, else start a local Ray instance (no dashboard)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+
+
+def serve_on_ray(config: Config, scale: ScaleOutSettings, *, engine_options: Mapping[str, Any] | None = None,
+                 served_name: str | None = None, max_context: int | None = None) -> None:
+    """What ``ruvllm serve --ray`` does: start (or join) Ray, run the app, block until Ctrl-C."""
+    from ray import serve
+
+    from ruvllm.server.runner import check_port_free
+
+    srv = config.server
+    check_port_free(srv.host, srv.port)
+    init_ray()
+    serve.start(http_options={"host": srv.host, "port": srv.port})
+    app = build_app(config, scale, engine_options=engine_options, served_name=served_name,
+                    max_context=max_context)
+    serve.run(app, name=scale.name, route_prefix="/", blocking=True)

@@ -1,0 +1,110 @@
+"""Per-replica engine metrics, gathered where the ingress can read them.
+
+A DeploymentHandle cannot address one particular replica, so the ingress cannot ask each
+replica for its counters. Instead every replica posts its :class:`MetricsSnapshot` to a small
+named, detached actor (zero CPUs) after each request it finishes; the ingress reads
+the latest snapshot of every replica from it. That gives ``/metrics`` (the sum over replicas)
+and ``/ray/replicas`` (per replica: prefix-cache queries and hits, pid), which is how the tests
+see which replica served a shared prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import attrs
+
+from ruvllm.serving import Histogram, MetricsSnapshot
+
+NAMESPACE = "ruvllm"
+
+
+@attrs.frozen(kw_only=True)
+class ReplicaMetrics:
+    replica_id: str
+    pid: int
+    snapshot: MetricsSnapshot
+    reported_at: float
+
+
+class MetricsBoard:
+    """Ray actor body: the latest snapshot posted by each replica."""
+
+    def __init__(self) -> None:
+        self._latest: dict[str, ReplicaMetrics] = {}
+
+    def report(self, replica_id: str, pid: int, snapshot: MetricsSnapshot) -> None:
+        self._latest[replica_id] = ReplicaMetrics(replica_id=replica_id, pid=pid, snapshot=snapshot,
+                                                  reported_at=time.time())
+
+    def latest(self) -> dict[str, ReplicaMetrics]:
+        return dict(self._latest)
+
+
+def start_board(name: str) -> Any:
+    """The board actor called ``name``, created if it does not exist.
+
+    Detached: an ingress restarted or replaced by a redeploy (Serve starts the new one before
+    stopping the old) finds the same board, and the replicas' cached handles stay valid. It lives
+    until Ray stops or ``kill_board``; a redeploy under the same name reuses it.
+    """
+    import ray
+
+    return ray.remote(num_cpus=0)(MetricsBoard).options(
+        name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached").remote()
+
+
+def kill_board(name: str) -> None:
+    """Remove the board of a deleted application (``serve.delete``) from a long-lived cluster."""
+    import ray
+
+    with contextlib.suppress(ValueError):
+        ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+
+
+_boards: dict[str, Any] = {}
+
+
+def report_to_board(name: str, replica_id: str, pid: int, snapshot: MetricsSnapshot) -> None:
+    """Post ``snapshot`` without waiting; a board that does not exist (yet) is skipped."""
+    import ray
+
+    board = _boards.get(name)
+    if board is None:
+        try:
+            board = _boards[name] = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+    try:
+        board.report.remote(replica_id, pid, snapshot)
+    except Exception:  # the board's owner (the ingress) is restarting: look it up again next time
+        _boards.pop(name, None)
+
+
+def _sum_histograms(hs: list[Histogram]) -> Histogram:
+    first = hs[0]
+    if any(h.buckets != first.buckets for h in hs):
+        return first  # cannot add different bucket layouts; never the case for one engine version
+    return Histogram(buckets=first.buckets,
+                     counts=tuple(sum(c) for c in zip(*(h.counts for h in hs), strict=True)),
+                     sum=sum(h.sum for h in hs), count=sum(h.count for h in hs))
+
+
+def combine(snapshots: list[MetricsSnapshot]) -> MetricsSnapshot | None:
+    """The sum of several replicas' snapshots (kv_usage: their mean), None for none."""
+    if not snapshots:
+        return None
+    finished: dict[str, int] = {}
+    for s in snapshots:
+        for reason, n in s.requests_finished.items():
+            finished[reason] = finished.get(reason, 0) + n
+    hist = {f: _sum_histograms([getattr(s, f) for s in snapshots])
+            for f in ("time_to_first_token", "time_per_output_token", "inter_token_latency",
+                      "e2e_latency", "queue_time")}
+    total = {f: sum(getattr(s, f) for s in snapshots)
+             for f in ("running", "waiting", "prefix_cache_queries", "prefix_cache_hits", "preemptions",
+                       "prompt_tokens", "generation_tokens")}
+    return MetricsSnapshot(**hist, **total, kv_usage=sum(s.kv_usage for s in snapshots) / len(snapshots),
+                           requests_finished=finished)

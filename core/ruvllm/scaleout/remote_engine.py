@@ -1,0 +1,330 @@
+"""An :class:`~ruvllm.serving.AsyncEngine` whose requests run on Ray Serve replicas.
+
+The ingress serves the unchanged OpenAI app (``ruvllm.server.app.create_app``) over this proxy,
+so the HTTP surface of ``ruvllm serve --ray`` is the single-process one by construction. What
+stays in the ingress process: the tokenizer (the app detokenizes, counts and builds grammars
+synchronously, so it must be local and the model's own: see ``tokenizer_host``), the model
+info, and request bookkeeping. What crosses to a replica: embed calls and each
+generation request, streamed back through ``DeploymentHandle.options(stream=True)``. A
+constrained request's grammar processors cross as their recipes (``GuidedProcessor.recipe``,
+the request's ``GrammarSpec``), which the replica rebuilds with its own tokenizer and grammar
+engine: the ingress has compiled the grammar once already, so a bad schema is a 400 here,
+before routing, and its cache makes that compile cheap when the schema is sent again. Prompts are
+tokenized in the ingress (the same tokenizer), which saves a Ray round trip per request.
+
+Faults: when the replica running a request dies, a request that has produced no token yet is
+sent again (Serve routes it to a live replica); one that has streamed tokens fails with a
+``BackendError`` saying so, because its client has already seen part of an answer. Serve
+restarts the dead replica on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ruvllm.engine.options import EngineOptions
+from ruvllm.errors import BackendError, InvalidRequest, RuvllmError
+from ruvllm.guided.grammar import GrammarSpec
+from ruvllm.guided.processor import GuidedProcessor
+from ruvllm.scaleout.metrics_board import ReplicaMetrics, combine
+from ruvllm.scaleout.prefix_router import prefix_key
+from ruvllm.scaleout.wire import Accepted, ReplicaDescription, ReplicaRequest, WireError, unpack_error
+from ruvllm.serving import MetricsSnapshot
+from ruvllm.tokenizer import Tokenizer, require_encodable
+from ruvllm.types import (
+    Capabilities,
+    FinishReason,
+    GenerationParams,
+    GenerationResult,
+    ModelInfo,
+    Timings,
+    TokenOutput,
+    Usage,
+)
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+
+def _replica_lost(exc: BaseException) -> bool:
+    """True for the errors Ray raises when the replica serving a call died or went away."""
+    from ray.exceptions import ActorUnavailableError, RayActorError
+
+    return isinstance(exc, (RayActorError, ActorUnavailableError))
+
+
+def _raise_if_error(value: Any) -> Any:
+    if isinstance(value, WireError):
+        raise unpack_error(value)
+    return value
+
+
+def _recipes(processors: Sequence[Any]) -> tuple[GrammarSpec, ...]:
+    """The picklable recipes of a request's grammar processors, which the replica rebuilds with
+    its own tokenizer (a processor's matcher is native state of this process). Any other logits
+    processor is refused: its state cannot follow the request to the process that samples."""
+    recipes = []
+    for proc in processors:
+        recipe = proc.recipe if isinstance(proc, GuidedProcessor) else None
+        if recipe is None:
+            raise InvalidRequest(
+                "logits_processors", f"a {type(proc).__name__} is not available through `ruvllm serve "
+                "--ray`: only grammar processors built by ruvllm.guided.guided_processor (which carry "
+                "a picklable recipe) can be rebuilt in the replica that samples; run custom "
+                "processors on a single-process engine")
+        recipes.append(recipe)
+    return tuple(recipes)
+
+
+class RemoteRequestHandle:
+    """One request running on a replica (implements :class:`ruvllm.serving.RequestHandle`)."""
+
+    def __init__(self, engine: RemoteEngine, request: ReplicaRequest, stream: Any, accepted: Accepted):
+        self.request_id = request.request_id
+        #: The replica (Serve id) and process now running the request.
+        self.replica_id = accepted.replica_id
+        self.pid = accepted.pid
+        self._engine = engine
+        self._request = request
+        self._stream = stream
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._future: asyncio.Future[GenerationResult] = asyncio.get_running_loop().create_future()
+        self._future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._outputs: list[TokenOutput] = []
+        self._started = time.monotonic()
+        self._task = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        retries = self._engine.retries
+        try:
+            while True:
+                try:
+                    await self._read(self._stream)
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if not _replica_lost(exc):
+                        self._fail(BackendError(f"request {self.request_id} failed on replica "
+                                                f"{self.replica_id}: {exc}"))
+                        return
+                    if self._outputs or retries <= 0:
+                        self._fail(BackendError(
+                            f"request {self.request_id}: replica {self.replica_id} (pid {self.pid}) died "
+                            f"after streaming {len(self._outputs)} tokens; Ray Serve restarts it, but this "
+                            "request cannot be resumed; send it again"))
+                        return
+                    retries -= 1
+                    log.warning("replica %s died before request %s produced a token; sending it again",
+                                self.replica_id, self.request_id)
+                    self._stream, accepted = await self._engine._open(self._request)
+                    self.replica_id, self.pid = accepted.replica_id, accepted.pid
+        finally:
+            self._queue.put_nowait(_END)
+
+    async def _read(self, stream: Any) -> None:
+        async for batch in stream:
+            if isinstance(batch, Accepted):
+                continue
+            _raise_if_error(batch)
+            for item in batch:
+                if isinstance(item, TokenOutput):
+                    self._outputs.append(item)
+                    self._queue.put_nowait(item)
+                elif isinstance(item, GenerationResult):
+                    if not self._future.done():
+                        self._future.set_result(item)
+                elif isinstance(item, WireError):
+                    self._fail(unpack_error(item))
+        if not self._future.done():
+            self._fail(BackendError(f"request {self.request_id}: the replica's stream ended without a "
+                                    "result"))
+
+    def _fail(self, exc: RuvllmError) -> None:
+        if not self._future.done():
+            self._future.set_exception(exc)
+
+    def __aiter__(self) -> AsyncIterator[TokenOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[TokenOutput]:
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                if self._future.done() and not self._future.cancelled() and self._future.exception():
+                    raise self._future.exception()  # type: ignore[misc]
+                return
+            yield item  # type: ignore[misc]
+
+    async def result(self) -> GenerationResult:
+        return await asyncio.shield(self._future)
+
+    def cancel(self) -> None:
+        """Cancel the replica's stream (Serve cancels the replica's generator, which cancels the
+        engine request and frees its KV); ``result()`` then says ``cancelled``."""
+        if self._future.done():
+            return
+        self._stream.cancel()
+        self._task.cancel()
+        out = self._outputs
+        ids = tuple(o.token_id for o in out if o.token_id is not None)
+        self._future.set_result(GenerationResult(
+            text="".join(o.text for o in out), token_ids=ids, finish_reason=FinishReason.CANCELLED,
+            usage=Usage(prompt_tokens=len(self._request.prompt_ids), completion_tokens=len(ids)),
+            timings=Timings(decode=time.monotonic() - self._started)))
+
+    @property
+    def done(self) -> bool:
+        return self._future.done()
+
+
+class RemoteEngine:
+    """AsyncEngine over the replica deployment's handle (see the module docstring)."""
+
+    path: str
+
+    def __init__(self, replicas: Any, description: ReplicaDescription, tokenizer: Tokenizer, *,
+                 options: EngineOptions, affinity_blocks: int = 3, retries: int = 1,
+                 board: Any = None, baseline: MetricsSnapshot | None = None, owner: Any = None):
+        self._replicas = replicas
+        self._stream_handle = replicas.options(stream=True)
+        self._desc = description
+        self._tokenizer = tokenizer
+        #: The replicas' engine options (``priority`` requests read ``options.policy``).
+        self.options = options
+        self.affinity_blocks = affinity_blocks
+        self.retries = retries
+        self.path = description.path
+        self._board = board
+        self._baseline = baseline
+        self._latest: dict[str, ReplicaMetrics] = {}
+        self._refresher: asyncio.Task | None = None
+        #: What keeps the tokenizer valid (the ingress's tokenizer backend), closed at shutdown.
+        self._owner = owner
+        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="ruvllm-tokenizer")
+
+    # ------------------------------------------------------------------ AsyncEngine properties
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._desc.info
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._desc.capabilities
+
+    @property
+    def backend_name(self) -> str:
+        return self._desc.backend_name
+
+    # ------------------------------------------------------------------ calls
+    async def encode_async(self, text: str, *, add_special: bool = True,
+                           parse_special: bool = False) -> list[int]:
+        """Tokenized here, on the ingress's one tokenizer thread, with the model's own tokenizer
+        (the one the replicas use): a round trip to a replica per prompt would add a routed Ray
+        call to every request's time to first token."""
+        if not text:
+            raise InvalidRequest("prompt", "must not be empty")
+        require_encodable("prompt", text)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._tokenizer_thread, lambda: self._tokenizer.encode(
+                text, add_special=add_special, parse_special=parse_special))
+
+    async def embed_async(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
+        return _raise_if_error(await self._replicas.embed.remote([list(i) for i in inputs]))
+
+    async def submit(self, prompt_ids: Sequence[int], params: GenerationParams, *,
+                     request_id: str | None = None, priority: int = 0, timeout: float | None = None,
+                     cache_salt: str | None = None,
+                     logits_processors: Sequence[Any] = ()) -> RemoteRequestHandle:
+        grammars = _recipes(logits_processors)
+        self._ensure_refresher()
+        request = ReplicaRequest(
+            prompt_ids=tuple(int(t) for t in prompt_ids), params=params,
+            request_id=request_id or f"ray-{time.monotonic_ns():x}", priority=priority, timeout=timeout,
+            cache_salt=cache_salt, grammars=grammars,
+            prefix_key=prefix_key(prompt_ids, block_size=self._desc.block_size, blocks=self.affinity_blocks,
+                                  cache_salt=cache_salt))
+        stream, accepted = await self._open(request)
+        return RemoteRequestHandle(self, request, stream, accepted)
+
+    async def _open(self, request: ReplicaRequest) -> tuple[Any, Accepted]:
+        """Start ``request`` on a replica and wait until its engine accepted it (so submission
+        errors are raised here, with their status codes, as the in-process engine does)."""
+        attempts = self.retries + 1
+        while True:
+            stream = self._stream_handle.generate.remote(request)
+            try:
+                first = _raise_if_error(await stream.__anext__())
+            except StopAsyncIteration:
+                raise BackendError(f"request {request.request_id}: the replica closed its stream "
+                                   "before accepting the request") from None
+            except Exception as exc:
+                attempts -= 1
+                if _replica_lost(exc) and attempts > 0:
+                    continue
+                if _replica_lost(exc):
+                    raise BackendError(f"request {request.request_id}: no replica could take it ({exc}); "
+                                       "Ray Serve is restarting replicas, retry shortly") from exc
+                raise
+            if not isinstance(first, Accepted):
+                raise BackendError(f"request {request.request_id}: unexpected first item {first!r}")
+            return stream, first
+
+    # ------------------------------------------------------------------ metrics
+    def _ensure_refresher(self) -> None:
+        if self._refresher is not None and not self._refresher.done():
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: refresh_metrics() on demand
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever())
+
+    async def _refresh_forever(self, period: float = 1.0) -> None:
+        while True:
+            try:
+                await self.refresh_metrics()
+            except Exception as exc:  # the board restarts with the ingress; keep the last view
+                log.debug("metrics board unavailable: %s", exc)
+            await asyncio.sleep(period)
+
+    async def refresh_metrics(self) -> dict[str, ReplicaMetrics]:
+        """The latest metrics of every replica that has reported (also cached for ``metrics()``).
+        Without a board (a single local replica, as in Serve's local testing mode) the replica
+        is asked directly."""
+        if self._board is not None:
+            self._latest = await self._board.latest.remote()
+        else:
+            snapshot = await self._replicas.metrics.remote()
+            self._latest = {self._desc.replica_id: ReplicaMetrics(
+                replica_id=self._desc.replica_id, pid=self._desc.pid, snapshot=snapshot,
+                reported_at=time.time())}
+        return dict(self._latest)
+
+    def metrics(self) -> MetricsSnapshot:
+        """Sum over the replicas' latest reports (the counters of a dead replica are kept)."""
+        self._ensure_refresher()
+        combined = combine([m.snapshot for m in self._latest.values()])
+        if combined is not None:
+            return combined
+        if self._baseline is None:
+            raise BackendError("no replica has reported metrics yet")
+        return self._baseline
+
+    async def shutdown(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+        self._tokenizer_thread.shutdown(wait=False)
+        close = getattr(self._owner, "close", None)
+        if callable(close):
+            close()

@@ -1,0 +1,309 @@
+"""Scale-out routing and the proxy engine without a Ray cluster.
+
+The affinity policy and the wire format are pure; the proxy engine (RemoteEngine) runs over a
+real ServingEngine replica on the embedded model in Ray Serve's local testing mode (in-process
+handles, no Ray instance), which exercises the same submit/stream/cancel/error path as a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import pytest
+from ruvllm.errors import BackendError, ConfigError, ContextLengthExceeded, InvalidRequest, Overloaded
+from ruvllm.scaleout.metrics_board import combine
+from ruvllm.scaleout.prefix_router import AffinityPolicy, prefix_key
+from ruvllm.scaleout.wire import pack_error, unpack_error
+from ruvllm.serving import Histogram, MetricsSnapshot
+
+BS = 16
+
+
+def test_prefix_key_hashes_the_first_full_blocks():
+    shared = list(range(100, 100 + 4 * BS))
+    a = prefix_key([*shared, 1, 2, 3], block_size=BS, blocks=4)
+    b = prefix_key([*shared, 7, 8, 9, 10, 11], block_size=BS, blocks=4)
+    assert a is not None and a == b
+    other = prefix_key([5, *shared[1:], 1, 2, 3], block_size=BS, blocks=4)
+    assert other != a  # the first block differs
+    assert prefix_key(shared[: 4 * BS - 1], block_size=BS, blocks=4) is None  # shorter than the key
+    assert prefix_key(shared, block_size=BS, blocks=4, cache_salt="tenant-a") != a
+    # Prompts that share their first 2 blocks and differ after them share a 2-block key.
+    assert prefix_key([*shared[: 2 * BS], 1, 2], block_size=BS, blocks=2) == \
+        prefix_key([*shared[: 2 * BS], 7, 8, 9], block_size=BS, blocks=2)
+
+
+def test_policy_sends_a_key_home_and_spreads_keys():
+    policy = AffinityPolicy(busy_threshold=4)
+    loads = {"r0": 0, "r1": 0, "r2": 0}
+    homes = {policy.rank(f"key-{i}", loads)[0][0] for i in range(60)}
+    assert homes == {"r0", "r1", "r2"}  # keys spread over every replica
+    for i in range(20):
+        key = f"key-{i}"
+        first = policy.rank(key, loads)
+        assert first == policy.rank(key, dict(reversed(loads.items())))  # order-independent
+        assert first[0] == [policy.home(key, list(loads))]
+
+
+def test_policy_falls_back_to_least_loaded_when_home_is_busy():
+    policy = AffinityPolicy(busy_threshold=3)
+    key = "shared-system-prompt"
+    home = policy.home(key, ["a", "b"])
+    other = "b" if home == "a" else "a"
+    assert policy.rank(key, {home: 2, other: 0})[0] == [home]  # below the threshold: stay home
+    assert policy.rank(key, {home: 3, other: 0}) == [[other], [home]]
+    assert policy.rank(key, {home: 3, other: 5})[0] == [home]  # everyone busier: stay home
+    assert policy.rank(None, {"a": 2, "b": None, "c": 1}) == [["b", "c", "a"]]
+    assert policy.rank(key, {}) == []
+    with pytest.raises(ConfigError, match="busy_threshold"):
+        AffinityPolicy(busy_threshold=0)
+
+
+def test_removing_a_replica_moves_only_its_keys():
+    policy = AffinityPolicy()
+    keys = [f"k{i}" for i in range(200)]
+    before = {k: policy.home(k, ["r0", "r1", "r2"]) for k in keys}
+    after = {k: policy.home(k, ["r0", "r2"]) for k in keys}
+    assert all(after[k] == before[k] for k in keys if before[k] != "r1")
+
+
+@pytest.mark.parametrize("exc", [
+    InvalidRequest("max_tokens", "must be >= 1", 0),
+    ContextLengthExceeded(500, 100, 512),
+    Overloaded("queue full", retry_after=3.0),
+])
+def test_errors_cross_the_wire_with_their_class_and_fields(exc):
+    back = unpack_error(pickle.loads(pickle.dumps(pack_error(exc))))
+    assert type(back) is type(exc) and str(back) == str(exc)
+    assert back.http_status == exc.http_status
+    assert vars(back) == {k: v for k, v in vars(exc).items()}
+    plain = unpack_error(pack_error(RuntimeError("boom")))
+    assert isinstance(plain, BackendError) and "boom" in str(plain)
+
+
+def _snap(hits: int, queries: int, ttft: tuple[int, ...]) -> MetricsSnapshot:
+    h = Histogram(buckets=(0.1, 1.0), counts=ttft, sum=0.5, count=ttft[-1])
+    return MetricsSnapshot(time_to_first_token=h, time_per_output_token=h, inter_token_latency=h,
+                           e2e_latency=h, queue_time=h, running=1, waiting=0, kv_usage=0.5,
+                           prefix_cache_queries=queries, prefix_cache_hits=hits, preemptions=0,
+                           prompt_tokens=queries, generation_tokens=3, requests_finished={"stop": 1})
+
+
+def test_replica_metrics_add_up():
+    total = combine([_snap(10, 40, (1, 2)), _snap(0, 8, (0, 1))])
+    assert total.prefix_cache_hits == 10 and total.prefix_cache_queries == 48
+    assert total.time_to_first_token.counts == (1, 3) and total.time_to_first_token.count == 3
+    assert total.requests_finished == {"stop": 2} and total.running == 2
+    assert combine([]) is None
+
+
+# ---------------------------------------------------------------- Serve local testing mode
+
+@pytest.fixture(scope="module")
+def local_engine():
+    pytest.importorskip("ray.serve")
+    from ray import serve
+    from ruvllm.config import load_config
+    from ruvllm.engine.options import EngineOptions
+    from ruvllm.plugins import get_registry
+    from ruvllm.scaleout.remote_engine import RemoteEngine
+    from ruvllm.scaleout.replica import EngineReplica
+    from ruvllm.scaleout.tokenizer_host import load_tokenizer_backend
+
+    if get_registry().backends.get("llamacpp") is None:
+        pytest.skip("the llamacpp backend is not installed")
+    config = load_config(overrides={"backend": "llamacpp", "model": "default"})
+    handle = serve.run(serve.deployment(EngineReplica).bind(config, None, None), _local_testing_mode=True)
+
+    async def make():
+        desc = await handle.describe.remote()
+        owner = load_tokenizer_backend(config)
+        return RemoteEngine(handle, desc, owner.tokenizer, options=EngineOptions(), owner=owner)
+
+    loop = asyncio.new_event_loop()
+    engine = loop.run_until_complete(make())
+    yield loop, engine
+    loop.run_until_complete(engine.shutdown())
+    loop.close()
+
+
+def test_remote_engine_streams_greedy_tokens_like_the_engine(local_engine):
+    from ruvllm.types import FinishReason, GenerationParams
+
+    loop, engine = local_engine
+
+    async def run():
+        ids = await engine.encode_async("The capital of France is")
+        assert ids == engine.tokenizer.encode("The capital of France is")  # one tokenizer
+        handle = await engine.submit(ids, GenerationParams(max_tokens=8, temperature=0.0))
+        outs = [o async for o in handle]
+        return outs, await handle.result()
+
+    outs, result = loop.run_until_complete(run())
+    assert result.finish_reason is FinishReason.LENGTH and len(result.token_ids) == 8
+    assert tuple(o.token_id for o in outs if o.token_id is not None) == result.token_ids
+    assert "".join(o.text for o in outs) == result.text == engine.tokenizer.decode(result.token_ids)
+
+
+def test_remote_engine_cancel_and_submission_errors(local_engine):
+    from ruvllm.types import FinishReason, GenerationParams
+
+    loop, engine = local_engine
+
+    async def run():
+        ids = await engine.encode_async("Count to one hundred:")
+        handle = await engine.submit(ids, GenerationParams(max_tokens=200, temperature=0.0))
+        seen = 0
+        async for _ in handle:
+            seen += 1
+            if seen == 3:
+                handle.cancel()
+        result = await handle.result()
+        with pytest.raises(ContextLengthExceeded) as info:
+            await engine.submit(ids, GenerationParams(max_tokens=100_000))
+        with pytest.raises(InvalidRequest, match="not available through `ruvllm serve --ray`"):
+            await engine.submit(ids, GenerationParams(max_tokens=4), logits_processors=[object()])
+        for _ in range(50):  # the replica's engine frees the cancelled request's slot
+            snap = (await engine.refresh_metrics())[engine._desc.replica_id].snapshot
+            if snap.running == 0 and snap.requests_finished.get("cancelled"):
+                break
+            await asyncio.sleep(0.1)
+        return seen, result, info.value, snap
+
+    seen, result, err, snap = loop.run_until_complete(run())
+    assert result.finish_reason is FinishReason.CANCELLED and seen == 3
+    assert err.http_status == 400
+    assert snap.running == 0 and snap.requests_finished.get("cancelled", 0) >= 1
+    assert engine.metrics().requests_finished.get("cancelled", 0) >= 1
+
+
+def test_remote_engine_sends_grammar_recipes_and_the_replica_enforces_them(local_engine):
+    from ruvllm.guided import from_extensions
+    from ruvllm.guided.request import processors
+    from ruvllm.scaleout.remote_engine import _recipes
+    from ruvllm.types import GenerationParams
+
+    loop, engine = local_engine
+    spec = from_extensions(guided_choice=["alpha", "beta", "gamma"])
+
+    async def run():
+        (procs,) = await processors(engine, spec, 1)  # compiled in the ingress, as the app does
+        assert _recipes(procs) == (spec,)
+        assert pickle.loads(pickle.dumps(spec)) == spec
+        ids = await engine.encode_async("Pick a Greek letter:")
+        texts = []
+        for seed in range(3):
+            # Reusing the ingress's processors is safe here: only their recipes cross, and the
+            # replica builds fresh ones (with fresh matchers) for every request.
+            handle = await engine.submit(ids, GenerationParams(max_tokens=8, temperature=1.0, seed=seed),
+                                         logits_processors=procs)
+            texts.append((await handle.result()).text)
+        return texts
+
+    assert set(loop.run_until_complete(run())) <= {"alpha", "beta", "gamma"}
+
+
+# ---------------------------------------------------------------- replica death (fake streams)
+
+class _Stream:
+    """A replica stream that yields ``items`` then, when ``dies``, raises Ray's actor-died error."""
+
+    def __init__(self, items: list, dies: bool):
+        self._items, self._dies, self.cancelled = list(items), dies, False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self._items:
+            return self._items.pop(0)
+        if self._dies:
+            from ray.exceptions import ActorDiedError
+
+            raise ActorDiedError()
+        raise StopAsyncIteration
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Method:
+    def __init__(self, streams: list[_Stream]):
+        self.streams, self.calls = streams, 0
+
+    def remote(self, _request):
+        self.calls += 1
+        return self.streams.pop(0)
+
+
+class _Handle:
+    def __init__(self, streams: list[_Stream]):
+        self.generate = _Method(streams)
+
+    def options(self, **_):
+        return self
+
+
+def _fake_engine(streams: list[_Stream]):
+    from ruvllm.engine.options import EngineOptions
+    from ruvllm.scaleout.remote_engine import RemoteEngine
+    from ruvllm.scaleout.wire import ReplicaDescription
+    from ruvllm.types import Capabilities, ModelInfo, SpecialTokens
+
+    info = ModelInfo(name="fake", architecture="llama", context_length=512, vocab_size=100,
+                     special_tokens=SpecialTokens(bos_id=None, eos_ids=(0,)))
+    desc = ReplicaDescription(info=info, capabilities=Capabilities(),
+                              backend_name="fake", path="executor", policy="fcfs", block_size=16,
+                              replica_id="r0", pid=1)
+    return RemoteEngine(_Handle(streams), desc, tokenizer=None, options=EngineOptions())
+
+
+def _result(n: int):
+    from ruvllm.types import FinishReason, GenerationResult, Timings, Usage
+
+    return GenerationResult(text="x" * n, token_ids=tuple(range(n)), finish_reason=FinishReason.LENGTH,
+                            usage=Usage(prompt_tokens=3, completion_tokens=n), timings=Timings())
+
+
+def test_a_request_whose_replica_died_before_any_token_is_sent_again():
+    pytest.importorskip("ray")
+    from ruvllm.scaleout.wire import Accepted
+    from ruvllm.types import GenerationParams, TokenOutput
+
+    token = TokenOutput(index=0, token_id=0, text="x")
+    streams = [_Stream([Accepted("r0", 1)], dies=True),
+               _Stream([Accepted("r1", 2), [token], [_result(1)]], dies=False)]
+    engine = _fake_engine(streams)
+
+    async def run():
+        handle = await engine.submit([1, 2, 3], GenerationParams(max_tokens=1))
+        outs = [o async for o in handle]
+        return handle, outs, await handle.result()
+
+    handle, outs, result = asyncio.run(run())
+    assert outs == [token] and result.token_ids == (0,)
+    assert engine._stream_handle.generate.calls == 2 and handle.replica_id == "r1"
+
+
+def test_a_request_whose_replica_died_mid_stream_fails_clearly():
+    pytest.importorskip("ray")
+    from ruvllm.scaleout.wire import Accepted
+    from ruvllm.types import GenerationParams, TokenOutput
+
+    token = TokenOutput(index=0, token_id=0, text="x")
+    streams = [_Stream([Accepted("r0", 1), [token]], dies=True), _Stream([], dies=False)]
+    engine = _fake_engine(streams)
+
+    async def run():
+        handle = await engine.submit([1, 2, 3], GenerationParams(max_tokens=8))
+        outs = []
+        with pytest.raises(BackendError, match=r"replica r0 \(pid 1\) died after streaming 1 tokens"):
+            async for o in handle:
+                outs.append(o)
+        with pytest.raises(BackendError):
+            await handle.result()
+        return outs
+
+    assert asyncio.run(run()) == [token]
+    assert engine._stream_handle.generate.calls == 1  # not resent: its client saw part of an answer
