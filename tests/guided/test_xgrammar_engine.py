@@ -34,9 +34,12 @@ openai = pytest.importorskip("openai")
 from ruvllm.config import load_config  # noqa: E402
 from ruvllm.engine import ServingEngine  # noqa: E402
 from ruvllm.engine.options import EngineOptions  # noqa: E402
-from ruvllm.errors import EngineOptionError, InvalidRequest  # noqa: E402
+from ruvllm.errors import (  # noqa: E402
+    EngineOptionError,
+    InvalidRequest,
+    UnsupportedByEngine,
+)
 from ruvllm.guided import GrammarCache, from_extensions, guided_processor, json_schema_grammar  # noqa: E402
-from ruvllm.guided.engine import UnsupportedByEngine  # noqa: E402
 from ruvllm.guided.processor import allowed_from_bitmask  # noqa: E402
 from ruvllm.types import GenerationParams  # noqa: E402
 from server_helpers import API_KEY, _require_backend, start_server  # noqa: E402

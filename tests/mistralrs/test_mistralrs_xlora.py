@@ -34,6 +34,7 @@ from ruvllm_mistralrs import MistralRsBackend
 from ruvllm_mistralrs.memory import release_freed_heap
 from ruvllm_mistralrs.options import MistralRsOptions
 from ruvllm_mistralrs.platform import installed_build
+from ruvllm_mistralrs.runtime import captured_stdout, placement_of_load
 from ruvllm_mistralrs.xlora import KNOWN_BROKEN, stage_xlora
 
 LAYERS = 30  # SmolLM2-135M
@@ -91,9 +92,13 @@ def test_mistralrs_applies_the_staged_checkpoint(xlora_checkpoint, hf_untied_dir
     # an earlier load in the process left (unset = one spinning thread per core).
     monkeypatch.setenv("RAYON_NUM_THREADS", "1")
     release_freed_heap()  # what the backend does before each load (ruvllm_mistralrs.memory)
-    xl = mistralrs.Runner(which=mistralrs.Which.XLora(xlora_model_id=staged.model_id, order=staged.order,
-                                                      model_id=str(hf_untied_dir)),
-                          max_seqs=2, prefix_cache_n=0, token_source="none", jinja_explicit=str(template))
+    # mistral.rs states the layer placement only at a process's first load: read it here as the
+    # backend does, or the backends loaded after this test in the process report no device.
+    with captured_stdout() as load_log:
+        xl = mistralrs.Runner(which=mistralrs.Which.XLora(xlora_model_id=staged.model_id, order=staged.order,
+                                                          model_id=str(hf_untied_dir)),
+                              max_seqs=2, prefix_cache_n=0, token_source="none", jinja_explicit=str(template))
+    placement_of_load(load_log.text)
     try:
         one_token = list(xl.tokenize_text(PROMPT_ONE_TOKEN, False, None))
         assert len(one_token) == 1

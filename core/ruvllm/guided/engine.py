@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from ruvllm.errors import InvalidRequest
+from ruvllm.errors import GrammarEngineNotInstalled, InvalidRequest
 from ruvllm.options import Accepts
 from ruvllm.tokenizer import Tokenizer
 
@@ -98,28 +98,6 @@ class GrammarEngine(ABC):
         GIL for long; both engines fill their rows in native code."""
 
 
-class EngineNotInstalled(InvalidRequest):
-    """The selected grammar engine's library is missing (a request can name no other engine,
-    so this is raised where the option is used, with how to install it)."""
-
-    def __init__(self, name: str):
-        self.engine = name
-        super().__init__("guided_decoding_backend",
-                         f"the grammar engine {name!r} is not installed; {_ENGINES[name][3]}")
-
-
-class UnsupportedByEngine(InvalidRequest):
-    """The request's constraint is valid for another grammar engine but not the selected one:
-    names the field, the engine that refused it and the engine that accepts it."""
-
-    def __init__(self, field: str, engine: str, accepted_by: str, reason: str):
-        self.engine = engine
-        self.accepted_by = accepted_by
-        super().__init__(field, f"{reason}; this server's grammar engine is {engine} "
-                         f"(guided_decoding_backend), and {accepted_by} accepts it: serve with "
-                         f"-e guided_decoding_backend={accepted_by}")
-
-
 _instances: dict[str, GrammarEngine] = {}
 _lock = threading.Lock()
 
@@ -138,7 +116,7 @@ def get_engine(name: str = DEFAULT_ENGINE) -> GrammarEngine:
         engine = _instances.get(name)
         if engine is None:
             if not installed(name):
-                raise EngineNotInstalled(name)
+                raise GrammarEngineNotInstalled(name, _ENGINES[name][3])
             module, cls, _, _ = _ENGINES[name]
             engine = _instances[name] = getattr(importlib.import_module(module), cls)()
         return engine

@@ -13,7 +13,7 @@ made from a compiled grammar is cheap. JSON is generated compactly (separators
 schema does not name), as vLLM does. ``guided_grammar`` goes through xgrammar's Lark dialect,
 which its documentation says is compatible with llguidance's; what it does not support
 (``%llguidance``, terminal ``&``/``~`` operators, ...) is refused with
-:class:`~ruvllm.guided.engine.UnsupportedByEngine` pointing to llguidance.
+:class:`~ruvllm.errors.UnsupportedByEngine` pointing to llguidance.
 
 xgrammar 0.2.8 lowers a string with ``minLength``/``maxLength`` to a repetition of "any
 character but a quote, a backslash, CR or LF", which admits raw control characters (a TAB:
@@ -34,8 +34,8 @@ import attrs
 import numpy as np
 import xgrammar
 
-from ruvllm.errors import InvalidRequest
-from ruvllm.guided.engine import GrammarEngine, GuidedMatcher, UnsupportedByEngine, first_lines
+from ruvllm.errors import InvalidRequest, UnsupportedByEngine
+from ruvllm.guided.engine import GrammarEngine, GuidedMatcher, first_lines
 from ruvllm.guided.grammar import GrammarSpec
 from ruvllm.guided.tokenizer import cached_view, require_eos, token_byte_table
 from ruvllm.tokenizer import Tokenizer
