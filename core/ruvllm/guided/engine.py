@@ -70,10 +70,10 @@ class GrammarEngine(ABC):
                 self._batch_worker = self.make_batch_worker()
             return self._batch_worker
 
+    @abstractmethod
     def make_batch_worker(self) -> Any:
         """The library object that fills many matchers' masks in one call. One thread: the
         model's own threads already want every core, and 16 rows fit beside a forward pass."""
-        raise NotImplementedError
 
     @abstractmethod
     def vocabulary(self, tokenizer: Tokenizer) -> Any:
