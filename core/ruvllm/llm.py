@@ -19,12 +19,11 @@ from ruvllm.adapters import adapter_cache_key
 from ruvllm.backend import LlmBackend
 from ruvllm.chat import render_chat
 from ruvllm.config import Config, load_config, merged_options
-from ruvllm.errors import InvalidRequest
 from ruvllm.generation import GenerationStream, RequestOutputBuilder, check_prompt
 from ruvllm.models import ModelSource
 from ruvllm.plugins import BackendRegistry, get_registry
 from ruvllm.registry import resolve
-from ruvllm.tokenizer import Tokenizer, require_encodable
+from ruvllm.tokenizer import Tokenizer, require_prompt_text
 from ruvllm.types import Capabilities, GenerationParams, GenerationResult, ModelInfo, TokenOutput
 
 Prompt = str | Sequence[int]
@@ -89,9 +88,7 @@ class LLM:
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a text prompt (with BOS where the model wants it), or ids as given."""
         if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequest("prompt", "must not be empty")
-            return self.tokenizer.encode(require_encodable("prompt", prompt), add_special=True)
+            return self.tokenizer.encode(require_prompt_text(prompt), add_special=True)
         return list(prompt)
 
     def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:

@@ -25,6 +25,14 @@ def require_encodable(field: str, text: str) -> str:
     return text
 
 
+def require_prompt_text(text: str) -> str:
+    """``text`` unchanged, or InvalidRequest (field ``prompt``) when it is empty or cannot be
+    UTF-8 encoded: the one check before any tokenizer sees a prompt."""
+    if not text:
+        raise InvalidRequest("prompt", "must not be empty")
+    return require_encodable("prompt", text)
+
+
 @runtime_checkable
 class Tokenizer(Protocol):
     """What ruvllm needs from a model's tokenizer.

@@ -38,7 +38,7 @@ from ruvllm.errors import BackendError, EngineClosed, EngineOptionError, Invalid
 from ruvllm.generation import RequestOutputBuilder, check_prompt
 from ruvllm.sampling import LogitsProcessor, Sampler
 from ruvllm.serving import MetricsSnapshot
-from ruvllm.tokenizer import Tokenizer, require_encodable
+from ruvllm.tokenizer import Tokenizer, require_prompt_text
 from ruvllm.types import Capabilities, GenerationParams, GenerationResult, ModelInfo, Trajectory
 
 log = logging.getLogger(__name__)
@@ -165,17 +165,13 @@ class ServingEngine:
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Tokenize on the model thread (the backend's tokenizer is the model's)."""
-        if not text:
-            raise InvalidRequest("prompt", "must not be empty")
-        require_encodable("prompt", text)
+        require_prompt_text(text)
         return self.call(lambda: self._backend.tokenizer.encode(
             text, add_special=add_special, parse_special=parse_special))
 
     async def encode_async(self, text: str, *, add_special: bool = True,
                            parse_special: bool = False) -> list[int]:
-        if not text:
-            raise InvalidRequest("prompt", "must not be empty")
-        require_encodable("prompt", text)
+        require_prompt_text(text)
         fut = self.call_future(lambda: self._backend.tokenizer.encode(
             text, add_special=add_special, parse_special=parse_special))
         return await asyncio.wrap_future(fut)

@@ -38,7 +38,7 @@ from ruvllm.scaleout.metrics_board import ReplicaMetrics, combine
 from ruvllm.scaleout.prefix_router import prefix_key
 from ruvllm.scaleout.wire import Accepted, ReplicaDescription, ReplicaRequest, WireError, unpack_error
 from ruvllm.serving import MetricsSnapshot
-from ruvllm.tokenizer import Tokenizer, require_encodable
+from ruvllm.tokenizer import Tokenizer, require_prompt_text
 from ruvllm.types import (
     Capabilities,
     FinishReason,
@@ -235,9 +235,7 @@ class RemoteEngine:
         """Tokenized here, on the ingress's one tokenizer thread, with the model's own tokenizer
         (the one the replicas use): a round trip to a replica per prompt would add a routed Ray
         call to every request's time to first token."""
-        if not text:
-            raise InvalidRequest("prompt", "must not be empty")
-        require_encodable("prompt", text)
+        require_prompt_text(text)
         return await asyncio.get_running_loop().run_in_executor(
             self._tokenizer_thread, lambda: self._tokenizer.encode(
                 text, add_special=add_special, parse_special=parse_special))
