@@ -14,11 +14,6 @@ import json
 import statistics
 import time
 
-# ruvllm_mlx first: it sets up MLX's CPU BLAS before MLX is imported (see cpu_blas.py).
-import ruvllm_mlx  # noqa: F401
-
-# isort: split
-import mlx.core as mx
 from ruvllm.bench.machine import machine_info
 from ruvllm.executor import BatchEntry
 from ruvllm.models import ModelSource
@@ -26,6 +21,7 @@ from ruvllm.registry import embedded_model_path
 from ruvllm.types import GenerationParams
 from ruvllm_mlx import cpu_blas
 from ruvllm_mlx.backend import MlxBackend
+from ruvllm_mlx.mlx_core import mx  # MLX's CPU BLAS is set up before MLX is imported
 
 PROMPT = "Explain in one sentence why the sky is blue."
 

@@ -38,9 +38,11 @@ SERVE_PATH = textwrap.dedent("""
     settings = settings_for(config, engine)
     create_app(engine, settings)
     rss_kb = int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+    maps = open("/proc/self/maps").read()
     print(json.dumps({
         "rss_mb": rss_kb / 1024,
         "engines": sorted(m for m in ("torch", "mlx", "mistralrs") if m in sys.modules),
+        "engine_libraries": sorted(lib for lib in ("libtorch_cpu", "libmlx", "mistralrs") if lib in maps),
         "banner": startup_banner(engine, settings),
         "context_length": engine.info.context_length,
     }))
@@ -61,6 +63,9 @@ def serve_process(tmp_path_factory) -> dict:
 
 def test_serving_llamacpp_imports_no_other_engine(serve_process):
     assert serve_process["engines"] == []
+    # Nor loads one's native library behind Python's back (the mlx plugin once mapped torch's
+    # CPU library at discovery to speed up MLX's matmul: +100 MB resident here).
+    assert serve_process["engine_libraries"] == []
 
 
 def test_serve_stays_under_the_small_machine_bound(serve_process):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-# ruvllm_mlx first: it must set up MLX's CPU BLAS before MLX is imported (see cpu_blas.py).
+# Through ruvllm_mlx.mlx_core: MLX's CPU BLAS is set up before MLX is imported (see cpu_blas.py).
 pytest.importorskip("ruvllm_mlx", reason="the ruvllm-mlx plugin is not installed")
-pytest.importorskip("mlx.core", reason="MLX is not installed (pip install 'mlx[cpu]')")
+pytest.importorskip("ruvllm_mlx.mlx_core", reason="MLX is not installed (pip install 'mlx[cpu]')")
 
 from ruvllm.models import ModelSource
 from ruvllm.registry import embedded_model_path

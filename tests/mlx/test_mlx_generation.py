@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import mlx.core as mx
 import numpy as np
 import pytest
 from ruvllm import LLM, FinishReason, GenerationParams
 from ruvllm.models import ModelSource
 from ruvllm_mlx.backend import MlxBackend
+from ruvllm_mlx.mlx_core import mx
 from ruvllm_mlx.model import Segment
 
 GREEDY8 = GenerationParams(max_tokens=8)

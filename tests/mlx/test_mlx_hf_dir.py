@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 
 import attrs
-import mlx.core as mx
 import numpy as np
 from ruvllm.models import ModelSource
 from ruvllm_mlx.backend import MlxBackend
 from ruvllm_mlx.gguf_loader import load_gguf
 from ruvllm_mlx.layers import packed_bits
+from ruvllm_mlx.mlx_core import mx
 from ruvllm_mlx.model import Segment, Transformer
 
 LAYERS = 2

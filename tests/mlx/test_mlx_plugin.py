@@ -19,7 +19,7 @@ def test_entry_point_registers_backend():
 
 
 def test_capabilities_state_device_and_why():
-    import mlx.core as mx
+    from ruvllm_mlx.mlx_core import mx
 
     caps = MlxBackend.capabilities()
     assert caps.executor and caps.core_sampler and caps.logprobs

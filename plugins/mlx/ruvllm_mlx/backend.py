@@ -152,8 +152,7 @@ class MlxBackend(LlmBackend):
         return None
 
     def generate(self, prompt_ids: Sequence[int], params: GenerationParams) -> Iterator[SampledToken]:
-        import mlx.core as mx
-
+        from ruvllm_mlx.mlx_core import mx
         from ruvllm_mlx.model import Segment
 
         # A fresh cache per request is the isolation guarantee: nothing outlives the call.

@@ -8,11 +8,8 @@ import sys
 
 def import_error() -> str | None:
     """Why MLX cannot be imported here, or None."""
-    from ruvllm_mlx.cpu_blas import preload
-
-    preload()
     try:
-        import mlx.core  # noqa: F401
+        import ruvllm_mlx.mlx_core  # noqa: F401
     except Exception as exc:  # ImportError, or a missing shared library (OSError)
         hint = "pip install 'mlx[cpu]'" if sys.platform == "linux" else "pip install mlx"
         return f"MLX is not importable ({type(exc).__name__}: {exc}); {hint}"
@@ -20,7 +17,7 @@ def import_error() -> str | None:
 
 
 def metal_available() -> bool:
-    import mlx.core as mx
+    from ruvllm_mlx.mlx_core import mx
 
     return bool(mx.metal.is_available())
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import mlx.core as mx
 import numpy as np
 from ruvllm.errors import BackendError, InvalidRequest
 from ruvllm.executor import BatchEntry, KvLayout
 
 from ruvllm_mlx.kv_cache import SequenceCache
+from ruvllm_mlx.mlx_core import mx
 from ruvllm_mlx.model import Segment
 
 if TYPE_CHECKING:

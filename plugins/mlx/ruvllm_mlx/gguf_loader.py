@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 from ruvllm.errors import ModelLoadError
 
 from ruvllm_mlx.arch import SUPPORTED, ModelConfig
+from ruvllm_mlx.mlx_core import mx
 
 GGUF_GROUP_SIZE = 32
 

@@ -12,10 +12,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 from ruvllm.errors import ModelLoadError
 
 from ruvllm_mlx.arch import SUPPORTED, ModelConfig
+from ruvllm_mlx.mlx_core import mx
 
 _LAYER_NAMES = {
     "input_layernorm": "attn_norm", "self_attn.q_proj": "q", "self_attn.k_proj": "k",

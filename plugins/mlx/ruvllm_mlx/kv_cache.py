@@ -8,8 +8,9 @@ cuts KV memory (8-bit: ~3.6x less than float32) at the cost of a dequantize per 
 
 from __future__ import annotations
 
-import mlx.core as mx
 from ruvllm.errors import BackendError
+
+from ruvllm_mlx.mlx_core import mx
 
 STEP = 256
 

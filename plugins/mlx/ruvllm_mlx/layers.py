@@ -7,8 +7,9 @@ measured at half the speed of the contiguous layout.
 
 from __future__ import annotations
 
-import mlx.core as mx
 from ruvllm.errors import ModelLoadError
+
+from ruvllm_mlx.mlx_core import mx
 
 
 def packed_bits(weight: mx.array, scales: mx.array, group_size: int) -> int:

@@ -12,11 +12,11 @@ import math
 from collections.abc import Sequence
 
 import attrs
-import mlx.core as mx
 
 from ruvllm_mlx.arch import ModelConfig
 from ruvllm_mlx.kv_cache import SequenceCache
 from ruvllm_mlx.layers import Linear
+from ruvllm_mlx.mlx_core import mx
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
