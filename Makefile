@@ -44,7 +44,7 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" --durations=25 $(XDIST)
 
-# Everything, including the long proofs: full conformance on every backend, 8x32-token
+# Everything, including the long proofs: 8x32-token
 # parity with llama.cpp, the 2,000-token two-tier cache.
 test-all: setup
 	$(BIN)/ruff check .

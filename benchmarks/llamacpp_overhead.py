@@ -36,8 +36,8 @@ from pathlib import Path
 import llama_cpp
 from ruvllm import LLM, GenerationParams
 from ruvllm.bench.machine import machine_info, machine_line
+from ruvllm.hardware import usable_cpus
 from ruvllm.registry import embedded_model_path
-from ruvllm_llamacpp.options import default_threads
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -92,7 +92,7 @@ def main() -> int:
     ap.add_argument("--prompt", default="Once upon a time, in a small village by the sea,")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=5, help="measured runs per side (after one warm-up)")
-    ap.add_argument("--n-threads", type=int, default=default_threads())
+    ap.add_argument("--n-threads", type=int, default=usable_cpus())
     ap.add_argument("--n-ctx", type=int, default=1024)
     ap.add_argument("--profile", action="store_true", help="cProfile one extra ruvllm run")
     args = ap.parse_args()

@@ -56,36 +56,11 @@ def _run(suite_runner, backend: str, *args: str):
     return run
 
 
-#: Backends whose whole suite runs only in ``make test-all``. mistral.rs: quiet, its whole suite
-#: takes ~122 s, but its concurrent streams burn CPU without progress when the CPUs are contended
-#: (the isolation test pinned to one CPU did not finish in 300 s; the whole suite beside a second
-#: pytest worker, or at load average 9-11, overran 900 s), so ``make test`` (two workers) runs the
-#: classes for the bug the suite exists for (KV reset) and for bad input on it, which passed in
-#: every run.
-WHOLE_SUITE_ONLY_IN_TEST_ALL = {"mistralrs"}
-CONTRACT_CORE = "TestKvReset or TestBadInput"
-
-
-def _slow_suite(p: object) -> bool:
-    return isinstance(p, str) and p in WHOLE_SUITE_ONLY_IN_TEST_ALL
-
-
-def _whole_suite_params() -> list:
-    return [pytest.param(p, marks=pytest.mark.slow) if _slow_suite(p) else p for p in _params()]
-
-
 # A whole suite in a child pytest legitimately outlives the per-test default (pyproject.toml).
 @pytest.mark.timeout(900)
 @pytest.mark.spread
-@pytest.mark.parametrize("backend", _whole_suite_params())
+@pytest.mark.parametrize("backend", _params())
 def test_suite_passes(suite_runner, backend: str) -> None:
     run = _run(suite_runner, backend)
     assert sum(o.outcome == "passed" for o in run.outcomes.values()) >= 30, run.outcomes
 
-
-@pytest.mark.timeout(900)
-@pytest.mark.spread
-@pytest.mark.parametrize("backend", [p for p in _params() if _slow_suite(p)])
-def test_kv_reset_and_bad_input_pass(suite_runner, backend: str) -> None:
-    """The backends whose whole suite is ``slow``: the KV-reset and bad-input classes, always."""
-    _run(suite_runner, backend, "-k", CONTRACT_CORE)

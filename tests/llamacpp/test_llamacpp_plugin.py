@@ -9,12 +9,12 @@ import textwrap
 import pytest
 from ruvllm.backend import LlmBackend
 from ruvllm.errors import BackendError, BackendOptionError, ConfigError, ModelLoadError
+from ruvllm.hardware import usable_cpus
 from ruvllm.models import ModelSource
 from ruvllm.options import parse_options
 from ruvllm.plugins import load_registry
 from ruvllm.types import GenerationParams
 from ruvllm_llamacpp import LlamaCppBackend, LlamaCppOptions
-from ruvllm_llamacpp.options import default_threads
 
 
 def test_plugin_is_discovered_through_its_entry_point():
@@ -38,7 +38,7 @@ def test_available_with_version_and_honest_capabilities():
 def test_option_defaults():
     opts = parse_options(LlamaCppOptions, "llamacpp", {})
     assert (opts.n_ctx, opts.n_batch, opts.n_gpu_layers) == (4096, 512, 0)
-    assert opts.n_threads == default_threads() >= 1
+    assert opts.n_threads == usable_cpus() >= 1
     assert opts.prefix_reuse is False and opts.verbose is False
     assert opts.kv_budget_mib == 256
 

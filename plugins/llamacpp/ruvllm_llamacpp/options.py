@@ -8,19 +8,11 @@ back to another value).
 
 from __future__ import annotations
 
-import os
 from typing import ClassVar
 
 import attrs
+from ruvllm.hardware import usable_cpus
 from ruvllm.options import accepts, boolean, int_range, is_int, positive_int
-
-
-def default_threads() -> int:
-    """CPUs this process may run on (the affinity mask, which containers restrict)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(len(os.sched_getaffinity(0)), 1)
-    return os.cpu_count() or 1
-
 
 #: Smallest context llama.cpp is useful with; below it a prompt plus one token hardly fits.
 MIN_CTX = 16
@@ -43,7 +35,7 @@ class LlamaCppOptions:
     #: Context window in tokens; capped at the model's training context (0 = that context).
     n_ctx: int = attrs.field(default=4096, validator=_n_ctx)
     #: Threads for decoding and prompt processing.
-    n_threads: int = attrs.field(factory=default_threads, validator=positive_int())
+    n_threads: int = attrs.field(factory=usable_cpus, validator=positive_int())
     #: Prompt tokens evaluated per llama_decode call (prefill chunk), capped at n_ctx.
     n_batch: int = attrs.field(default=512, validator=positive_int())
     #: Layers offloaded to the GPU (-1 = all); needs a GPU build of llama-cpp-python.

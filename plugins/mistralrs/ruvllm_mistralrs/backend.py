@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -42,6 +41,7 @@ from ruvllm_mistralrs.runtime import (
     placement_notes,
     placement_of_load,
 )
+from ruvllm_mistralrs.threads import configure_threads
 from ruvllm_mistralrs.token_ids import TokenIdResolver
 from ruvllm_mistralrs.worker import RunnerThread
 from ruvllm_mistralrs.xlora import KNOWN_BROKEN as XLORA_KNOWN_BROKEN
@@ -153,9 +153,7 @@ class MistralRsBackend(LlmBackend):
         which = which_for(mistralrs, model, opts, staged)
         kwargs = runner_kwargs(mistralrs, opts, build, template)
 
-        if opts.threads is not None:
-            # Read once, when mistral.rs builds its thread pool for the first Runner.
-            os.environ["RAYON_NUM_THREADS"] = str(opts.threads)
+        threads = configure_threads(opts.threads)
 
         placements: list[RuntimePlacement | None] = []
 
@@ -184,7 +182,8 @@ class MistralRsBackend(LlmBackend):
         # Instance view of the capabilities: the device and PagedAttention of this load.
         self.capabilities = lambda: type(self)._capabilities(  # type: ignore[method-assign]
             build, device=device, paged=bool(self.placement and self.placement.paged_attention),
-            extra=placement_notes(self.placement, build.device))
+            extra=[*placement_notes(self.placement, build.device),
+                   f"{threads[0]} CPU compute threads ({threads[1]})"])
         if staged is not None:
             failure = self._runner.call(lambda r: probe(r, mistralrs))
             if failure is not None:

@@ -112,9 +112,10 @@ class MistralRsOptions:
     #: In-situ quantization applied while loading (Hugging Face weights, or requantizing a GGUF).
     isq: str | None = attrs.field(default=None, converter=_isq)
     dtype: str = attrs.field(default="auto", validator=one_of(DTYPES))
-    #: CPU threads of mistral.rs's compute pool (RAYON_NUM_THREADS). Process-wide and fixed by
-    #: the first model loaded in the process. On a CPU shared with other work, 1 thread was 7x
-    #: faster than 2 here (the pool's threads spin-wait for each other); unset = all cores.
+    #: CPU threads of mistral.rs's compute pool (CANDLE_NUM_THREADS / RAYON_NUM_THREADS).
+    #: Process-wide and fixed by the first model loaded in the process. Unset = an exported
+    #: variable, else the CPUs this process may run on (see threads.py: the pool spin-waits, so
+    #: more threads than CPUs collapses throughput).
     threads: int | None = attrs.field(default=None, validator=optional(positive_int()))
     #: Seed of mistral.rs's sampling RNG, set once for the whole engine.
     seed: int | None = attrs.field(default=None, validator=optional(int_range(0)))
