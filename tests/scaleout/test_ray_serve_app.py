@@ -83,6 +83,13 @@ def _settled(url: str, finished_at_least: int, timeout: float = 10.0) -> dict[st
         time.sleep(0.2)
 
 
+def _cpu_ticks(pid: int) -> int:
+    """User + system CPU time of process ``pid`` so far, in clock ticks."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def _finished(reps: dict[str, dict]) -> int:
     return sum(sum(r["requests_finished"].values()) for r in reps.values())
 
@@ -153,16 +160,26 @@ def test_killing_a_replica_fails_its_request_and_the_app_keeps_serving(ray_app):
     client = ray_app.client
     model = client.models.list().data[0].id
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Tell a long story."}]
-    client.chat.completions.create(model=model, messages=msgs, max_tokens=1)
-    # The shared prefix's home replica is the one whose prefix cache has hits: kill it mid-stream.
-    reps = _settled(ray_app.url, 1)
-    victim = max(reps.values(), key=lambda r: r["prefix_cache_hits"])
+    # Replicas are listed once they have finished a request: prompts whose first KV blocks differ
+    # have different home replicas (a prompt shorter than the affinity key goes to the least loaded).
+    for n in range(12):
+        if len(_replicas(ray_app.url)) == 2:
+            break
+        client.completions.create(model=model, prompt=f"Note {n}: " + "the river runs past the mill. " * 12,
+                                  max_tokens=1)
+    pids = [r["pid"] for r in _replicas(ray_app.url).values()]
+    assert len(pids) == 2, pids
     stream = client.chat.completions.create(model=model, messages=msgs, max_tokens=300, temperature=0,
                                             stream=True)
+    # Kill the replica serving the stream mid-way: the one computing (the router may send the
+    # request to either, so it is found by the CPU time each replica spends between two chunks).
     with pytest.raises(openai.APIError) as info:
         for i, _ in enumerate(stream):
-            if i == 3:
-                os.kill(victim["pid"], signal.SIGKILL)
+            if i == 1:
+                before = {pid: _cpu_ticks(pid) for pid in pids}
+            if i == 8:
+                spent = {pid: _cpu_ticks(pid) - before[pid] for pid in pids}
+                os.kill(max(spent, key=spent.__getitem__), signal.SIGKILL)
     assert "died" in str(info.value.message if hasattr(info.value, "message") else info.value)
     # The other replica serves at once; Serve restarts the dead one.
     for _ in range(3):
