@@ -26,6 +26,9 @@ def check_embedding_inputs(inputs: Sequence[Sequence[int]], *, vocab_size: int, 
     out: list[list[int]] = []
     for i, ids in enumerate(inputs):
         name = f"{field}[{i}]" if len(inputs) > 1 else field
+        if isinstance(ids, (str, bytes)) or not all(_is_token_id(t) for t in ids):
+            raise InvalidRequest(name, "must be a list of token ids (integers); encode text with the "
+                                 "model's tokenizer first (engine.encode)", type(ids).__name__)
         ids = [int(t) for t in ids]
         if not ids:
             raise InvalidRequest(name, "is empty; every input needs at least one token")
@@ -37,6 +40,10 @@ def check_embedding_inputs(inputs: Sequence[Sequence[int]], *, vocab_size: int, 
             raise InvalidRequest(name, f"token id {bad} is outside the vocabulary [0, {vocab_size})", bad)
         out.append(ids)
     return out
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def normalise_rows(vectors: np.ndarray) -> np.ndarray:

@@ -64,6 +64,10 @@ def test_bad_inputs_are_refused_by_name(backend):
         backend.embed_batch([[backend.tokenizer.vocab_size]])
     with pytest.raises(InvalidRequest, match="empty"):
         backend.embed_batch([[]])
+    for text_not_ids in (["The cat sat"], [["The", "cat"]], [[1.5, 2]]):  # ints only, text encoded first
+        with pytest.raises(InvalidRequest, match="list of token ids") as exc:
+            backend.embed_batch(text_not_ids)
+        assert exc.value.field == "input"
 
 
 def test_embeddings_leave_generation_untouched(backend):
