@@ -4,6 +4,14 @@ side by side, on the real ServingEngine with the llamacpp backend and the embedd
 ``--engine`` picks the grammar engine (``guided_decoding_backend``): llguidance, xgrammar, or
 both (one row each, same process, same engine instance).
 
+Two unconstrained baselines, because a constrained request ends when its JSON is complete (its
+own length, often below ``max_tokens``) while an unconstrained one at temperature 0.8 usually runs
+to ``max_tokens``: the batch thins out sooner under the grammar, which lowers aggregate tok/s
+for reasons that are not the grammar's cost. "free" runs every request to its natural end;
+"same lengths" gives the i-th unconstrained request exactly the i-th constrained request's
+token count (``ignore_eos``), so both runs have the same batch shape at every step and the
+ratio measures what constraining costs.
+
     .venv/bin/python benchmarks/guided_decoding.py [--engine llguidance|xgrammar|both]
         [--concurrency 16] [--max-tokens 64] [--runs 3] [--mask-steps 200]
 """
@@ -91,24 +99,31 @@ def batched_mask_cost(engine: ServingEngine, grammar_engine: str, rows: int = 16
     return float(np.percentile(us, 50)), float(np.percentile(us, 99))
 
 
-def throughput(engine: ServingEngine, concurrency: int, max_tokens: int, grammar_engine: str | None) -> float:
-    """Aggregate tok/s of ``concurrency`` requests, json_schema-constrained under
-    ``grammar_engine`` (None: unconstrained)."""
+def throughput(engine: ServingEngine, concurrency: int, max_tokens: int, grammar_engine: str | None,
+               lengths: list[int] | None = None) -> tuple[float, list[int]]:
+    """Aggregate tok/s of ``concurrency`` requests and each one's completion tokens. Constrained
+    under ``grammar_engine`` (its JSON checked), or unconstrained (None); ``lengths`` gives each
+    unconstrained request exactly that many tokens."""
     constrained = grammar_engine is not None
     prompt = engine.encode("Describe a person as JSON with name, age, tags and city.")
-    params = GenerationParams(max_tokens=max_tokens, temperature=0.8, seed=1, ignore_eos=False)
     spec = json_schema_grammar("bench", SCHEMA)
     procs = [[guided_processor(spec, engine.tokenizer, engine=grammar_engine)] if constrained else []
              for _ in range(concurrency)]
+    params = [GenerationParams(max_tokens=lengths[i] if lengths else max_tokens, temperature=0.8,
+                               seed=1 + i, ignore_eos=bool(lengths))
+              for i in range(concurrency)]
     t0 = time.perf_counter()
-    handles = [engine.submit_sync(prompt, params, logits_processors=procs[i]) for i in range(concurrency)]
+    handles = [engine.submit_sync(prompt, params[i], logits_processors=procs[i]) for i in range(concurrency)]
     results = [h.result() for h in handles]
     elapsed = time.perf_counter() - t0
     if constrained:
         for r in results:
             if r.finish_reason.value == "stop":
                 json.loads(r.text)
-    return sum(r.usage.completion_tokens for r in results) / elapsed
+    counts = [r.usage.completion_tokens for r in results]
+    if lengths:
+        assert counts == lengths, (counts, lengths)
+    return sum(counts) / elapsed, counts
 
 
 def main() -> None:
@@ -135,20 +150,30 @@ def main() -> None:
                   f"p50 {b50:.0f} us  p99 {b99:.0f} us")
         for name in grammar_engines:
             throughput(engine, 2, 8, name)  # warm-up: compile cache, tokenizer table
-        plain: list[float] = []
+        free: list[float] = []
         guided: dict[str, list[float]] = {name: [] for name in grammar_engines}
+        matched: dict[str, list[float]] = {name: [] for name in grammar_engines}
+        lengths: dict[str, list[list[int]]] = {name: [] for name in grammar_engines}
         for _ in range(args.runs):
-            plain.append(throughput(engine, args.concurrency, args.max_tokens, None))
+            free.append(throughput(engine, args.concurrency, args.max_tokens, None)[0])
             for name in grammar_engines:
-                guided[name].append(throughput(engine, args.concurrency, args.max_tokens, name))
-        p = statistics.median(plain)
+                tok_s, counts = throughput(engine, args.concurrency, args.max_tokens, name)
+                guided[name].append(tok_s)
+                lengths[name].append(counts)
+                matched[name].append(throughput(engine, args.concurrency, args.max_tokens, None, counts)[0])
+        f = statistics.median(free)
         print(f"C={args.concurrency} max_tokens={args.max_tokens}, median of {args.runs} runs: "
-              f"unconstrained {p:.1f} tok/s")
+              f"unconstrained, free lengths {f:.1f} tok/s  per run: {[f'{x:.1f}' for x in free]}")
         for name, runs in guided.items():
-            g = statistics.median(runs)
-            print(f"  json_schema [{name}] {g:.1f} tok/s  ratio {g / p:.2f}  per run: "
-                  f"{[f'{x:.1f}' for x in runs]}")
-        print("  unconstrained per run:", [f"{x:.1f}" for x in plain])
+            g, m = statistics.median(runs), statistics.median(matched[name])
+            ratios = [a / b for a, b in zip(runs, matched[name], strict=True)]
+            print(f"  json_schema [{name}] {g:.1f} tok/s  per run: {[f'{x:.1f}' for x in runs]}")
+            print(f"    unconstrained with the same lengths {m:.1f} tok/s  per run: "
+                  f"{[f'{x:.1f}' for x in matched[name]]}")
+            print(f"    ratio constrained / same lengths: median {statistics.median(ratios):.2f}  "
+                  f"per run: {[f'{x:.2f}' for x in ratios]};  constrained / free lengths: {g / f:.2f}")
+            print(f"    constrained lengths (tokens) per run: "
+                  f"{[f'mean {statistics.mean(c):.1f} min {min(c)} max {max(c)}' for c in lengths[name]]}")
     finally:
         engine.close()
 
