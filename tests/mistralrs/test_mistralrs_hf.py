@@ -149,3 +149,41 @@ def test_engine_requests_choose_their_adapter(lora_backend, tmp_path, make_adapt
     finally:
         if "style" in lora_backend.adapters:
             lora_backend.unload_adapter("style")
+
+
+def test_lora_over_http_loads_lists_selects_and_unloads(lora_backend, tmp_path, make_adapter):
+    """The server's LoRA surface on mistral.rs, as on candle_like (tests/server): vLLM's runtime
+    endpoints behind the API key and the opt-in flag, the adapter listed with its parent, chosen
+    per request with ``model=<adapter>`` and giving the backend's own output with that adapter."""
+    from fastapi.testclient import TestClient
+    from ruvllm.engine import EngineOptions, ServingEngine
+    from ruvllm.server.app import ServerSettings, create_app
+
+    ids = lora_backend.tokenizer.encode(PROMPT)
+    path = make_adapter(tmp_path / "http", seed=4)
+    lora_backend.load_adapter("probe", path)
+    try:
+        expected = run(lora_backend, ids, adapter="probe").text
+    finally:
+        lora_backend.unload_adapter("probe")
+    auth = {"Authorization": "Bearer k"}
+    engine = ServingEngine(lora_backend, EngineOptions(path="request", max_in_flight=4), owns_backend=False)
+    settings = ServerSettings(model_name="smol", api_key="k", allow_runtime_lora=True)
+    body = {"prompt": PROMPT, "max_tokens": GREEDY.max_tokens, "temperature": 0, "ignore_eos": True}
+    with TestClient(create_app(engine, settings)) as client:
+        load = {"lora_name": "http", "lora_path": str(path)}
+        assert client.post("/v1/load_lora_adapter", json=load).status_code == 401
+        r = client.post("/v1/load_lora_adapter", headers=auth, json=load)
+        assert r.status_code == 200, r.text
+        listed = {m["id"]: m for m in client.get("/v1/models", headers=auth).json()["data"]}
+        assert listed["http"]["parent"] == "smol"
+        tuned = client.post("/v1/completions", headers=auth, json={"model": "http", **body})
+        base = client.post("/v1/completions", headers=auth, json={"model": "smol", **body})
+        assert tuned.status_code == base.status_code == 200, (tuned.text, base.text)
+        assert tuned.json()["choices"][0]["text"] == expected
+        assert base.json()["choices"][0]["text"] != expected
+        unload = client.post("/v1/unload_lora_adapter", headers=auth, json={"lora_name": "http"})
+        assert unload.status_code == 200, unload.text
+        gone = client.post("/v1/completions", headers=auth, json={"model": "http", **body})
+        assert gone.status_code == 404
+    assert lora_backend.adapter_names() == ()

@@ -6,8 +6,8 @@ differs from the base model's and equals the in-process engine's with that adapt
 endpoints need the opt-in flag and the API key; a backend without LoRA refuses with 400.
 
 mistral.rs goes through the same code (``ServingEngine.publish`` -> ``backend.load_adapter``);
-its own load/unload through an engine is covered by tests/mistralrs/test_mistralrs_hf.py, and its
-LoRA runtime needs about 0.7 GB, so it is not loaded again here.
+its HTTP round trip runs in tests/mistralrs/test_mistralrs_hf.py, on the LoRA runtime that module
+already holds (about 0.7 GB, not loaded a second time here).
 """
 
 from __future__ import annotations
