@@ -14,6 +14,7 @@ import pytest
 from ruvllm.bench.serving import sse_data
 from ruvllm.server.responses import ChatFormatter, CompletionFormatter
 from ruvllm.server.sse import sse_event
+from ruvllm.testing.isolation import MARGIN_BOUND
 from ruvllm.types import TokenOutput
 
 TEXTS = ["Hello", " world", "\n", 'say "hi"', "back\\slash", "\t", "\x00\x1f", "é", "日本", "🙂", "</s>",
@@ -48,13 +49,20 @@ def test_sse_reader_splits_lines_across_reads_with_lf_or_crlf():
 
 
 def test_several_streamed_choices_give_one_chunk_per_token_and_exact_usage(client, model_name):
-    """n=3 streams are interleaved and batched per write; each token is still its own chunk."""
+    """n=3 streams are interleaved and batched per write; each token is still its own chunk.
+
+    Greedy choices of one prompt are the same text unless the numerics differ between the rows
+    (llama.cpp's AVX2 kernels: the prompt's KV computed once and shared, decode rows batched) and
+    a near-tie flips. So the choices must agree up to their first difference, and there every
+    choice's token must be one of the two near-tied best tokens of that position (margin under
+    ``MARGIN_BOUND``, as the conformance suite's isolation rule). Chunks mixed up between
+    choices put unrelated tokens there, far from any tie."""
     n, max_tokens = 3, 12
     stream = client.chat.completions.create(
         model=model_name, messages=[{"role": "user", "content": "Name three colours."}], n=n,
-        max_tokens=max_tokens, temperature=0, logprobs=True, stream=True,
+        max_tokens=max_tokens, temperature=0, logprobs=True, top_logprobs=2, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-    per_choice: dict[int, list[str]] = {i: [] for i in range(n)}
+    per_choice: dict[int, list] = {i: [] for i in range(n)}
     finish: dict[int, str] = {}
     usage = None
     for chunk in stream:
@@ -63,14 +71,21 @@ def test_several_streamed_choices_give_one_chunk_per_token_and_exact_usage(clien
         for c in chunk.choices:
             if c.logprobs is not None and c.logprobs.content:
                 assert len(c.logprobs.content) == 1  # never two tokens in one chunk
-                per_choice[c.index].append(c.delta.content or "")
+                per_choice[c.index].append(c.logprobs.content[0])
             if c.finish_reason:
                 finish[c.index] = c.finish_reason
     assert finish == {i: "length" for i in range(n)}
     assert all(len(tokens) == max_tokens for tokens in per_choice.values()), per_choice
     assert usage is not None and usage.completion_tokens == n * max_tokens
-    # Greedy choices of the same prompt are the same text: interleaving mixed nothing up.
-    assert len({"".join(tokens) for tokens in per_choice.values()}) == 1
+    rows = list(per_choice.values())
+    first = next((k for k in range(max_tokens) if len({r[k].token for r in rows}) > 1), None)
+    if first is None:
+        return  # identical text: the usual case (and always with batch-invariant kernels)
+    chosen = {r[first].token for r in rows}
+    for r in rows:
+        top = sorted(r[first].top_logprobs, key=lambda t: -t.logprob)
+        assert chosen <= {t.token for t in top[:2]}, (first, chosen, top)
+        assert top[0].logprob - top[1].logprob < MARGIN_BOUND, (first, top)
 
 
 def test_streamed_completion_text_and_chunk_count_match_usage(client, model_name):
