@@ -152,13 +152,19 @@ def _finite_top(scores: np.ndarray) -> np.ndarray:
 
 
 def top_logprobs(lp: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
-    """The ``n`` best ``(token id, logprob)`` pairs of a logprob row, best first."""
+    """The ``n`` best ``(token id, logprob)`` pairs of a logprob row, best first.
+
+    Equal logprobs are listed lowest token id first, the token greedy decoding's argmax picks: a
+    bf16 model's row ties often, and a greedy token that is not ``top_logprobs[0]`` reads as a bug
+    to every client (the conformance suite checks it)."""
     # A vocabulary smaller than the request (tiny test models) reports every token.
     n = min(n, len(lp))
     if n <= 0:
         return ()
-    best = np.argpartition(lp, -n)[-n:]
-    best = best[np.argsort(-lp[best])]
+    kth = lp[np.argpartition(lp, -n)[-n:]].min()
+    # Every token tied with the n-th best competes for the last places, not an arbitrary subset.
+    tied = np.flatnonzero(lp >= kth)
+    best = tied[np.lexsort((tied, -lp[tied]))][:n]
     return tuple((int(i), float(lp[i])) for i in best)
 
 

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from ruvllm.sampling import Sampler, _draw_index, _nucleus, log_softmax
+from ruvllm.sampling import Sampler, _draw_index, _nucleus, log_softmax, top_logprobs
 from ruvllm.types import GenerationParams
 
 #: chi-square critical values at p = 0.001 by degrees of freedom.
@@ -326,6 +326,24 @@ def test_no_logprobs_when_not_requested():
 def test_logprobs_wider_than_a_tiny_vocab_report_every_token():
     tok = Sampler(GenerationParams(logprobs=5), 3).sample(np.array([0.0, 1.0, 2.0], np.float32))
     assert [i for i, _ in tok.top_logprobs] == [2, 1, 0]
+
+
+def test_tied_logprobs_list_the_greedy_token_first():
+    # The failure seen on bf16 candle_like: two tokens share the best logit exactly; greedy takes
+    # the lower id (argmax), so top_logprobs[0] must be that token, not its twin.
+    logits = np.zeros(64, np.float32)
+    logits[[33, 34, 9, 40]] = [5.0, 5.0, 4.0, 4.0]
+    tok = Sampler(GenerationParams(logprobs=3), 64).sample(logits)
+    assert tok.token_id == 33
+    assert [i for i, _ in tok.top_logprobs] == [33, 34, 9]
+
+
+def test_a_tie_at_the_last_place_keeps_the_lowest_ids():
+    logits = np.zeros(4096, np.float32)
+    logits[4000] = 3.0
+    logits[[3000, 7, 2500, 100]] = 2.0  # four tokens tie for the last two places
+    ids = [i for i, _ in top_logprobs(log_softmax(logits), 3)]
+    assert ids == [4000, 7, 100]
 
 
 def test_log_softmax_is_stable_for_large_logits():
