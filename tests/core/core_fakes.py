@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
+from typing import Any
 
+import pluggy
+from ruvllm import hookspecs
+from ruvllm.plugins import BackendRegistry
 from ruvllm.types import SampledToken
 
 N_BYTES = 256
@@ -122,3 +126,59 @@ def text_ids(text: str) -> list[int]:
     """Ids of ``text`` with one token per byte (every character boundary is a token boundary
     for ASCII, and multi-byte characters span several tokens)."""
     return ByteTokenizer.encode_bytes(text.encode(), cuts="bytes")
+
+
+_STUB_BACKEND = '''
+from ruvllm import hookimpl
+from ruvllm.backend import LlmBackend
+from ruvllm.types import Capabilities
+
+
+class Backend(LlmBackend):
+    name = {name!r}
+    formats = {formats!r}
+
+    @classmethod
+    def unavailable_reason(cls):
+        return {reason!r}
+
+    @classmethod
+    def capabilities(cls):
+        return Capabilities(device={device!r})
+
+    @classmethod
+    def load(cls, model, options):
+        raise RuntimeError("not used by these tests")
+
+    tokenizer = info = None
+
+    def generate(self, prompt_ids, params):
+        return iter(())
+'''
+
+_REGISTER_HOOK = '''
+
+@hookimpl
+def ruvllm_register_backends(register):
+    register(Backend)
+'''
+
+
+def stub_backend_source(name: str, *, formats: tuple[str, ...] = ("gguf",), reason: str | None = None,
+                        device: str = "cpu", register: bool = True) -> str:
+    """Source of a module whose ``Backend`` loads nothing, for discovery and registry tests to
+    write to disk as pip would install a plugin; ``register`` adds the entry point's hook
+    (a module reached by import path, as LazyBackend reaches one, needs none)."""
+    source = _STUB_BACKEND.format(name=name, formats=formats, reason=reason, device=device)
+    return source + _REGISTER_HOOK if register else source
+
+
+def registry_of(*backends: Any) -> BackendRegistry:
+    """A registry holding exactly ``backends`` (classes or LazyBackends), each as its own
+    distribution, with no entry-point discovery: the installed plugins stay out."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    reg = BackendRegistry(pm=pm)
+    for backend in backends:
+        reg.register_backend(backend, f"dist-{backend.name}")
+    return reg

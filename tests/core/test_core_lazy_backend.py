@@ -12,36 +12,12 @@ import sys
 import textwrap
 import uuid
 
-import pluggy
 import pytest
-from ruvllm import hookspecs
+from core_fakes import registry_of, stub_backend_source
 from ruvllm.errors import BackendUnavailable
 from ruvllm.lazy_backend import LazyBackend
 from ruvllm.models import ModelSource
-from ruvllm.plugins import BackendRegistry
 
-BACKEND_MODULE = '''
-from ruvllm.backend import LlmBackend
-from ruvllm.types import Capabilities
-
-
-class Backend(LlmBackend):
-    name = {name!r}
-    formats = ("gguf", "hf")
-
-    @classmethod
-    def capabilities(cls):
-        return Capabilities(device="marker")
-
-    @classmethod
-    def load(cls, model, options):
-        raise RuntimeError("not used by these tests")
-
-    tokenizer = info = None
-
-    def generate(self, prompt_ids, params):
-        return iter(())
-'''
 GGUF = ModelSource(name="m", path="/models/m.gguf", format="gguf")
 
 
@@ -52,7 +28,8 @@ def backend_module(tmp_path, monkeypatch):
 
     def make(name: str = "lazy", *, source: str | None = None, **kwargs) -> tuple[LazyBackend, str]:
         module = f"ruvllm_testlazy_{uuid.uuid4().hex[:8]}"
-        (tmp_path / f"{module}.py").write_text(textwrap.dedent(source or BACKEND_MODULE.format(name=name)))
+        (tmp_path / f"{module}.py").write_text(textwrap.dedent(source or stub_backend_source(
+            name, formats=("gguf", "hf"), device="marker", register=False)))
         modules.append(module)
         return LazyBackend(name, f"{module}:Backend", formats=("gguf", "hf"), **kwargs), module
 
@@ -61,14 +38,6 @@ def backend_module(tmp_path, monkeypatch):
     for m in modules:
         sys.modules.pop(m, None)
 
-
-def registry_of(*entries) -> BackendRegistry:
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
-    pm.add_hookspecs(hookspecs)
-    reg = BackendRegistry(pm=pm)
-    for entry in entries:
-        reg.register_backend(entry, f"dist-{entry.name}")
-    return reg
 
 
 def test_registering_and_skipping_it_imports_nothing(backend_module):

@@ -14,47 +14,13 @@ import textwrap
 import uuid
 from pathlib import Path
 
-import pluggy
 import pytest
-from ruvllm import hookspecs
+from core_fakes import registry_of, stub_backend_source
 from ruvllm.backend import LlmBackend
 from ruvllm.errors import BackendUnavailable, UnknownBackend
 from ruvllm.models import ModelSource
-from ruvllm.plugins import ALLOWLIST_ENV, AUTO_PREFERENCE, BackendRegistry, load_registry, platform_key
+from ruvllm.plugins import ALLOWLIST_ENV, AUTO_PREFERENCE, load_registry, platform_key
 from ruvllm.types import Capabilities
-
-BACKEND_SOURCE = '''
-from ruvllm import hookimpl
-from ruvllm.backend import LlmBackend
-from ruvllm.types import Capabilities
-
-
-class Backend(LlmBackend):
-    name = {name!r}
-    formats = {formats!r}
-
-    @classmethod
-    def unavailable_reason(cls):
-        return {reason!r}
-
-    @classmethod
-    def capabilities(cls):
-        return Capabilities()
-
-    @classmethod
-    def load(cls, model, options):
-        raise RuntimeError("not used by these tests")
-
-    tokenizer = info = None
-
-    def generate(self, prompt_ids, params):
-        return iter(())
-
-
-@hookimpl
-def ruvllm_register_backends(register):
-    register(Backend)
-'''
 
 
 class Site:
@@ -84,7 +50,7 @@ class Site:
 
     def add_backend(self, dist: str, entry: str, backend: str, *, reason: str | None = None,
                     formats: tuple[str, ...] = ("gguf",)) -> str:
-        return self.add(dist, entry, BACKEND_SOURCE.format(name=backend, reason=reason, formats=formats))
+        return self.add(dist, entry, stub_backend_source(backend, reason=reason, formats=formats))
 
     def allow(self, *entries: str) -> None:
         self._monkeypatch.setenv(ALLOWLIST_ENV, ",".join(entries))
@@ -201,14 +167,6 @@ def backend_class(name: str, *, reason: str | None = None, formats=("gguf",)) ->
     Fake.formats = tuple(formats)
     return Fake
 
-
-def registry_of(*classes: type[LlmBackend]) -> BackendRegistry:
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
-    pm.add_hookspecs(hookspecs)
-    reg = BackendRegistry(pm=pm)
-    for cls in classes:
-        reg.register_backend(cls, f"dist-{cls.name}")
-    return reg
 
 
 GGUF = ModelSource(name="m", path="/models/m.gguf", format="gguf")
