@@ -151,6 +151,48 @@ def test_prefix_cache_hit_gives_the_same_output_as_a_miss(executor_cls):
         assert out[f"r{i}"] == reference_greedy(p, 10)
 
 
+def test_two_donor_slots_keep_two_alternating_prefixes():
+    """Two system prompts alternating over one running slot and two donor slots: every request
+    after the first of each prompt finds its whole prompt head. When a donor kept the head
+    after another request copied it, each use added a donor for the same head and pushed the
+    other head out (measured through Ray: 4 prompts over 2 replicas with 2 slots each)."""
+    heads = [prompts(1, seed=20 + i, lo=16, hi=17)[0] for i in range(2)]
+    order = [0, 0, 1, 0, 1, 1, 0, 1, 1, 0]
+    ex = PerSeqFakeExecutor(num_blocks=100, block_size=4, max_sequences=3)
+    sched = make(ex, max_seqs=1)  # 1 running slot + 2 donor slots
+    for n, h in enumerate(order):
+        p = [*heads[h], 30 + n, 31 + n]
+        before = sched.prefix_hits
+        out = run_all(sched, ex, [SchedRequest(f"r{n}", list(p), 3)])
+        assert out[f"r{n}"] == reference_greedy(p, 3)
+        first_use = order.index(h) == n
+        assert sched.prefix_hits - before == (0 if first_use else 16), (n, h)
+        assert sched.slots.num_donors <= 2
+    sched.blocks.check_invariants()
+
+
+def test_a_head_copied_from_a_running_sequence_outlives_its_tail():
+    """r1 copies head A from r0 while r0 still runs, and finishes first; r0 then finishes
+    holding only its own tail. That tail goes first in the eviction order, so after a request
+    on head B the two donor slots hold heads A and B, and A hits again."""
+    head_a, head_b = (prompts(1, seed=30 + i, lo=16, hi=17)[0] for i in range(2))
+    ex = PerSeqFakeExecutor(num_blocks=100, block_size=4, max_sequences=4)
+    sched = make(ex, max_seqs=2)  # 2 running slots + 2 donor slots
+    r0 = SchedRequest("r0", [*head_a, 30, 31], 12)
+    sched.add(r0)
+    step(sched, ex)  # r0's prompt is computed and its head cached
+    r1 = SchedRequest("r1", [*head_a, 32, 33], 2)
+    hits = sched.prefix_hits
+    run_all(sched, ex, [r1])
+    assert sched.prefix_hits - hits == 16
+    assert r0.token_ids[r0.num_prompt:] == reference_greedy([*head_a, 30, 31], 12)
+    run_all(sched, ex, [SchedRequest("b", [*head_b, 34, 35], 3)])
+    hits = sched.prefix_hits
+    again = [*head_a, 36, 37]
+    assert run_all(sched, ex, [SchedRequest("a", list(again), 3)])["a"] == reference_greedy(again, 3)
+    assert sched.prefix_hits - hits == 16
+
+
 def test_identical_prompts_share_cached_blocks_and_write_privately():
     # Two requests whose prompts are identical share every cached full block; generated
     # tokens then go into private blocks, never into the shared ones.

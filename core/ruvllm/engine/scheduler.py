@@ -208,13 +208,20 @@ class Scheduler:
         return budget
 
     def update(self, plan: StepPlan) -> None:
-        """Record that ``plan`` ran: its tokens now have KV (and full blocks become cacheable)."""
+        """Record that ``plan`` ran: its tokens now have KV (and full blocks become cacheable),
+        and a prefix copied from a donor is held by its new sequence (see :mod:`.slots`)."""
+        copied = {slot: tokens for _, slot, tokens in plan.prefix_copies}
+        bs = self.blocks.block_size
         for chunk in plan.chunks:
             req = chunk.request
             if req.state is not RequestState.RUNNING:
                 continue
             req.num_computed = chunk.start_pos + len(chunk.tokens)
             slot: int = req.slot  # type: ignore[assignment]
+            if slot in copied:
+                # The hit's blocks whose every position this sequence's KV now has.
+                held = min(-(-copied[slot] // bs), req.num_computed // bs)
+                self.slots.hand_over(slot, list(self.blocks.block_table(slot)[:held]))
             added = self.blocks.cache_blocks(slot, req.token_ids, req.num_computed, req.cache_salt)
             if added:
                 self.slots.on_cached(slot, added)

@@ -6,8 +6,12 @@ id: a cached block is only as good as some sequence that still holds those posit
 prefix caching on such an executor, every cached block has an *owner* slot whose KV holds it,
 and a slot whose request ended (or was preempted) while owning cached blocks is kept as a
 *donor* instead of being freed: a later request that hits those blocks gets the KV copied from
-the donor (``copy_prefix``). Donors are bounded (the executor has a few slots beyond
-``max_num_seqs`` for them) and evicted least recently used; an evicted donor's blocks pass to a
+the donor (``copy_prefix``). Once that copy has run, the blocks it covered belong to the new
+sequence: it holds the same KV and will be the fresher donor, so a shared system prompt lives
+in one donor rather than in every request that used it (each of which, as a donor, would keep
+a slot for it and push other prefixes out). Donors are bounded (the executor has a few slots
+beyond ``max_num_seqs`` for them) and evicted least recently finished, those that gave their
+head away first; a donor left owning nothing is freed, and an evicted donor's blocks pass to a
 running sequence that shares them, or leave the prefix cache.
 
 Donor evictions are deferred to :meth:`SlotPool.end_step`, after the forward pass, so a copy
@@ -52,6 +56,9 @@ class SlotPool:
     def donor_for(self, hit: PrefixHit) -> int | None:
         return None
 
+    def hand_over(self, slot: int, block_ids: list[int]) -> None:
+        return None
+
     def end_step(self) -> None:
         return None
 
@@ -68,6 +75,8 @@ class DonorSlotPool(SlotPool):
         self._owner: dict[int, int] = {}
         self._owned: dict[int, set[int]] = {}
         self._donors: OrderedDict[int, None] = OrderedDict()
+        #: Slots that handed their head blocks to another sequence: as donors they go first.
+        self._tails: set[int] = set()
 
     @property
     def num_donors(self) -> int:
@@ -77,9 +86,10 @@ class DonorSlotPool(SlotPool):
         self._sync_evictions()
         if self._owned.get(slot):
             self._donors[slot] = None
-            self._donors.move_to_end(slot)
+            self._donors.move_to_end(slot, last=slot not in self._tails)
         else:
             self._owned.pop(slot, None)
+            self._tails.discard(slot)
             super().release(slot)
 
     def on_cached(self, slot: int, block_ids: list[int]) -> None:
@@ -93,10 +103,27 @@ class DonorSlotPool(SlotPool):
         self._sync_evictions()
         if not hit.block_ids:
             return None
-        donor = self._owner.get(hit.block_ids[-1])
-        if donor is not None and donor in self._donors:
-            self._donors.move_to_end(donor)  # recently useful: evict it last
-        return donor
+        return self._owner.get(hit.block_ids[-1])
+
+    def hand_over(self, slot: int, block_ids: list[int]) -> None:
+        """``slot``'s KV now holds ``block_ids`` (copied from their owner): it owns them.
+
+        A sequence that gave blocks away keeps only the tail no request has followed (a
+        question after a shared system prompt) and, as a donor (now or once it finishes), goes
+        first in the eviction order: otherwise a prompt head used twice in a row evicts another
+        head in favour of that tail. A donor left with nothing is freed at :meth:`end_step`;
+        one whose whole chain was taken (the next turn of its conversation) always is."""
+        self._sync_evictions()
+        for b in block_ids:
+            old = self._owner.get(b)
+            if old is None or old == slot:
+                continue
+            self._owned[old].discard(b)
+            self._owner[b] = slot
+            self._owned.setdefault(slot, set()).add(b)
+            self._tails.add(old)
+            if old in self._donors:
+                self._donors.move_to_end(old, last=False)
 
     def end_step(self) -> None:
         self._sync_evictions()
@@ -130,4 +157,5 @@ class DonorSlotPool(SlotPool):
     def _free_donor(self, slot: int) -> None:
         del self._donors[slot]
         self._owned.pop(slot, None)
+        self._tails.discard(slot)
         SlotPool.release(self, slot)
