@@ -7,9 +7,14 @@ Three measurements, side by side in one run (this machine is shared: quote the r
 2. 1 vs 2 replicas under the same load: C concurrent clients, each sending R chat requests of
    T greedy tokens; aggregate completion tokens/s and p50 request latency. On a 2-core machine
    no gain is expected (both replicas share the same two cores); the point is the overhead.
-3. Prefix-cache hit rate on a shared-prefix workload (P system prompts of ~120 tokens, Q
+3. Prefix-cache hit rate on a shared-prefix workload (P system prompts of ~55 tokens, Q
    questions each, shuffled, 2 concurrent clients) with the prefix-affinity router vs Serve's
-   default router (power of two choices), from the replicas' own prefix-cache counters.
+   default router (power of two choices), from the replicas' own prefix-cache counters. Every
+   round deploys both routers afresh (empty prefix caches; new replica ids, so the affinity
+   router's hash places the prefixes anew), alternating which goes first; the figure is the
+   median over ``--rounds``, at each ``--donor-slots`` setting (``prefix_donor_slots``: how many
+   finished prompts an engine keeps for reuse; with 4 prefixes over 2 replicas, 2 slots each
+   are exactly enough only when the prefixes split 2/2).
 
 Ray runs locally (num_cpus=2, no dashboard); the 2 cores are split between the replicas (each
 asks Ray for 2/N CPUs); every engine, the direct one too, runs ``--threads`` backend threads
@@ -108,6 +113,10 @@ def prefix_run(base: str, per_prefix: int, tokens: int, seed: int) -> float:
     return (h1 - h0) / max(1, q1 - q0)
 
 
+def percents(xs: list[float]) -> str:
+    return " ".join(f"{x:.1%}" for x in xs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ttft-requests", type=int, default=20)
@@ -115,6 +124,9 @@ def main() -> None:
     ap.add_argument("--per-client", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--per-prefix", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=3, help="fresh deployments per router (hit rate)")
+    ap.add_argument("--donor-slots", type=int, nargs="+", default=[2, 4],
+                    help="prefix_donor_slots settings for the hit-rate rounds (engine default 2)")
     ap.add_argument("--backend", default="llamacpp")
     ap.add_argument("--threads", type=int, default=1, help="n_threads of every engine (default 1)")
     a = ap.parse_args()
@@ -139,16 +151,28 @@ def main() -> None:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         config = load_config(overrides={"backend": a.backend, "model": "default"})
 
-        def deploy(replicas: int, **kw) -> None:
+        def deploy(replicas: int, *, engine: dict | None = None, fresh: bool = False, **kw) -> None:
             # The 2 cores are split between the replicas (each asks Ray for its share); every
             # engine, the direct one too, runs --threads backend threads: on a shared machine
             # OpenMP threads spinning against other load dominate every other effect.
+            if fresh:
+                serve.delete("bench")  # new replicas: empty prefix caches, new replica ids
             cpus = max(1, 2 // replicas)
             opts = {**config.options_for(a.backend), "n_threads": a.threads}
             cfg = attrs.evolve(config, backends={**config.backends, a.backend: opts})
             scale = ScaleOutSettings(name="bench", replicas=replicas, ray_actor_options={"num_cpus": cpus},
                                      **kw)
-            serve.run(build_app(cfg, scale), name="bench", route_prefix="/")  # returns when ready
+            serve.run(build_app(cfg, scale, engine_options=engine), name="bench",
+                      route_prefix="/")  # returns when ready
+
+        def hit_rates(slots: int) -> dict[bool, list[float]]:
+            rates: dict[bool, list[float]] = {True: [], False: []}
+            for rnd in range(a.rounds):
+                for affinity in ((True, False) if rnd % 2 == 0 else (False, True)):
+                    deploy(replicas=2, engine={"prefix_donor_slots": slots}, fresh=True,
+                           prefix_affinity=affinity)
+                    rates[affinity].append(prefix_run(via_ray, a.per_prefix, 8, seed=rnd))
+            return rates
 
         deploy(replicas=2)
         with httpx.Client() as client:
@@ -164,10 +188,8 @@ def main() -> None:
               f"through Ray {r50 * 1e3:.1f} ms; Ray adds {(r50 - d50) * 1e3:.1f} ms ({r50 / d50:.2f}x)")
 
         two = load_run(via_ray, a.clients, a.per_client, a.tokens)
-        affinity = prefix_run(via_ray, a.per_prefix, 8, seed=1)
-        deploy(replicas=2, prefix_affinity=False)
-        default = prefix_run(via_ray, a.per_prefix, 8, seed=1)
-        deploy(replicas=1)
+        rates = {slots: hit_rates(slots) for slots in a.donor_slots}
+        deploy(replicas=1, fresh=True)
         one = load_run(via_ray, a.clients, a.per_client, a.tokens)
         base_direct = load_run(direct, a.clients, a.per_client, a.tokens)
         print(f"load: {a.clients} clients x {a.per_client} chat requests x {a.tokens} tokens")
@@ -176,7 +198,12 @@ def main() -> None:
             print(f"  {name:20s} {m['tok_s']:7.1f} tok/s  p50 latency {m['p50_s']:.2f} s  "
                   f"({m['tok_s'] / base_direct['tok_s']:.2f}x direct; machine load {m['load']:.1f})")
         print(f"prefix-cache hit rate, {len(SYSTEMS)} shared system prompts x {a.per_prefix} questions, "
-              f"2 concurrent: affinity router {affinity:.1%}, Serve default router {default:.1%}")
+              f"2 concurrent, 2 replicas, median of {a.rounds} fresh deployments per router:")
+        for slots, r in rates.items():
+            aff, dflt = statistics.median(r[True]), statistics.median(r[False])
+            print(f"  prefix_donor_slots={slots}: affinity router {aff:.1%} (rounds {percents(r[True])}), "
+                  f"Serve default router {dflt:.1%} (rounds {percents(r[False])}); "
+                  f"ratio {aff / dflt if dflt else float('inf'):.2f}")
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -68,6 +68,43 @@ def test_removing_a_replica_moves_only_its_keys():
     assert all(after[k] == before[k] for k in keys if before[k] != "r1")
 
 
+def test_new_keys_go_to_the_replica_home_to_fewest_keys():
+    # The benchmark's shape: 4 shared system prompts over 2 replicas. Placed by hash alone they
+    # split 3/1 or 4/0 for most replica-id pairs; a replica that keeps 2 prompts for reuse then
+    # evicts on every switch. Learned placement splits them 2/2 whatever the ids are.
+    for pair in range(40):
+        replicas = [f"bench#{pair}-a", f"bench#{pair}-b"]
+        policy = AffinityPolicy()
+        homes = [policy.rank(f"system-{i}", dict.fromkeys(replicas, 0))[0][0] for i in range(4)]
+        assert sorted(homes.count(r) for r in replicas) == [2, 2], (replicas, homes)
+        for i in range(4):  # and each key keeps its home
+            assert policy.rank(f"system-{i}", dict.fromkeys(replicas, 0))[0] == [homes[i]]
+
+
+def test_a_new_replica_takes_the_new_keys_and_old_keys_stay():
+    policy = AffinityPolicy()
+    old = {k: policy.home(k, ["r0", "r1"]) for k in ("a", "b", "c", "d")}
+    assert all(policy.home(k, ["r0", "r1", "r2"]) == old[k] for k in old)
+    assert [policy.home(k, ["r0", "r1", "r2"]) for k in ("e", "f")] == ["r2", "r2"]
+
+
+def test_a_busy_home_sends_elsewhere_without_moving_the_key():
+    policy = AffinityPolicy(busy_threshold=2)
+    home = policy.home("k", ["a", "b"])
+    other = "b" if home == "a" else "a"
+    assert policy.rank("k", {home: 5, other: 0}) == [[other], [home]]
+    assert policy.rank("k", {home: 0, other: 0})[0] == [home]
+
+
+def test_placement_memory_is_bounded():
+    policy = AffinityPolicy(memory=8)
+    for i in range(100):
+        policy.home(f"k{i}", ["r0", "r1"])
+    assert len(policy._homes) == 8
+    with pytest.raises(ConfigError, match="memory"):
+        AffinityPolicy(memory=0)
+
+
 @pytest.mark.parametrize("exc", [
     InvalidRequest("max_tokens", "must be >= 1", 0),
     ContextLengthExceeded(500, 100, 512),
