@@ -56,25 +56,3 @@ def suite_runner(toy_env: pytest.Pytester):
         return SuiteRun(result, read_junit(report) if report.exists() else {})
 
     return run
-
-
-#: test_mutation_proof.py's outcomes by test id (``NN-mutant-killed-by-test``), for the summary.
-_MUTATION_OUTCOMES: dict[str, str] = {}
-_MUTATION_TEST = "test_suite_kills_mutant["
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if _MUTATION_TEST in report.nodeid and (report.when == "call" or report.outcome != "passed"):
-        _MUTATION_OUTCOMES[report.nodeid.split(_MUTATION_TEST, 1)[1].rstrip("]")] = report.outcome
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    """The mutation score, visible in the run's output: a passed proof test is a killed mutant."""
-    if not _MUTATION_OUTCOMES:
-        return
-    terminalreporter.write_sep("=", "llamacpp mutation proof (tests/conformance/llamacpp_mutants.py)")
-    for test_id, outcome in sorted(_MUTATION_OUTCOMES.items()):
-        verdict = {"passed": "killed", "failed": "SURVIVED"}.get(outcome, outcome)
-        terminalreporter.write_line(f"{verdict:>9}  {test_id}")
-    killed = sum(o == "passed" for o in _MUTATION_OUTCOMES.values())
-    terminalreporter.write_line(f"mutation score: {killed}/{len(_MUTATION_OUTCOMES)} mutants killed")
