@@ -48,6 +48,11 @@ def _weight(key: str, replica: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{key}|{replica}".encode(), digest_size=8).digest(), "little")
 
 
+def _at_least_one(_inst: object, attr: attrs.Attribute, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ConfigError(f"prefix router {attr.name} must be an integer >= 1, got {value!r}")
+
+
 @attrs.define(kw_only=True)
 class AffinityPolicy:
     """Rank replicas for one request: the key's home replica first unless it is busy.
@@ -58,20 +63,10 @@ class AffinityPolicy:
     """
 
     #: Queue length (ongoing requests) from which the home replica counts as busy.
-    busy_threshold: int = attrs.field(default=4)
+    busy_threshold: int = attrs.field(default=4, validator=_at_least_one)
     #: How many keys' homes are remembered (least recently used forgotten first).
-    memory: int = attrs.field(default=1024)
+    memory: int = attrs.field(default=1024, validator=_at_least_one)
     _homes: OrderedDict[str, str] = attrs.field(factory=OrderedDict, init=False, repr=False)
-
-    @busy_threshold.validator
-    def _check(self, _attr: object, value: int) -> None:
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"prefix router busy_threshold must be an integer >= 1, got {value!r}")
-
-    @memory.validator
-    def _check_memory(self, _attr: object, value: int) -> None:
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"prefix router memory must be an integer >= 1, got {value!r}")
 
     def home(self, key: str, replicas: Sequence[str]) -> str:
         """The replica ``key`` belongs to: where it went before while that replica is live,
