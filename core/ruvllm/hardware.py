@@ -157,7 +157,24 @@ def usable_cpus() -> int:
 
 
 def cpu_info() -> CpuInfo:
-    """This machine's CPU, detected once per process."""
+    """This machine's CPU, detected once per process.
+
+    Reading ``/proc/cpuinfo`` (or ``sysctl`` on macOS) and the memory size is done once
+    (:func:`_detected`); ``/health`` and every benchmark line used to repeat it on each call.
+    ``ONEDNN_MAX_CPU_ISA`` is read on each call (one environment lookup) so that a process or a
+    test that sets it to emulate an AVX2-only CPU sees the emulated machine without re-detecting
+    the real one; each value gets one cached :class:`CpuInfo`."""
+    return _with_isa_limit(os.environ.get("ONEDNN_MAX_CPU_ISA") or None)
+
+
+@functools.cache
+def _with_isa_limit(limit: str | None) -> CpuInfo:
+    return attrs.evolve(_detected(), onednn_isa_limit=limit)
+
+
+@functools.cache
+def _detected() -> CpuInfo:
+    """The hardware as the operating system reports it, without the oneDNN limit."""
     arch = platform.machine().lower() or "unknown"
     model, features = "", frozenset()
     if sys.platform.startswith("linux"):
@@ -175,5 +192,4 @@ def cpu_info() -> CpuInfo:
             model = ""
     return CpuInfo(arch=arch, model=model or platform.processor() or arch, features=features,
                    usable_cores=usable_cpus(), logical_cores=os.cpu_count() or 1,
-                   memory_bytes=_memory_bytes(),
-                   onednn_isa_limit=os.environ.get("ONEDNN_MAX_CPU_ISA") or None)
+                   memory_bytes=_memory_bytes())

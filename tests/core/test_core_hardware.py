@@ -6,6 +6,7 @@ import json
 
 import attrs
 from click.testing import CliRunner
+from ruvllm import hardware
 from ruvllm.cli import main
 from ruvllm.hardware import CpuInfo, cpu_info, parse_cpuinfo
 
@@ -74,11 +75,45 @@ def test_this_machine_is_detected():
     assert attrs.evolve(here).model
 
 
-def test_cli_shows_the_machine():
+def test_detected_once_and_the_onednn_limit_still_honoured(monkeypatch):
+    """/health and benchmark lines call cpu_info() often: the machine is read once per process,
+    while ONEDNN_MAX_CPU_ISA (how an AVX2-only CPU is emulated) is honoured whenever it is set."""
+    detections = []
+    real = hardware._memory_bytes
+    monkeypatch.setattr(hardware, "_memory_bytes", lambda: detections.append(1) or real())
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    hardware._detected.cache_clear()
+    hardware._with_isa_limit.cache_clear()
+    try:
+        first = cpu_info()
+        assert cpu_info() is first and first.onednn_isa_limit is None
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+        emulated = cpu_info()
+        assert emulated.onednn_isa_limit == "AVX2" and not emulated.native_bf16
+        assert attrs.evolve(emulated, onednn_isa_limit=None) == first
+        assert len(detections) == 1
+    finally:
+        hardware._detected.cache_clear()
+        hardware._with_isa_limit.cache_clear()
+
+
+#: Not this machine: the CLI must show what cpu_info() returns, not detect on its own.
+SHOWN = CpuInfo(arch="x86_64", model="Shown Test CPU 9000", features=frozenset({"avx2", "fma"}),
+                usable_cores=3, logical_cores=7, memory_bytes=24 << 30)
+
+
+def test_cli_shows_the_machine(monkeypatch):
+    from ruvllm.cli import backends, models
+
+    monkeypatch.setattr(backends, "cpu_info", lambda: SHOWN)
+    monkeypatch.setattr(models, "cpu_info", lambda: SHOWN)
     out = CliRunner().invoke(main, ["backends", "--json"])
     assert out.exit_code == 0, out.output
-    assert json.loads(out.output)["machine"] == cpu_info().as_dict()
+    assert json.loads(out.output)["machine"] == {
+        "arch": "x86_64", "model": "Shown Test CPU 9000", "features": ["avx2", "fma"],
+        "usable_cores": 3, "logical_cores": 7, "memory_bytes": 24 << 30, "native_bf16": False,
+        "fast_float_dtype": "float32", "onednn_isa_limit": None}
     text = CliRunner().invoke(main, ["backends"]).output
-    assert "CPU" in text and str(cpu_info().usable_cores) in text
+    assert SHOWN.summary() in " ".join(text.split())  # rich may wrap the line
     info = CliRunner().invoke(main, ["info", "default", "--json"])
-    assert json.loads(info.output)["machine"] == cpu_info().summary()
+    assert json.loads(info.output)["machine"] == SHOWN.summary()

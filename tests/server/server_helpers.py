@@ -48,7 +48,7 @@ class RunningServer:
 
 def start_server(*, api_key: str | None = API_KEY, engine_options: dict | None = None,
                  server: dict | None = None, backend: str = "llamacpp",
-                 model: str = "default") -> RunningServer:
+                 model: str = "default", max_context: int | None = None) -> RunningServer:
     import uvicorn
     from ruvllm.server.runner import load_engine, settings_for
 
@@ -58,7 +58,7 @@ def start_server(*, api_key: str | None = API_KEY, engine_options: dict | None =
     engine = load_engine(config, engine_options)
     from ruvllm.server.app import create_app
 
-    app = create_app(engine, settings_for(config, engine))
+    app = create_app(engine, settings_for(config, engine, max_context=max_context))
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                         timeout_graceful_shutdown=2))

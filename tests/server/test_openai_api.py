@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from server_helpers import API_KEY
+from server_helpers import API_KEY, start_server
 
 CHAT = [{"role": "user", "content": "Name three colours."}]
 
@@ -13,10 +13,29 @@ CHAT = [{"role": "user", "content": "Name three colours."}]
 def test_models_and_health(client, server, model_name):
     models = client.models.list().data
     assert [m.id for m in models] == [model_name]
-    health = httpx.get(server.url + "/health").json()
-    assert health["status"] == "ok" and health["backend"] == "llamacpp"
+    # Liveness for anyone, and nothing else: no key, or a wrong one, learns nothing of the model.
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        bare = httpx.get(server.url + "/health", headers=headers)
+        assert bare.status_code == 200 and bare.json() == {"status": "ok"}
+    health = httpx.get(server.url + "/health", headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    assert health["status"] == "ok" and health["backend"] == "llamacpp" and health["model"] == model_name
+    assert health["models"] == {model_name: {"state": "loaded",
+                                             "max_request_tokens": server.engine.info.context_length}}
     # What the server runs on: ISA features decide dtype auto and numerics, so operators see them.
     assert {"features", "native_bf16", "usable_cores", "memory_bytes"} <= set(health["machine"])
+    assert httpx.get(server.url + "/health", headers={"X-API-Key": API_KEY}).json() == health
+
+
+def test_health_details_without_a_key_when_the_server_has_none():
+    """No API key configured: everyone sees the details, as before the split; max_request_tokens
+    is what one request may use, so the server's --max-context caps it."""
+    running = start_server(api_key=None, max_context=256)
+    try:
+        health = httpx.get(running.url + "/health").json()
+    finally:
+        running.stop()
+    assert health["backend"] == "llamacpp" and "machine" in health
+    assert health["models"] == {health["model"]: {"state": "loaded", "max_request_tokens": 256}}
 
 
 def test_chat_completion_counts_real_tokens(client, server, model_name):

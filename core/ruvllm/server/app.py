@@ -38,7 +38,7 @@ from ruvllm.server.embeddings import (
 )
 from ruvllm.server.errors import install_error_handlers, ruvllm_error_body
 from ruvllm.server.feedback import register_feedback
-from ruvllm.server.limits import RequestLimitsMiddleware
+from ruvllm.server.limits import RequestLimitsMiddleware, authorized
 from ruvllm.server.lora import register_lora_routes
 from ruvllm.server.metrics import CONTENT_TYPE, ServerMetrics
 from ruvllm.server.model_pool import ModelEntry, ModelPool, Route
@@ -161,9 +161,14 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
         models=None if settings.allow_runtime_lora else pool.accepted_names(),
         priority_scheduling=priority_scheduling(single) if single is not None else True)
 
+    def max_request_tokens(e: AsyncEngine) -> int:
+        """Prompt + completion tokens one request may use on ``e``: the engine's context, capped
+        by this server's ``--max-context``."""
+        return settings.limits.context_length(e.info.context_length)
+
     def target(route: Route) -> _Target:
         e = route.engine
-        context_length = settings.limits.context_length(e.info.context_length)
+        context_length = max_request_tokens(e)
         limit_note = getattr(e, "context_limit_note", "") if context_length == e.info.context_length \
             else "this server's --max-context setting"
         return _Target(e, route.adapter, route.served_name, context_length, limit_note)
@@ -299,13 +304,23 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
                     c.handle.cancel()
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health(request: Request) -> dict[str, Any]:
+        """Liveness for anyone: ``{"status": "ok"}``. With the API key (or on a server without
+        one) also the details: the first model, backend, engine path, each model's state and
+        ``max_request_tokens``, and the machine. Probes need no key, but an unauthenticated client
+        learns nothing about the models or the machine (limits.py's promise)."""
+        if not authorized(dict(request.scope.get("headers") or ()), settings.api_key):
+            return {"status": "ok"}
         first = pool.default.engine
+        models: dict[str, dict[str, Any]] = {}
+        for e in pool.entries.values():
+            models[e.name] = {"state": e.state.value}
+            if e.engine is not None:
+                models[e.name]["max_request_tokens"] = max_request_tokens(e.engine)
         return {"status": "ok", "model": pool.default.name,
                 "backend": first.backend_name if first is not None else None,
                 "engine_path": first.path if first is not None else None,
-                "models": {e.name: e.state.value for e in pool.entries.values()},
-                "machine": cpu_info().as_dict()}
+                "models": models, "machine": cpu_info().as_dict()}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

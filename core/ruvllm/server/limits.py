@@ -8,14 +8,28 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ruvllm.server.errors import error_body
 
-#: Paths anyone may read: liveness probes and the Prometheus scraper.
+#: Paths anyone may read: liveness probes and the Prometheus scraper. ``/health`` answers an
+#: unauthenticated client with liveness only; its details need the key (see :func:`authorized`).
 PUBLIC_PATHS = ("/health", "/metrics")
+
+
+def authorized(headers: Mapping[bytes, bytes], api_key: str | None) -> bool:
+    """Whether raw ASGI ``headers`` carry ``api_key`` (``Authorization: Bearer`` or ``X-API-Key``);
+    always true when the server has no key. The one check of the key, used by the middleware for
+    every protected path and by ``/health`` to decide whether to show its details."""
+    if not api_key:
+        return True
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer":
+        token = headers.get(b"x-api-key", b"").decode("latin-1")
+    return bool(token) and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
 async def _send_error(send, status: int, message: str, type_: str, code: str,
@@ -38,7 +52,7 @@ class RequestLimitsMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or ())
-        if self.api_key and scope["path"] not in PUBLIC_PATHS and not self._authorized(headers):
+        if scope["path"] not in PUBLIC_PATHS and not authorized(headers, self.api_key):
             await _send_error(send, 401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                               "authentication_error", "invalid_api_key",
                               [(b"www-authenticate", b"Bearer")])
@@ -63,10 +77,3 @@ class RequestLimitsMiddleware:
             return message
 
         await self.app(scope, counting_receive, send)
-
-    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
-        auth = headers.get(b"authorization", b"").decode("latin-1")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer":
-            token = headers.get(b"x-api-key", b"").decode("latin-1")
-        return bool(token) and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
