@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import attrs
 import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -72,6 +73,25 @@ def test_snapshot_numbers_and_labels_survive_every_scrape():
     assert m[("ruvllm:generation_tokens_total", ())] == 9
     assert m[("ruvllm:num_requests_running", ())] == 0
     assert m[("ruvllm:request_success_total", (("finished_reason", "timeout"),))] == 1
+
+
+def test_a_model_loaded_again_continues_its_histograms_and_other_buckets_are_left_out():
+    metrics = ServerMetrics(lambda: snapshot([0.005, 0.5]), **LABELS)
+    metrics.render()
+    metrics.detach("served")
+    metrics.attach(lambda: snapshot([0.05]), **LABELS)  # a fresh engine counts from 0 again
+    m = scrape(metrics.render().decode())
+    assert m[("ruvllm:time_to_first_token_seconds_count", ())] == 3
+    assert m[("ruvllm:time_to_first_token_seconds_bucket", (("le", "0.1"),))] == 2
+    assert m[("ruvllm:time_to_first_token_seconds_sum", ())] == pytest.approx(0.555)
+    assert m[("ruvllm:num_requests_running", ())] == 0
+    other = snapshot([0.5])
+    odd = Histogram(buckets=(0.5, 2.0), counts=(1, 1), sum=0.5, count=1)
+    other = attrs.evolve(other, time_to_first_token=odd)
+    metrics.attach(lambda: other, model_name="odd", model="m", backend="b")
+    names = {s.labels.get("model_name") for f in text_string_to_metric_families(metrics.render().decode())
+             if f.type == "histogram" for s in f.samples}
+    assert names == {"served"}
 
 
 def test_each_app_has_its_own_registry():

@@ -12,24 +12,36 @@ what changed since the previous refresh. Each app has its own ``CollectorRegistr
 one process (tests, several engines) neither share nor clash, and nothing lands in
 prometheus_client's global registry.
 
+The histograms are not prometheus_client ``Histogram`` objects: those only ``observe`` one value
+at a time, while the engine keeps bucket counts, so carrying counts into them meant writing their
+private per-bucket values. :class:`EngineHistograms`, a custom collector, keeps the per-bucket
+totals and yields them as ``HistogramMetricFamily`` at each scrape, with the same names, labels and
+``_created`` series a ``Histogram`` has.
+
 Multiprocess mode: when ``PROMETHEUS_MULTIPROC_DIR`` is set (before the server starts, as
 prometheus_client requires), the metric objects live in that directory's per-process files
 and ``/metrics`` answers from a registry holding a ``MultiProcessCollector``, so whichever worker
 is scraped reports every worker's engine: counters and histograms summed, running and waiting
 requests summed over live processes, the KV-cache usage and prefix hit rate (fractions, which do
-not add up) once per live process with a ``pid`` label. Each worker also refreshes its files every
-:data:`MULTIPROCESS_REFRESH` seconds, so a worker that is not scraped is never staler than that.
-The deployment calls ``prometheus_client.multiprocess.mark_process_dead(pid)`` when a worker exits
-(gunicorn's ``child_exit``), as prometheus_client documents.
+not add up) once per live process with a ``pid`` label. prometheus_client does not aggregate
+custom collectors across processes, so each worker also writes its histogram totals to
+``ruvllm_histograms_<pid>.json`` in that directory and :class:`EngineHistograms` sums every
+worker's file (dead workers' too, as prometheus_client keeps their histograms). Each worker
+refreshes its files every :data:`MULTIPROCESS_REFRESH` seconds, so a worker that is not scraped is
+never staler than that. The deployment calls ``prometheus_client.multiprocess.mark_process_dead(pid)``
+when a worker exits (gunicorn's ``child_exit``), as prometheus_client documents.
 """
 
 from __future__ import annotations
 
 import asyncio
+import glob
+import json
 import logging
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -37,10 +49,13 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     generate_latest,
 )
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from ruvllm.serving import Histogram as SnapshotHistogram
 from ruvllm.serving import MetricsSnapshot
@@ -114,7 +129,9 @@ class _Series:
         self.labels = labels
         self.gauges: list[tuple[str, Any]] = []
         self.counters: list[tuple[str, Any]] = []
-        self.histograms: list[tuple[str, Any]] = []
+        #: The snapshot attributes carried into :class:`EngineHistograms` (none when this model's
+        #: buckets differ from the first model's).
+        self.histograms: list[str] = []
         #: Totals already carried into the counters and histograms, by key.
         self.seen: dict[Any, Any] = {}
 
@@ -153,9 +170,8 @@ class ServerMetrics:
         self._finished = Counter(PREFIX + "request_success_total",
                                  "Count of finished requests by finish reason.",
                                  (*LABELS, "finished_reason"), registry=own)
-        #: Created with the first engine's bucket bounds (every ServingEngine has the same).
-        self._histogram_families: list[tuple[str, Any]] | None = None
-        self._bounds: list[list[float]] = []
+        self._histograms = EngineHistograms(multiprocess_dir())
+        self.registry.register(self._histograms)
         self._series: dict[str, _Series] = {}
         self._lock = threading.Lock()
         if snapshot is not None:
@@ -170,21 +186,13 @@ class ServerMetrics:
         series = _Series(snapshot, labels)
         first = snapshot()
         with self._lock:
-            if self._histogram_families is None:
-                self._histogram_families = [
-                    (attr, Histogram(PREFIX + name, help_, LABELS, registry=self._own,
-                                     buckets=_bounds(getattr(first, attr))))
-                    for name, attr, help_ in _HISTOGRAMS
-                ]
-                self._bounds = [_bounds(getattr(first, attr)) for attr, _ in self._histogram_families]
             series.gauges = [(attr, g.labels(**labels)) for attr, g in self._gauge_families]
             series.counters = [(attr, c.labels(**labels)) for attr, c in self._counter_families]
             for reason in FINISH_REASONS:
                 self._finished.labels(**labels, finished_reason=reason)
-            families = zip(self._histogram_families, self._bounds, strict=True)
-            same_buckets = all(_bounds(getattr(first, attr)) == bounds for (attr, _), bounds in families)
-            if same_buckets:
-                series.histograms = [(attr, h.labels(**labels)) for attr, h in self._histogram_families]
+            if self._histograms.accepts(first):
+                series.histograms = [attr for _, attr, _ in _HISTOGRAMS]
+                self._histograms.start(tuple(labels[k] for k in LABELS))
             else:
                 log.warning("model %r reports histograms with other buckets than the first model; its "
                             "histograms are left out of /metrics", model_name)
@@ -204,11 +212,13 @@ class ServerMetrics:
             for _, gauge in series.gauges:
                 gauge.set(0.0)
             del self._series[model_name]
+        self._histograms.save()
 
     def refresh(self) -> None:
         """Carry every attached engine's current snapshot into the metric objects."""
         for series in list(self._series.values()):
             self._refresh(series)
+        self._histograms.save()
 
     def _refresh(self, series: _Series) -> None:
         snap = series.snapshot()
@@ -220,10 +230,11 @@ class ServerMetrics:
             for reason, total in snap.requests_finished.items():
                 self._finished.labels(**series.labels, finished_reason=reason).inc(
                     series.advance(("finished", reason), total))
-            for attr, hist in series.histograms:
+            key = tuple(series.labels[k] for k in LABELS)
+            for attr in series.histograms:
                 h: SnapshotHistogram = getattr(snap, attr)
                 grown = [series.advance((attr, i), n) for i, n in enumerate(_per_bucket(h))]
-                _add_observations(hist, grown, series.advance((attr, "sum"), h.sum))
+                self._histograms.add(key, attr, grown, series.advance((attr, "sum"), h.sum))
 
     def render(self) -> bytes:
         """The text exposition, after a refresh."""
@@ -240,14 +251,112 @@ class ServerMetrics:
                 log.exception("refreshing the metrics failed")
 
 
-def _add_observations(hist: Any, per_bucket: list[float], total: float) -> None:
-    """Add ``per_bucket[i]`` observations to bucket ``i`` of a labelled Histogram and ``total`` to
-    its sum. prometheus_client can only ``observe`` one value at a time and the engine keeps
-    counts, not values; its per-bucket values (``_buckets``, ``_sum``: in memory, or this
-    process's file in multiprocess mode) are what ``observe`` itself increments.
-    tests/server/test_metrics.py checks the result against prometheus_client's own output."""
-    for value, grown in zip(hist._buckets, per_bucket, strict=True):
-        if grown:
-            value.inc(grown)
-    if total:
-        hist._sum.inc(total)
+class EngineHistograms(Collector):
+    """The engines' histograms (:data:`_HISTOGRAMS`) per label set, as a custom collector.
+
+    Holds, per ``(model_name, model, backend)``, each histogram's observations per bucket and its
+    sum, advanced by :class:`ServerMetrics` with what the engine counted since the last refresh,
+    and yields them cumulatively (``le`` formatted as prometheus_client formats it) at each scrape.
+    With ``directory`` (multiprocess mode) :meth:`save` writes this process's totals there and
+    :meth:`collect` sums every process's file, since prometheus_client's ``MultiProcessCollector``
+    reads only its own files."""
+
+    FILE_PREFIX = "ruvllm_histograms_"
+
+    def __init__(self, directory: str | None = None):
+        self.directory = directory
+        #: Finite bucket bounds per snapshot attribute, from the first engine attached (every
+        #: ServingEngine has the same).
+        self.bounds: dict[str, list[float]] = {}
+        #: label values -> attribute -> [observations per bucket (the last is +Inf's)..., sum]
+        self._totals: dict[tuple[str, ...], dict[str, list[float]]] = {}
+        self._created: dict[tuple[str, ...], float] = {}
+        self._lock = threading.Lock()
+
+    def accepts(self, snapshot: MetricsSnapshot) -> bool:
+        """Whether ``snapshot``'s histograms have this collector's bounds (the first one's set
+        them)."""
+        bounds = {attr: _bounds(getattr(snapshot, attr)) for _, attr, _ in _HISTOGRAMS}
+        with self._lock:
+            if not self.bounds:
+                self.bounds = bounds
+            return bounds == self.bounds
+
+    def start(self, key: tuple[str, ...]) -> None:
+        """Show ``key``'s histograms (at 0 until it counts anything); a label set seen before
+        keeps its totals."""
+        with self._lock:
+            if key not in self._totals:
+                self._totals[key] = {attr: [0.0] * (len(self.bounds[attr]) + 2) for attr in self.bounds}
+                self._created[key] = time.time()
+
+    def add(self, key: tuple[str, ...], attr: str, per_bucket: list[float], total: float) -> None:
+        """Add ``per_bucket[i]`` observations to bucket ``i`` of ``key``'s ``attr`` and ``total`` to
+        its sum."""
+        with self._lock:
+            values = self._totals[key][attr]
+            for i, grown in enumerate(per_bucket):
+                values[i] += grown
+            values[-1] += total
+
+    def _path(self, pid: int) -> str:
+        assert self.directory is not None
+        return os.path.join(self.directory, f"{self.FILE_PREFIX}{pid}.json")
+
+    def save(self) -> None:
+        """Multiprocess mode: replace this process's file with its totals (atomically, so a
+        scrape in another worker never reads half a file)."""
+        if self.directory is None:
+            return
+        with self._lock:
+            data = {"bounds": self.bounds, "totals": [[list(k), v] for k, v in self._totals.items()]}
+        path = self._path(os.getpid())
+        with open(path + ".tmp", "w") as fh:
+            json.dump(data, fh)
+        os.replace(path + ".tmp", path)
+
+    def _gathered(self) -> tuple[dict[str, list[float]], dict[tuple[str, ...], dict[str, list[float]]]]:
+        """The bounds and the totals to expose: this process's, or every process's summed."""
+        with self._lock:
+            bounds = dict(self.bounds)
+            if self.directory is None:
+                return bounds, {k: {a: list(v) for a, v in t.items()} for k, t in self._totals.items()}
+        summed: dict[tuple[str, ...], dict[str, list[float]]] = {}
+        for path in sorted(glob.glob(os.path.join(self.directory, self.FILE_PREFIX + "*.json"))):
+            try:
+                with open(path) as fh:
+                    data = json.load(fh)
+            except (OSError, ValueError):  # removed meanwhile, or not ours
+                log.warning("skipping unreadable metrics file %s", path)
+                continue
+            bounds = bounds or data["bounds"]
+            if data["bounds"] != bounds:
+                log.warning("%s has other histogram buckets than this process; left out", path)
+                continue
+            for key, per_attr in data["totals"]:
+                into = summed.setdefault(tuple(key), {})
+                for attr, values in per_attr.items():
+                    acc = into.setdefault(attr, [0.0] * len(values))
+                    into[attr] = [a + b for a, b in zip(acc, values, strict=True)]
+        return bounds, summed
+
+    def collect(self) -> Iterator[Metric]:
+        bounds, totals = self._gathered()
+        if not bounds:
+            return
+        for name, attr, help_ in _HISTOGRAMS:
+            family = HistogramMetricFamily(PREFIX + name, help_, labels=LABELS)
+            for key, per_attr in totals.items():
+                values = per_attr.get(attr)
+                if values is None:
+                    continue
+                cumulative, buckets = 0.0, []
+                for bound, n in zip([*bounds[attr], INF], values[:-1], strict=True):
+                    cumulative += n
+                    buckets.append((floatToGoString(bound), cumulative))
+                family.add_metric(list(key), buckets, values[-1])
+                created = self._created.get(key) if self.directory is None else None
+                if created is not None:  # what a prometheus_client Histogram shows per child
+                    labels = dict(zip(LABELS, key, strict=True))
+                    family.samples.append(Sample(PREFIX + name + "_created", labels, created))
+            yield family
