@@ -177,6 +177,28 @@ class UnsupportedByEngine(InvalidRequest):
                          f"-e guided_decoding_backend={accepted_by}")
 
 
+class GrammarCompileTimeout(InvalidRequest):
+    """A request's grammar did not compile within the time limit. The compile ran in a child
+    process that was killed at the limit, so nothing of it keeps running; the fix is a simpler
+    grammar (or a larger limit for a trusted client)."""
+
+    def __init__(self, field: str, kind: str, engine: str, timeout: float):
+        self.engine = engine
+        self.timeout = timeout
+        super().__init__(field, f"the {kind} grammar did not compile within {timeout:g} s ({engine}); "
+                         "simplify it")
+
+
+class GrammarCompileCrashed(InvalidRequest):
+    """The grammar compiler died (a signal, out of memory) while compiling a request's grammar in
+    its child process; the server itself is unaffected and the grammar is refused."""
+
+    def __init__(self, field: str, kind: str, engine: str, exitcode: int | None):
+        self.engine = engine
+        super().__init__(field, f"the {kind} grammar made the compiler ({engine}) exit with code "
+                         f"{exitcode}; simplify it")
+
+
 class ContextLengthExceeded(InvalidRequest):
     """Prompt plus requested tokens do not fit in the model's context window."""
 

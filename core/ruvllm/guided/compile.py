@@ -1,29 +1,44 @@
 """Grammar compilation: once per (engine, grammar, tokenizer), with a time limit, cached.
 
 Compiling binds a grammar to the whole vocabulary (llguidance: ~2-3 ms for a typical schema at
-49k tokens; xgrammar, which precomputes its masks: ~1 ms to ~1.5 s depending on the strings
-and regexes in it; far more for a pathological one). The compiled template is kept and each
-request gets a fresh matcher from it, so a schema sent again and again (the usual case: one
-schema per application) is compiled once. The key is (engine, language, source text, the
-engine's vocabulary object): the same schema under the two engines is two entries. Compilation
-runs on a worker thread (both engines drop the GIL) and is abandoned after ``timeout`` seconds
-with a 400 naming the field, so that one hostile schema cannot stall the server.
+49k tokens, ~2 s for 3000 properties each with an anyOf; xgrammar, which precomputes its masks:
+~1 ms to ~1.5 s depending on the strings and regexes in it, 24 s for 40 long bounded strings).
+The compiled template is kept and each request gets a fresh matcher from it, so a schema sent
+again and again (the usual case: one schema per application) is compiled once. The key is
+(engine, language, source text, the engine's vocabulary object): the same schema under the two
+engines is two entries.
+
+Neither library can stop a compile at a time limit (llguidance's ``LLParserLimits`` bound sizes
+and lexer fuel, not time; xgrammar has no limit, mlc-ai/xgrammar#298), and a thread cannot be
+stopped: a compile abandoned after its timeout used to keep one of the two compile threads busy,
+so two hostile schemas stalled every later compile. Each compile therefore runs in a forked child
+process (it inherits the engine's vocabulary, nothing is re-imported or rebuilt; ~15 ms for a
+typical schema) that is killed at ``timeout`` seconds with :class:`~ruvllm.errors.GrammarCompileTimeout`
+(a 400 naming the field). An engine with a portable form of a compiled grammar (xgrammar's JSON)
+hands the child's result back; otherwise (llguidance, whose compile is lazy and cheap once shown to
+finish) the parent compiles the grammar again after the child has shown it compiles in time. A
+grammar the child failed to compile is compiled in the parent too, which raises the engine's own
+typed error (a fast failure, as the child's was).
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
+import multiprocessing
 import threading
+from multiprocessing.connection import Connection
 from typing import Any
 
-from ruvllm.errors import InvalidRequest
+from ruvllm.errors import GrammarCompileCrashed, GrammarCompileTimeout
 from ruvllm.guided.engine import DEFAULT_ENGINE, GrammarEngine, GuidedMatcher, get_engine
 from ruvllm.guided.grammar import GrammarSpec
 from ruvllm.tokenizer import Tokenizer
 
 #: Default limit on one grammar's compilation (seconds), whichever the engine.
 COMPILE_TIMEOUT = 10.0
+#: Compiles running at once (each in its own child process); more wait for a slot, which every
+#: compile frees within its time limit. Two: the cores are shared with the forward pass.
+MAX_CONCURRENT_COMPILES = 2
 
 CacheKey = tuple[str, str, str, int]
 
@@ -38,7 +53,7 @@ class GrammarCache:
         # meanwhile.
         self._templates: collections.OrderedDict[CacheKey, tuple[Any, Any]] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="ruvllm-grammar")
+        self._slots = threading.BoundedSemaphore(MAX_CONCURRENT_COMPILES)
         self.hits = 0
         self.misses = 0
 
@@ -66,12 +81,56 @@ class GrammarCache:
         return eng.new_matcher(template)
 
     def _compile(self, engine: GrammarEngine, spec: GrammarSpec, vocabulary: Any) -> Any:
-        future = self._pool.submit(engine.compile, spec, vocabulary)
+        with self._slots:
+            compiled, data = compile_in_child(engine, spec, vocabulary, self.timeout)
+        if compiled and data is not None:
+            return engine.from_portable(data, vocabulary)
+        # Shown to compile in time (no portable form), or failed in the child: compiling here
+        # gives the template, or raises the engine's own typed error.
+        return engine.compile(spec, vocabulary)
+
+
+def _compile_child(conn: Connection, engine: GrammarEngine, spec: GrammarSpec, vocabulary: Any) -> None:
+    """The forked child's work: ``(True, portable form or None)`` once compiled, ``(False, None)``
+    when the compile raised (the parent reproduces the error with its type)."""
+    try:
+        data = engine.portable(engine.compile(spec, vocabulary))
+    except BaseException:
+        conn.send((False, None))
+    else:
+        conn.send((True, data))
+    conn.close()
+
+
+def compile_in_child(engine: GrammarEngine, spec: GrammarSpec, vocabulary: Any,
+                     timeout: float) -> tuple[bool, Any]:
+    """Compile ``spec`` in a forked child process, killed after ``timeout`` seconds.
+
+    Returns ``(compiled, portable form)`` (see :func:`_compile_child`). Raises
+    :class:`~ruvllm.errors.GrammarCompileTimeout` at the limit and
+    :class:`~ruvllm.errors.GrammarCompileCrashed` when the child dies without answering; in
+    every case the child is gone when this returns. Fork, not spawn: the child needs the engine's
+    vocabulary (built from the model's tokenizer, not picklable) and must not import the engine
+    library again (xgrammar: ~5 s)."""
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_compile_child, args=(send, engine, spec, vocabulary),
+                        name="ruvllm-grammar-compile", daemon=True)
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(timeout):
+            raise GrammarCompileTimeout(spec.field, spec.kind, engine.name, timeout)
         try:
-            return future.result(timeout=self.timeout)
-        except concurrent.futures.TimeoutError:
-            raise InvalidRequest(spec.field, f"the {spec.kind} grammar did not compile within "
-                                 f"{self.timeout:g} s ({engine.name}); simplify it") from None
+            return receive.recv()
+        except EOFError:  # the child died before answering
+            child.join()
+            raise GrammarCompileCrashed(spec.field, spec.kind, engine.name, child.exitcode) from None
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+        receive.close()
 
 
 _default: GrammarCache | None = None

@@ -83,8 +83,20 @@ class GrammarEngine(ABC):
     @abstractmethod
     def compile(self, spec: Any, vocabulary: Any) -> Any:
         """Compile ``spec`` (a GrammarSpec) against ``vocabulary`` into a reusable template.
-        Blocking, called on a worker thread under the cache's time limit; raises
+        Blocking, called in a child process under the cache's time limit; raises
         :class:`~ruvllm.errors.InvalidRequest` naming ``spec.field`` when it cannot compile."""
+
+    def portable(self, template: Any) -> Any:
+        """``template`` in a picklable form that :meth:`from_portable` turns back into it, or None
+        when the engine has none. Compiles run in a child process that is killed at the time
+        limit (:mod:`ruvllm.guided.compile`); with a portable form the child's result is used,
+        without one the parent compiles again once the child has shown that the grammar compiles
+        in time."""
+        return None
+
+    def from_portable(self, data: Any, vocabulary: Any) -> Any:
+        """The template :meth:`portable` made ``data`` from, bound to ``vocabulary``."""
+        raise NotImplementedError(f"{self.name} has no portable form of a compiled grammar")
 
     @abstractmethod
     def new_matcher(self, template: Any) -> GuidedMatcher:

@@ -104,6 +104,13 @@ class XGrammarEngine(GrammarEngine):
             what = "JSON schema" if spec.language == "json_schema" else f"{spec.kind} grammar"
             raise InvalidRequest(spec.field, f"is not a usable {what} for xgrammar: {reason}") from None
 
+    def portable(self, template: Any) -> str:
+        # Measured: a 13 MB form for a 2.6 s compile (a long pattern) costs ~0.7 s to write and read.
+        return template.serialize_json()
+
+    def from_portable(self, data: str, vocabulary: XGrammarVocabulary) -> Any:
+        return xgrammar.CompiledGrammar.deserialize_json(data, vocabulary.info)
+
     def new_matcher(self, template: Any) -> GuidedMatcher:
         return _Matcher(xgrammar.GrammarMatcher(template))
 
