@@ -64,7 +64,6 @@ class ToolPlan:
     grammar: GrammarSpec | None = None
     #: ``auto``: the model's own format (``hermes``, ``mistral``, ``llama3``, ``generic``).
     parser: str | None = None
-    parallel: bool = True
 
     @property
     def enforced(self) -> bool:
@@ -138,9 +137,9 @@ def plan_tools(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_call
     rendered = tuple(dict(t) for t in tools)
     choice = "auto" if tool_choice is None else tool_choice
     if choice == "none":
-        return ToolPlan("none", parsed, rendered, parallel=parallel)
+        return ToolPlan("none", parsed, rendered)
     if choice == "auto":
-        return ToolPlan("auto", parsed, rendered, parser=detect_parser(chat_template), parallel=parallel)
+        return ToolPlan("auto", parsed, rendered, parser=detect_parser(chat_template))
     if choice == "required":
         allowed = parsed
         mode = "required"
@@ -158,7 +157,7 @@ def plan_tools(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_call
     max_calls = None if parallel and mode == "required" else 1
     grammar = json_schema_grammar("tools", calls_schema(allowed, max_calls=max_calls),
                                   kind=f"tool_choice {mode}")
-    return ToolPlan(mode, parsed, rendered, grammar=grammar, parallel=parallel)
+    return ToolPlan(mode, parsed, rendered, grammar=grammar)
 
 
 def _call(name: Any, arguments: Any) -> ToolCall | None:

@@ -11,15 +11,13 @@ it with ``"model": "<adapter name>"`` (the pool turns that into ``GenerationPara
 The adapter changes on the engine's model thread between two steps (``ServingEngine.publish``),
 never in the middle of a forward pass; requests already running keep the version they started
 with (the backends guarantee that), and the engine's prefix cache separates adapter versions.
-An engine that is not a ServingEngine (a proxy to remote engines) offers the same through
-:class:`EngineAdapters`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
@@ -29,17 +27,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ruvllm.adapters import AdapterHost
 from ruvllm.errors import InvalidRequest, ModelError, ModelNotFound
 from ruvllm.server.model_pool import ModelPool
-
-
-@runtime_checkable
-class EngineAdapters(Protocol):
-    """Adapter management an AsyncEngine may offer itself (e.g. one that forwards to replicas)."""
-
-    def adapter_names(self) -> tuple[str, ...]: ...
-
-    async def load_adapter_async(self, name: str, path: str) -> None: ...
-
-    async def unload_adapter_async(self, name: str) -> None: ...
 
 
 class _PublishedAdapters:
@@ -62,7 +49,7 @@ class _PublishedAdapters:
 class AdapterControl:
     """Checked loading and unloading on one engine: bad paths and backend refusals are 400s."""
 
-    def __init__(self, target: EngineAdapters):
+    def __init__(self, target: _PublishedAdapters):
         self.target = target
 
     async def load(self, name: str, path: str) -> None:
@@ -80,8 +67,6 @@ class AdapterControl:
 
 def adapter_control(engine: Any) -> AdapterControl:
     """How adapters change on ``engine``; InvalidRequest (400) when its backend has no LoRA."""
-    if isinstance(engine, EngineAdapters):
-        return AdapterControl(engine)
     backend = getattr(engine, "backend", None)
     if (backend is not None and hasattr(engine, "publish") and isinstance(backend, AdapterHost)
             and hasattr(backend, "load_adapter") and engine.capabilities.lora):

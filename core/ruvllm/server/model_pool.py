@@ -176,9 +176,6 @@ class ModelPool:
     def adapter_owner(self, adapter: str) -> ModelEntry | None:
         return self._adapters.get(adapter)
 
-    def adapters_of(self, entry: ModelEntry) -> list[str]:
-        return [a for a, e in self._adapters.items() if e is entry]
-
     def add_adapter(self, entry: ModelEntry, adapter: str, path: str) -> None:
         """Record an adapter loaded at runtime onto ``entry``'s engine."""
         self._claim_adapter(adapter, entry)
