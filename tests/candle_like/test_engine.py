@@ -3,10 +3,8 @@ greedy tokens as the request-level path, and every request is isolated."""
 
 from __future__ import annotations
 
-import pytest
+import ruvllm.engine as engine_mod
 from ruvllm.types import GenerationParams
-
-engine_mod = pytest.importorskip("ruvllm.engine")
 
 
 def test_engine_batches_through_the_executor(backend_fp32):

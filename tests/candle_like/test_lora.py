@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import ruvllm.engine as engine_mod
 import torch
 from ruvllm.errors import InvalidRequest
 from ruvllm.types import GenerationParams
 from ruvllm_candle_like.kv_contiguous import ContiguousCache
 from ruvllm_candle_like.lora import LoraPlan, build_adapter, load_peft, projection_shapes
 from ruvllm_candle_like.projection import Projection
-
-engine_mod = pytest.importorskip("ruvllm.engine")
 
 PROMPT = "The capital of France is"
 GREEDY = GenerationParams(max_tokens=12)

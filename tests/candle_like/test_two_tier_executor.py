@@ -8,13 +8,12 @@ from __future__ import annotations
 import attrs
 import numpy as np
 import pytest
+import ruvllm.engine as engine_mod
 import torch
 from ruvllm.executor import BatchEntry
 from ruvllm.types import GenerationParams
 from ruvllm_candle_like.backend import CandleLikeBackend
 from ruvllm_candle_like.kv_two_tier import PackedTensor, dequantize
-
-engine_mod = pytest.importorskip("ruvllm.engine")
 
 BLOCK = 4
 PROMPTS = ("The capital of France is a city that", "def add(a, b):\n    return a + b\n\ndef",

@@ -119,8 +119,6 @@ def test_engine_requests_choose_their_adapter(lora_backend, tmp_path, make_adapt
     import attrs
     from ruvllm.engine import EngineOptions, ServingEngine
 
-    if "adapter" not in attrs.fields_dict(GenerationParams):
-        pytest.skip("this ruvllm core has no GenerationParams.adapter")
     ids = lora_backend.tokenizer.encode(PROMPT)
     lora_backend.load_adapter("style", make_adapter(tmp_path / "style", seed=1))
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import ruvllm.engine as engine_mod
 from ruvllm import GenerationParams
 from ruvllm.errors import BackendError, InvalidRequest
 from ruvllm.executor import BatchEntry, BatchExecutor
@@ -120,7 +121,6 @@ def test_max_sequences_is_enforced(backend):
 
 
 def test_serving_engine_batches_requests(backend, chat_ids):
-    engine_mod = pytest.importorskip("ruvllm.engine", reason="the ServingEngine is not available")
     prompts = chat_ids[:3]
     expected = [single_greedy(backend, ids, 4) for ids in prompts]
     params = GenerationParams(max_tokens=4, ignore_eos=True)
