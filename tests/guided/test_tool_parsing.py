@@ -8,8 +8,8 @@ import json
 import pytest
 from ruvllm.errors import InvalidRequest
 from ruvllm.guided.grammar import from_extensions, from_response_format
-from ruvllm.guided.openai_format import ToolChatFormatter
 from ruvllm.guided.tools import detect_parser, hold_back, plan_tools, split_tool_calls
+from ruvllm.server.tool_responses import ToolChatFormatter
 from ruvllm.types import TokenOutput
 
 ADD = {"type": "function", "function": {"name": "add", "parameters": {

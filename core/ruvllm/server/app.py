@@ -59,6 +59,7 @@ from ruvllm.server.schemas import (
 )
 from ruvllm.server.sse import DONE, SSEResponse, sse_event
 from ruvllm.server.tokenizer_info import tokenizer_info
+from ruvllm.server.tool_responses import ToolChatFormatter
 from ruvllm.serving import AsyncEngine, RequestHandle
 from ruvllm.tokenizer import require_encodable
 from ruvllm.types import FinishReason, GenerationParams, GenerationResult, TokenOutput
@@ -398,8 +399,6 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
         jobs = [(i, 0, ids, seeded(params, i)) for i in range(body.n)]
         choices = await submit_all(engine, jobs, "chatcmpl", procs,
                                    scheduling=submit_options(body.priority, body.cache_salt, engine))
-        from ruvllm.guided.openai_format import ToolChatFormatter  # it imports server.responses
-
         fmt = responses.ChatFormatter(choices[0].handle.request_id.rsplit("-", 1)[0],
                                       served.model_name, engine.tokenizer, params.logprobs) \
             if not constraint.tools.parses_output else ToolChatFormatter(

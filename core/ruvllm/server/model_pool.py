@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 
 from ruvllm.errors import InvalidRequest, ModelNotFound, Overloaded
+from ruvllm.server.adapter_control import adapter_control
 from ruvllm.serving import AsyncEngine
 
 log = logging.getLogger(__name__)
@@ -253,8 +254,6 @@ class ModelPool:
             hook(entry)
 
     async def _load_adapters(self, entry: ModelEntry, engine: AsyncEngine) -> None:
-        from ruvllm.server.lora import adapter_control
-
         entry.adapters = {}
         if not entry.spec.adapters:
             return

@@ -5,6 +5,9 @@ before a tool call streams as ``content``; text that is (or may be the start of)
 held back and, once the choice finishes, sent as ``delta.tool_calls`` (``index``, ``id``,
 ``type``, ``function.name``, ``function.arguments``) with ``finish_reason: "tool_calls"``.
 Enforced calls (``required`` / named) never stream content.
+
+A server formatter, so it lives in ``server/`` (it used to sit in ``guided/``, which then imported
+the server: an upward import that the layering check, tests/core/test_layering.py, refuses).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 from ruvllm.guided.tools import ToolPlan, hold_back, split_tool_calls
 from ruvllm.server.responses import ChatFormatter
+from ruvllm.server.sse import sse_event
 from ruvllm.types import TokenOutput
 
 
@@ -34,8 +38,6 @@ class ToolChatFormatter(ChatFormatter):
         return self._text_chunk(index, text[sent:ready])
 
     def token_event(self, index: int, out: TokenOutput) -> str | None:
-        from ruvllm.server.sse import sse_event
-
         chunk = self.token(index, out)
         return None if chunk is None else sse_event(chunk)
 
