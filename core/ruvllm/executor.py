@@ -11,9 +11,13 @@ Two KV layouts exist:
   ``block_table`` says which block holds positions ``[i*block_size, (i+1)*block_size)``.
   Sharing a cached prefix is sharing blocks; :meth:`BatchExecutor.copy_blocks` serves
   copy-on-write.
-- ``per_sequence``: the engine underneath keeps KV per sequence id (llama.cpp). Block tables
-  are still given, so capacity accounting is identical, and a cached prefix is shared by
-  :meth:`BatchExecutor.copy_prefix` from the sequence that holds it.
+- ``per_sequence``: the engine underneath keeps KV per sequence id (llama.cpp, MLX). Block
+  tables are still given, so capacity accounting is identical; a cached prefix is shared by
+  :meth:`BatchExecutor.copy_prefix` from the sequence that holds it, and a finished sequence
+  kept for its cached prefix is cut to it with :meth:`BatchExecutor.trim`. The engine's block
+  count is the executor's whole KV: the executor must hold no position the engine did not
+  allocate (an executor that shares a copied prefix's memory, as llama.cpp's unified pool
+  does, matches the engine's shared blocks exactly).
 """
 
 from __future__ import annotations
@@ -74,6 +78,10 @@ class BatchExecutor(Protocol):
     def copy_prefix(self, src_seq_id: int, dst_seq_id: int, num_tokens: int) -> None:
         """Give ``dst`` the KV of the first ``num_tokens`` positions of ``src``
         (``per_sequence`` layout)."""
+        ...
+
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        """Keep only the first ``num_tokens`` positions of ``seq_id`` (``per_sequence`` layout)."""
         ...
 
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:

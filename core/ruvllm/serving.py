@@ -48,6 +48,10 @@ class MetricsSnapshot:
     running: int
     waiting: int
     kv_usage: float  # fraction of KV blocks in use, 0..1
+    #: Tokens the engine's KV pool holds, and of those, held by running requests (0 on the
+    #: request-level path, which keeps no KV of its own).
+    kv_capacity_tokens: int = 0
+    kv_used_tokens: int = 0
     prefix_cache_queries: int  # tokens looked up in the prefix cache
     prefix_cache_hits: int  # of those, tokens found
     preemptions: int

@@ -27,6 +27,7 @@ from ruvllm.types import GenerationParams, SampledToken
 from ruvllm_llamacpp import LlamaCppBackend
 from ruvllm_llamacpp.executor import LlamaCppExecutor
 from ruvllm_llamacpp.kv import SEQ, SequenceKV
+from ruvllm_llamacpp.kv_pool import plan_pool
 
 #: llama.cpp's LLAMA_DEFAULT_SEED, what an engine sampler uses when nobody passes a seed.
 ENGINE_DEFAULT_SEED = 0xFFFFFFFF
@@ -316,9 +317,65 @@ class SlotOrderRowsLlamaCppBackend(LlamaCppBackend):
         return executor
 
 
+# ------------------------------------- 13. the head of a long prompt silently dropped (a window)
+
+#: What the sliding-window mutant keeps of each sequence: far less than any stated context.
+SLIDING_WINDOW = 256
+
+
+class _SlidingWindowExecutor(LlamaCppExecutor):
+    def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
+        """The bug: before each step a sequence keeps only its last ``SLIDING_WINDOW`` positions
+        (what a "context shift" does when it runs out of room), so a long prompt is answered
+        from its tail while the request reports every prompt token as used."""
+        for e in batch:
+            end = e.start_pos + len(e.tokens)
+            if end > SLIDING_WINDOW:
+                self._lib.llama_memory_seq_rm(self._mem, e.seq_id, 0, end - SLIDING_WINDOW)
+        return super().execute(batch)
+
+
+class SlidingWindowLlamaCppBackend(LlamaCppBackend):
+    """llama.cpp whose executor keeps a sliding window of 256 positions per sequence: long
+    prompts "succeed" with their head dropped."""
+
+    name: ClassVar[str] = "llamacpp-sliding-window"
+
+    def create_executor(self, *, max_sequences: int, block_size: int) -> LlamaCppExecutor:
+        executor = super().create_executor(max_sequences=max_sequences, block_size=block_size)
+        executor.__class__ = _SlidingWindowExecutor
+        return executor
+
+
+# ------------------------------------------- 14. a pool that fails requests instead of queueing
+
+#: Cells the over-claiming mutant really allocates.
+REAL_CELLS = 512
+
+
+class OverclaimedPoolLlamaCppBackend(LlamaCppBackend):
+    """llama.cpp whose executor tells the engine its pool holds what the budget asks for while
+    it allocates 512 cells: when demand passes 512 tokens, llama.cpp finds no free cell and
+    the step's requests fail (llama-server answers 500 there) instead of waiting their turn."""
+
+    name: ClassVar[str] = "llamacpp-overclaimed-pool"
+
+    def create_executor(self, *, max_sequences: int, block_size: int) -> LlamaCppExecutor:
+        claimed = plan_pool(n_ctx=self.n_ctx, sequences=max_sequences,
+                            bytes_per_token=self.kv_bytes_per_token, budget_mib=self.options.kv_budget_mib)
+        executor = LlamaCppExecutor(
+            self.llama_cpp, self.model_handle, owner=self, pool=attrs.evolve(claimed, tokens=REAL_CELLS),
+            max_sequences=max_sequences, block_size=block_size, max_batch_tokens=self.n_batch,
+            n_threads=self.options.n_threads, n_vocab=self.tokenizer.vocab_size, flash_attn=self.flash_attn)
+        executor.num_blocks = claimed.tokens // block_size
+        executor.max_seq_len = claimed.per_request // block_size * block_size
+        return executor
+
+
 MUTANTS = (
     KeptKvLlamaCppBackend, PositionsContinueLlamaCppBackend, FirstTokenPrefixLlamaCppBackend,
     StopsOneShortLlamaCppBackend, PerTokenStopLlamaCppBackend, EosBannedLlamaCppBackend,
     FixedSeedLlamaCppBackend, DropsHeldBackLlamaCppBackend, TemperatureIgnoredLlamaCppBackend,
     OverlongLeavesKvLlamaCppBackend, StaleKvLlamaCppBackend, SlotOrderRowsLlamaCppBackend,
+    SlidingWindowLlamaCppBackend, OverclaimedPoolLlamaCppBackend,
 )

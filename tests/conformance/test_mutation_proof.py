@@ -83,6 +83,11 @@ MUTATIONS = (
     Mutation(11, M.StaleKvLlamaCppBackend, ("TestEngine::test_slot_reuse_keeps_each_request_its_rows",)),
     Mutation(12, M.SlotOrderRowsLlamaCppBackend,
              ("TestEngine::test_slot_reuse_keeps_each_request_its_rows",)),
+    Mutation(13, M.SlidingWindowLlamaCppBackend,
+             ("TestKvPool::test_prompt_near_the_context_is_answered_from_all_of_it",),
+             ("--ruvllm-max-context", "512")),
+    Mutation(14, M.OverclaimedPoolLlamaCppBackend,
+             ("TestKvPool::test_demand_beyond_the_pool_completes_every_request",)),
 )
 
 

@@ -259,6 +259,10 @@ class ToyExecutor:
     def copy_prefix(self, src_seq_id: int, dst_seq_id: int, num_tokens: int) -> None:
         self._cells[dst_seq_id] = list(self._cells.get(src_seq_id, ())[:num_tokens])
 
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        if seq_id in self._cells:
+            del self._cells[seq_id][num_tokens:]
+
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
         raise NotImplementedError("the per_sequence layout never copies blocks")
 

@@ -91,12 +91,20 @@ class PagedFakeExecutor:
     def copy_prefix(self, src_seq_id: int, dst_seq_id: int, num_tokens: int) -> None:
         raise AssertionError("paged executor asked for a per-sequence copy")
 
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        raise AssertionError("paged executor asked for a per-sequence trim")
+
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
         for src, dst in pairs:
             self.kv[dst] = self.kv[src]
 
 
 class PerSeqFakeExecutor:
+    """A per-sequence executor over one pool of ``num_blocks * block_size`` cells, as llama.cpp's
+    unified KV: a sequence's positions are cells, a copied prefix shares its cells, and a step
+    that needs more cells than the pool has left fails (the engine's accounting let the
+    executor's KV outgrow what it allocated)."""
+
     kv_layout = "per_sequence"
 
     def __init__(self, num_blocks: int = 64, block_size: int = 4, max_batch_tokens: int = 64,
@@ -105,27 +113,48 @@ class PerSeqFakeExecutor:
         self.num_blocks = num_blocks
         self.max_batch_tokens = max_batch_tokens
         self.max_sequences = max_sequences
+        #: Per sequence: the cell of each position it holds.
         self.seqs: dict[int, list[int]] = {}
+        #: Cell -> the token it holds (cells alive while any sequence holds them).
+        self.cells: dict[int, int] = {}
+        self._next_cell = 0
         self.freed: list[int] = []
+
+    @property
+    def cells_used(self) -> int:
+        return len({c for cells in self.seqs.values() for c in cells})
+
+    def tokens(self, seq_id: int) -> list[int]:
+        return [self.cells[c] for c in self.seqs.get(seq_id, [])]
 
     def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
         assert sum(len(e.tokens) for e in batch) <= self.max_batch_tokens, "batch over budget"
+        new, pool = sum(len(e.tokens) for e in batch), self.num_blocks * self.block_size
+        assert self.cells_used + new <= pool, f"no free KV cell: {self.cells_used} held + {new} new > {pool}"
         rows = []
         for e in batch:
             assert 0 <= e.seq_id < self.max_sequences, "sequence id outside the context's range"
-            hist = self.seqs.setdefault(e.seq_id, [])
-            assert e.start_pos == len(hist), f"seq {e.seq_id}: start {e.start_pos} != {len(hist)} held"
-            hist.extend(e.tokens)
+            held = self.seqs.setdefault(e.seq_id, [])
+            assert e.start_pos == len(held), f"seq {e.seq_id}: start {e.start_pos} != {len(held)} held"
+            for t in e.tokens:
+                self.cells[self._next_cell] = t
+                held.append(self._next_cell)
+                self._next_cell += 1
             if e.sample:
-                rows.append(fake_logits(hist))
+                rows.append(fake_logits(self.tokens(e.seq_id)))
         return np.stack(rows) if rows else np.zeros((0, VOCAB), np.float32)
 
     def free(self, seq_id: int) -> None:
         self.seqs.pop(seq_id, None)
         self.freed.append(seq_id)
 
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        del self.seqs[seq_id][num_tokens:]
+
     def copy_prefix(self, src_seq_id: int, dst_seq_id: int, num_tokens: int) -> None:
-        self.seqs[dst_seq_id] = list(self.seqs[src_seq_id][:num_tokens])
+        src = self.seqs[src_seq_id]
+        assert len(src) >= num_tokens, f"seq {src_seq_id} holds {len(src)} positions, not {num_tokens}"
+        self.seqs[dst_seq_id] = list(src[:num_tokens])
 
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
         raise AssertionError("per-sequence executor asked for a block copy")

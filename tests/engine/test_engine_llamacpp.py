@@ -1,12 +1,21 @@
-"""The ServingEngine on the real llama.cpp executor and the embedded model."""
+"""The ServingEngine on the real llama.cpp executor and the embedded model.
+
+The executor's KV is one unified pool: a sequence's logits depend slightly on where its cells
+sit and what else occupies the pool (attention sums group values by cell), so the engine's
+tokens are compared with the request-level context's under the isolation rule
+(:mod:`ruvllm.testing.isolation`): the request-level context is teacher-forced on the engine's
+tokens, and the engine may pick another token only at a near-tie of that solo row.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from ruvllm.config import default_cache_dir
 from ruvllm.engine import EngineOptions, ServingEngine
-from ruvllm.generation import GenerationStream, RequestOutputBuilder
+from ruvllm.executor import BatchEntry
 from ruvllm.registry import resolve
+from ruvllm.testing.isolation import LogitsRecorder, NearTieRule
 from ruvllm.types import GenerationParams
 
 ruvllm_llamacpp = pytest.importorskip("ruvllm_llamacpp")
@@ -29,10 +38,37 @@ def backend():
     b.close()
 
 
-def alone(backend, ids, params):
-    """Request-level reference: the backend's own generate(), one request at a time."""
-    builder = RequestOutputBuilder(backend.tokenizer, ids, params)
-    return GenerationStream(backend.generate(ids, params), builder).collect().token_ids
+def solo_rows(backend, prompt, tokens) -> list[np.ndarray]:
+    """The request-level context's logits before each of ``tokens``, teacher-forced on them."""
+    kv = backend.sequence
+    kv.clear()
+    try:
+        rows = [np.array(kv.decode(prompt))]
+        rows += [np.array(kv.decode([t])) for t in tokens[:-1]]
+    finally:
+        kv.clear()
+    return rows
+
+
+def run_recorded(eng, prompts, params):
+    """Submit every prompt at once, each with a recorder of the rows the engine sampled from."""
+    recorders = [LogitsRecorder() for _ in prompts]
+    handles = [eng.submit_sync(p, params, logits_processors=[r])
+               for p, r in zip(prompts, recorders, strict=True)]
+    return [h.result() for h in handles], recorders
+
+
+def assert_solo_within_near_ties(backend, prompts, results, recorders):
+    rule = NearTieRule()
+    problems = []
+    for prompt, result, recorder in zip(prompts, results, recorders, strict=True):
+        assert result.token_ids, result
+        reference = solo_rows(backend, prompt, result.token_ids)
+        for k, (ref, got) in enumerate(zip(reference, recorder.rows, strict=True)):
+            d = rule.compare_row(k, ref, got)
+            if d is not None and not d.allowed:
+                problems.append(d.describe(backend.tokenizer.token_text))
+    assert not problems, "\n".join(problems)
 
 
 def test_backend_offers_an_executor_and_engine_uses_it(backend):
@@ -46,10 +82,9 @@ def test_batched_engine_output_equals_request_level_generate(backend):
     params = GenerationParams(max_tokens=12)
     ids = [backend.tokenizer.encode(p) for p in PROMPTS]
     with ServingEngine(backend, EngineOptions(max_num_seqs=4), owns_backend=False) as eng:
-        results = eng.generate_sync(ids, params)
+        results, recorders = run_recorded(eng, ids, params)
         assert eng.metrics().kv_usage == 0.0
-    for i, r in zip(ids, results, strict=True):
-        assert r.token_ids == alone(backend, i, params)
+    assert_solo_within_near_ties(backend, ids, results, recorders)
 
 
 def test_chunked_prefill_equals_one_shot_prefill(backend):
@@ -57,8 +92,8 @@ def test_chunked_prefill_equals_one_shot_prefill(backend):
     ids = backend.tokenizer.encode(LONG)
     assert len(ids) >= 30  # several 7-token chunks
     with ServingEngine(backend, EngineOptions(max_num_seqs=2, max_batch_tokens=7), owns_backend=False) as eng:
-        chunked = eng.generate_sync([ids], params)[0]
-    assert chunked.token_ids == alone(backend, ids, params)
+        results, recorders = run_recorded(eng, [ids], params)
+    assert_solo_within_near_ties(backend, [ids], results, recorders)
 
 
 def test_preemption_by_recompute_on_the_real_model(backend):
@@ -67,11 +102,10 @@ def test_preemption_by_recompute_on_the_real_model(backend):
     # 6 blocks of 16 tokens cannot hold 4 requests of ~8 + 24 tokens at once.
     opts = EngineOptions(max_num_seqs=4, num_blocks=6, watermark=0.0, enable_prefix_caching=False)
     with ServingEngine(backend, opts, owns_backend=False) as eng:
-        results = eng.generate_sync(ids, params)
+        results, recorders = run_recorded(eng, ids, params)
         assert eng.metrics().preemptions > 0
         assert eng.metrics().kv_usage == 0.0
-    for i, r in zip(ids, results, strict=True):
-        assert r.token_ids == alone(backend, i, params)
+    assert_solo_within_near_ties(backend, ids, results, recorders)
 
 
 def test_prefix_cache_copy_from_a_donor_sequence(backend):
@@ -80,20 +114,15 @@ def test_prefix_cache_copy_from_a_donor_sequence(backend):
     ids = [[*system, *backend.tokenizer.encode(q, add_special=False)] for q in (" Why?", " How?")]
     with ServingEngine(backend, EngineOptions(max_num_seqs=2, prefix_donor_slots=1),
                        owns_backend=False) as eng:
-        first = eng.generate_sync([ids[0]], params)[0]
-        second = eng.generate_sync([ids[1]], params)[0]  # served from the first one's donor KV
+        first, first_rows = run_recorded(eng, [ids[0]], params)
+        second, second_rows = run_recorded(eng, [ids[1]], params)  # from the first one's donor KV
         m = eng.metrics()
         assert m.prefix_cache_hits >= 16
-    assert first.token_ids == alone(backend, ids[0], params)
-    assert second.token_ids == alone(backend, ids[1], params)
+    assert_solo_within_near_ties(backend, ids, first + second, first_rows + second_rows)
 
 
 def test_executor_rows_follow_entry_order_whatever_the_sequence_ids(backend):
-    """The executor runs entries in ascending sequence id (one llama.cpp micro-batch) but must
-    return logits rows in the caller's entry order."""
-    import numpy as np
-    from ruvllm.executor import BatchEntry
-
+    """The executor returns logits rows in the caller's entry order, whatever the ids."""
     ids = [backend.tokenizer.encode(p) for p in PROMPTS[:3]]
     seqs = (2, 0, 1)  # caller order differs from id order
 
@@ -110,7 +139,7 @@ def test_executor_rows_follow_entry_order_whatever_the_sequence_ids(backend):
     shuffled, in_order = run((0, 1, 2)), run((1, 2, 0))  # (2, 0, 1) vs (0, 1, 2)
     for s in seqs:
         assert int(np.argmax(shuffled[s])) == int(np.argmax(in_order[s]))
-        np.testing.assert_allclose(shuffled[s], in_order[s], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(shuffled[s], in_order[s], rtol=1e-3, atol=1e-3)
     # Different prompts give different rows: a mix-up of rows would be caught above.
     assert not np.allclose(shuffled[0], shuffled[1])
 
@@ -126,33 +155,31 @@ def test_slot_pool_hands_out_the_lowest_free_slot():
     assert pool.acquire() is None
 
 
-def test_executor_bridges_a_hole_in_sequence_ids_without_touching_the_absent_sequence(backend):
-    """Sequences 0 and 2 decode while 1 (a donor, say) sits between them: the step is bridged
-    with a throw-away token in 1, which must change neither 0's and 2's tokens nor 1's KV."""
-    import numpy as np
-    from ruvllm.executor import BatchEntry
-
-    params = GenerationParams(max_tokens=6)
-    ids = [backend.tokenizer.encode(p) for p in PROMPTS[:3]]
-    ex = backend.create_executor(max_sequences=3, block_size=16)
+def test_a_copied_prefix_shares_cells_and_a_trim_frees_them():
+    """One pool of 256 cells: a 200-token prefix copied to two more sequences takes no cell
+    (three private copies would need 600), and trimming and freeing them gives the cells back
+    to a new 230-token prompt. llama.cpp refuses a step it has no cells for, so each step
+    passing is the proof."""
+    b = ruvllm_llamacpp.LlamaCppBackend.load(resolve("default", default_cache_dir()),
+                                             {"n_ctx": 256, "n_threads": 1, "kv_budget_mib": 1})
     try:
-        def entry(seq, tokens, start):
-            return BatchEntry(seq_id=seq, tokens=tuple(tokens), start_pos=start, block_table=[], sample=True)
-
-        first = ex.execute([entry(s, ids[s], 0) for s in range(3)])
-        donor_len = ex.seq_len(1)
-        donor_next = int(np.argmax(first[1]))
-        out = {0: [int(np.argmax(first[0]))], 2: [int(np.argmax(first[2]))]}
-        for _ in range(params.max_tokens - 1):
-            logits = ex.execute([entry(s, [out[s][-1]], len(ids[s]) + len(out[s]) - 1) for s in (2, 0)])
-            out[2].append(int(np.argmax(logits[0])))
-            out[0].append(int(np.argmax(logits[1])))
-            assert ex.seq_len(1) == donor_len  # the filler token was removed again
-        # The donor's KV is intact: its next step gives what its prompt alone gives.
-        again = ex.execute([entry(1, [donor_next], donor_len)])
-        expected = alone(backend, ids[1], GenerationParams(max_tokens=2))
-        assert [donor_next, int(np.argmax(again[0]))] == list(expected)
-    finally:
+        ex = b.create_executor(max_sequences=4, block_size=16)
+        assert ex.pool.tokens == 256
+        tokens = (b.tokenizer.encode(LONG) * 12)[:230]
+        prefix = tokens[:200]
+        ex.execute([BatchEntry(seq_id=0, tokens=tuple(prefix), start_pos=0, block_table=[], sample=True)])
+        for dst in (1, 2):
+            ex.copy_prefix(0, dst, 192)
+        step = [BatchEntry(seq_id=s, tokens=(prefix[192 + s],), start_pos=192, block_table=[],
+                           sample=True) for s in (1, 2)]
+        ex.execute(step)  # 200 + 2 cells in use: the copies share the first 192
+        assert ex.seq_len(1) == ex.seq_len(2) == 193
+        ex.trim(0, 16)
+        for s in (1, 2):
+            ex.free(s)
+        ex.execute([BatchEntry(seq_id=3, tokens=tuple(tokens), start_pos=0, block_table=[],
+                               sample=True)])
+        assert ex.seq_len(0) == 16 and ex.seq_len(3) == 230
         ex.close()
-    assert out[0] == list(alone(backend, ids[0], params))
-    assert out[2] == list(alone(backend, ids[2], params))
+    finally:
+        b.close()

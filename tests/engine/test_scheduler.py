@@ -36,8 +36,7 @@ def make(executor, *, budget=64, max_seqs=8, policy="fcfs", prefix=True, aging=5
 def step(sched: Scheduler, executor, on_admit=None):
     """One engine iteration with greedy sampling; returns the plan."""
     plan = sched.schedule()
-    for slot in sched.take_released_slots():
-        executor.free(slot)
+    apply_released(sched, executor)
     assert plan.num_tokens <= sched.config.max_batch_tokens
     assert len(sched.running) <= sched.config.max_num_seqs
     if not plan:
@@ -62,10 +61,17 @@ def step(sched: Scheduler, executor, on_admit=None):
         if tok == EOS or req.num_output >= req.max_tokens:
             sched.finish(req)
     sched.end_step()
-    for slot in sched.take_released_slots():
-        executor.free(slot)
+    apply_released(sched, executor)
     sched.blocks.check_invariants()
     return plan
+
+
+def apply_released(sched: Scheduler, executor) -> None:
+    for slot, keep in sched.take_released_slots():
+        if keep:
+            executor.trim(slot, keep)
+        else:
+            executor.free(slot)
 
 
 def run_all(sched, executor, reqs, max_steps=5000):

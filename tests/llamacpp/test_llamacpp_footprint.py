@@ -2,8 +2,10 @@
 
 It held 2.1 GB resident: 1.6 GiB of KV (18 sequences x n_ctx 4096, allocated whole at start-up),
 90 MiB of an unused request-level context and ~210 MB of torch imported by other plugins'
-registration. The executor's KV now comes from ``kv_budget_mib``, the request-level context is
-created by the first ``generate()``, and discovery imports no engine.
+registration. Then 18 slices of 512 tokens met the bound and refused every longer request. The
+executor's KV is now one pool of ``kv_budget_mib`` shared by every request (each may use the
+model's whole context), the request-level context is created by the first ``generate()``, and
+discovery imports no engine.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ruvllm.errors import InvalidRequest
 from ruvllm.models import ModelSource
 from ruvllm.types import GenerationParams
 from ruvllm_llamacpp import LlamaCppBackend
-from ruvllm_llamacpp.kv_budget import MIB, plan_kv
+from ruvllm_llamacpp.kv_pool import plan_pool
 
 #: The embedded SmolLM2-135M: 30 layers x 3 KV heads x (64 + 64) dims x 2 bytes (f16).
 SMOLLM2_KV_BYTES = 30 * 3 * 128 * 2
@@ -72,41 +74,48 @@ def test_serve_stays_under_the_small_machine_bound(serve_process):
     assert serve_process["rss_mb"] < SERVE_RSS_LIMIT_MB, serve_process
 
 
-def test_serve_states_the_kv_budget_and_the_window(serve_process):
+def test_serve_states_the_pool_and_gives_one_request_the_whole_context(serve_process):
     banner = serve_process["banner"]
-    assert "up to 512 tokens" in banner and serve_process["context_length"] == 512
-    assert "KV cache: 512 tokens x 18 sequences = 202.5 MiB (kv_budget_mib = 256" in banner
-    assert "kv_budget_mib = 1620 gives every sequence all of it" in banner
+    # The embedded model was trained on 8,192 tokens: one request may use all of them.
+    assert serve_process["context_length"] == 8192 and "up to 8192 tokens" in banner
+    assert ("KV pool: 11520 tokens x 22.50 KiB (f16) = 253.1 MiB, shared by all requests; one "
+            "request may use 8192 tokens (kv_budget_mib = 256)") in banner
 
 
 # -- the plan -----------------------------------------------------------------------------------
 def test_the_default_budget_on_the_embedded_model():
-    kv = plan_kv(n_ctx=4096, sequences=18, bytes_per_token=SMOLLM2_KV_BYTES, budget_mib=256)
-    assert (kv.tokens, kv.sequences, kv.total_bytes) == (512, 18, int(202.5 * MIB))
-    assert not kv.over_budget
+    pool = plan_pool(n_ctx=8192, sequences=18, bytes_per_token=SMOLLM2_KV_BYTES, budget_mib=256)
+    assert (pool.tokens, pool.per_request, pool.total_bytes) == (11520, 8192, 11520 * SMOLLM2_KV_BYTES)
+    assert not pool.over_budget and "lets one request use all of it" not in pool.describe()
 
 
-def test_no_budget_or_a_large_one_gives_every_sequence_n_ctx():
-    for budget in (0, 2048):
-        kv = plan_kv(n_ctx=4096, sequences=18, bytes_per_token=SMOLLM2_KV_BYTES, budget_mib=budget)
-        assert (kv.tokens, kv.sequences) == (4096, 18)
-    assert "kv_budget_mib = 0: no budget" in plan_kv(n_ctx=4096, sequences=1, bytes_per_token=1,
-                                                     budget_mib=0).describe()
+def test_no_budget_or_a_large_one_gives_every_running_request_n_ctx():
+    for budget in (0, 4096):
+        pool = plan_pool(n_ctx=4096, sequences=18, bytes_per_token=SMOLLM2_KV_BYTES, budget_mib=budget)
+        assert (pool.tokens, pool.per_request) == (18 * 4096, 4096)
+    assert "kv_budget_mib = 0: no budget" in plan_pool(n_ctx=4096, sequences=1, bytes_per_token=1,
+                                                       budget_mib=0).describe()
 
 
-def test_a_budget_too_small_for_every_sequence_keeps_fewer_and_says_so():
+def test_a_budget_below_one_context_caps_a_request_and_says_what_lifts_it():
     big = 512 * 1024  # KV bytes per token of a 7B model without GQA
-    kv = plan_kv(n_ctx=4096, sequences=18, bytes_per_token=big, budget_mib=256)
-    assert (kv.tokens, kv.sequences) == (256, 2) and not kv.over_budget
-    assert "only 2 of the 18 sequences asked for fit" in kv.describe()
-    tiny = plan_kv(n_ctx=4096, sequences=18, bytes_per_token=big, budget_mib=64)
-    assert (tiny.tokens, tiny.sequences) == (256, 1) and tiny.over_budget
-    assert "exceeded" in tiny.describe()
+    pool = plan_pool(n_ctx=4096, sequences=18, bytes_per_token=big, budget_mib=256)
+    assert (pool.tokens, pool.per_request) == (512, 512) and not pool.over_budget
+    assert "the model's context is 4096 tokens, kv_budget_mib = 2048 lets one request use all of it" \
+        in pool.describe()
+    tiny = plan_pool(n_ctx=4096, sequences=18, bytes_per_token=big, budget_mib=64)
+    assert tiny.tokens == 256 and tiny.over_budget and "exceeded" in tiny.describe()
+
+
+def test_quantised_cells_hold_more_tokens_and_turn_flash_attention_on():
+    q8 = plan_pool(n_ctx=8192, sequences=18, bytes_per_token=30 * 3 * 2 * 68, budget_mib=256,
+                   type_k="q8_0", type_v="q8_0")
+    assert q8.tokens == 21760 and "(q8_0)" in q8.describe() and "flash attention on" in q8.describe()
 
 
 def test_no_sequences_is_rejected():
     with pytest.raises(InvalidRequest, match="max_sequences"):
-        plan_kv(n_ctx=4096, sequences=0, bytes_per_token=1, budget_mib=256)
+        plan_pool(n_ctx=4096, sequences=0, bytes_per_token=1, budget_mib=256)
 
 
 # -- the backend and its executor ---------------------------------------------------------------
@@ -122,17 +131,31 @@ def test_kv_bytes_per_token_is_the_models_attention_shape(backend):
     assert backend.kv_bytes_per_token == SMOLLM2_KV_BYTES
 
 
-def test_the_executor_allocates_what_the_budget_allows(backend):
-    # 20 MiB / (3 sequences x 22.5 KiB) = 303 tokens -> 256 (whole llama.cpp blocks)
+def test_the_executor_allocates_one_pool_of_the_budget(backend):
+    # 20 MiB / 22.5 KiB = 910 tokens -> 768 (whole llama.cpp blocks), under the 1024-token context
     ex = backend.create_executor(max_sequences=3, block_size=16)
     try:
-        assert (ex.kv.tokens, ex.max_sequences, ex.max_seq_len) == (256, 3, 256)
-        assert backend.llama_cpp.llama_n_ctx(ex._ctx) == 3 * 256  # what llama.cpp really allocated
+        assert (ex.pool.tokens, ex.max_sequences, ex.max_seq_len) == (768, 3, 768)
+        assert backend.llama_cpp.llama_n_ctx(ex._ctx) == 768  # what llama.cpp really allocated
     finally:
         ex.close()
     options = EngineOptions(max_num_seqs=2, prefix_donor_slots=1)
     with ServingEngine(backend, options, owns_backend=False) as eng:
-        assert eng.info.context_length == 256
+        # One request may use the pool, less the admission watermark (1 % of 48 blocks: none).
+        assert eng.info.context_length == 768
+        assert eng.metrics().kv_capacity_tokens == 768
+
+
+def test_quantised_kv_cells_run_and_are_sized_by_their_type(model_path):
+    b = LlamaCppBackend.load(ModelSource.from_path(model_path),
+                             {"n_ctx": 1024, "n_threads": 1, "type_k": "q8_0", "type_v": "q8_0"})
+    try:
+        assert b.kv_bytes_per_token == 30 * 3 * 2 * 68 and b.flash_attn
+        with ServingEngine(b, EngineOptions(max_num_seqs=2), owns_backend=False) as eng:
+            out = eng.generate_sync(["The capital of France is"], GenerationParams(max_tokens=4))[0]
+            assert out.usage.completion_tokens == 4 and out.text.strip()
+    finally:
+        b.close()
 
 
 def test_the_request_level_context_is_created_by_the_first_generate(model_path):
@@ -143,7 +166,8 @@ def test_the_request_level_context_is_created_by_the_first_generate(model_path):
         ex = b.create_executor(max_sequences=2, block_size=16)
         ex.close()
         assert b._handles.ctx is None  # the engine's executor does not need it
-        assert b.memory_summary().startswith("KV cache: 512 tokens x 2 sequences = 22.5 MiB")
+        # Two running sequences of a 512-token context: the pool holds both whole.
+        assert b.memory_summary().startswith("KV pool: 1024 tokens x 22.50 KiB (f16) = 22.5 MiB")
         stream = b.generate(b.tokenizer.encode("Hello"), GenerationParams(max_tokens=3))
         next(stream)
         stream.close()

@@ -37,7 +37,7 @@ def test_available_with_version_and_honest_capabilities():
 
 def test_option_defaults():
     opts = parse_options(LlamaCppOptions, "llamacpp", {})
-    assert (opts.n_ctx, opts.n_batch, opts.n_gpu_layers) == (4096, 512, 0)
+    assert (opts.n_ctx, opts.n_batch, opts.n_gpu_layers) == (0, 512, 0)  # 0: the model's context
     assert opts.n_threads == usable_cpus() >= 1
     assert opts.prefix_reuse is False and opts.verbose is False
     assert opts.kv_budget_mib == 256
@@ -59,6 +59,7 @@ DROP_IT = "remove it"  # the fix named for an unknown option
         ({"prefix_reuse": "yes"}, "prefix_reuse", "true or false", SET_IT),
         ({"verbose": 1}, "verbose", "true or false", SET_IT),
         ({"kv_budget_mib": -1}, "kv_budget_mib", ">= 0", SET_IT),
+        ({"type_k": "q5_k"}, "type_k", "one of f16, q8_0, q4_0", SET_IT),
         ({"n_ctxx": 512}, "n_ctxx", "known options: embedding_tokens, flash_attn, kv_budget_mib, n_batch",
          DROP_IT),
     ],

@@ -154,12 +154,20 @@ def test_schema_errors_are_400_not_422(client, server):
 
 
 def test_context_length_exceeded(client, model_name):
+    """The one refusal a long request meets: longer than the model's context, named."""
+    context = client.models.list().data[0].model_extra.get("max_model_len")
     with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model=model_name, prompt="word " * 4200, max_tokens=10)
+        client.completions.create(model=model_name, prompt="word " * 8300, max_tokens=10)
     assert err.value.body["code"] == "context_length_exceeded"
-    # The default KV budget gives one request less than the model's window: the error says so
-    # and names the option that raises it, rather than misreporting the model's context length.
-    assert "kv_budget_mib" in err.value.body["message"], err.value.body["message"]
+    assert str(context) in err.value.body["message"], (context, err.value.body["message"])
+
+
+def test_a_prompt_of_a_thousand_tokens_is_answered(client, model_name):
+    """The default server answers prompts far past the 512-token slices it once gave each request
+    (a 964-token prompt was a 400): one request may use the model's whole context."""
+    prompt = " ".join(f"Note {i}: the river bends twice before the old stone bridge." for i in range(70))
+    reply = client.completions.create(model=model_name, prompt=prompt, max_tokens=8)
+    assert reply.usage.prompt_tokens > 964 and reply.choices[0].finish_reason in ("length", "stop")
 
 
 def test_unknown_model_is_404(client):

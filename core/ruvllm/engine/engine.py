@@ -320,7 +320,8 @@ class ServingEngine:
         return self._metrics.snapshot(
             running=core.num_running, waiting=max(self._queued, 0) + core.num_requeued,
             kv_usage=core.kv_usage(), prefix_queries=queries, prefix_hits=hits,
-            preemptions=core.preemptions(),
+            preemptions=core.preemptions(), kv_capacity_tokens=core.kv_capacity_tokens(),
+            kv_used_tokens=core.kv_used_tokens(),
         )
 
     async def shutdown(self) -> None:

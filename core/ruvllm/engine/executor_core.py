@@ -125,6 +125,7 @@ class ExecutorCore:
         except Exception as exc:  # the backend failed: fail this step's requests, keep serving
             log.exception("executor step failed")
             for chunk in plan.chunks:
+                chunk.request.num_computed = 0  # what its KV holds is unknown: keep none of it
                 live = self.live.get(chunk.request.request_id)
                 if live is not None:
                     self._end(live, FinishReason.ERROR, BackendError(f"the model step failed: {exc}"))
@@ -166,13 +167,22 @@ class ExecutorCore:
         live.end(reason, self.metrics, error=error, now=now)
 
     def _free_released(self) -> None:
-        for slot in self.scheduler.take_released_slots():
-            self.executor.free(slot)
+        for slot, keep in self.scheduler.take_released_slots():
+            if keep:
+                self.executor.trim(slot, keep)  # type: ignore[attr-defined]
+            else:
+                self.executor.free(slot)
 
     # ----------------------------------------------------------------- metrics
 
     def kv_usage(self) -> float:
         return self.blocks.usage
+
+    def kv_capacity_tokens(self) -> int:
+        return self.blocks.num_blocks * self.blocks.block_size
+
+    def kv_used_tokens(self) -> int:
+        return self.blocks.num_used_blocks * self.blocks.block_size
 
     def prefix_counters(self) -> tuple[int, int]:
         return self.scheduler.prefix_queries, self.scheduler.prefix_hits

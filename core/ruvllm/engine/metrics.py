@@ -81,7 +81,8 @@ class EngineMetrics:
                 self.tpot.observe((e2e - ttft) / (output_tokens - 1))
 
     def snapshot(self, *, running: int, waiting: int, kv_usage: float, prefix_queries: int,
-                 prefix_hits: int, preemptions: int) -> MetricsSnapshot:
+                 prefix_hits: int, preemptions: int, kv_capacity_tokens: int = 0,
+                 kv_used_tokens: int = 0) -> MetricsSnapshot:
         with self._lock:
             return MetricsSnapshot(
                 time_to_first_token=self.ttft.freeze(),
@@ -92,6 +93,8 @@ class EngineMetrics:
                 running=running,
                 waiting=waiting,
                 kv_usage=kv_usage,
+                kv_capacity_tokens=kv_capacity_tokens,
+                kv_used_tokens=kv_used_tokens,
                 prefix_cache_queries=prefix_queries,
                 prefix_cache_hits=prefix_hits,
                 preemptions=preemptions,

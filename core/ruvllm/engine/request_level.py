@@ -76,6 +76,12 @@ class RequestLevelCore:
     def kv_usage(self) -> float:
         return 0.0
 
+    def kv_capacity_tokens(self) -> int:
+        return 0
+
+    def kv_used_tokens(self) -> int:
+        return 0
+
     def prefix_counters(self) -> tuple[int, int]:
         return 0, 0
 

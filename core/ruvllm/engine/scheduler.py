@@ -125,12 +125,13 @@ class Scheduler:
         self._release(req)
         req.state = RequestState.FINISHED
 
-    def take_released_slots(self) -> list[int]:
-        """Slots the executor must free (their KV is dead) before the next forward pass."""
+    def take_released_slots(self) -> list[tuple[int, int]]:
+        """``(slot, keep)``: KV the executor must free (keep 0) or trim to ``keep`` positions
+        before the next forward pass (see :mod:`.slots`)."""
         return self.slots.take_released()
 
     def end_step(self) -> None:
-        """After the forward pass: retire surplus prefix donors (see :mod:`.slots`)."""
+        """After the forward pass: retire redundant and surplus prefix donors (see :mod:`.slots`)."""
         self.slots.end_step()
 
     @property
@@ -177,9 +178,9 @@ class Scheduler:
             hit = NO_HIT
             if req.num_computed == 0 and req.reuse_prefix:
                 hit = self.blocks.lookup_prefix(req.token_ids, req.cache_salt)
-            donor = self.slots.donor_for(hit) if self.copy_prefixes and hit.block_ids else None
-            if self.copy_prefixes and donor is None:
-                hit = NO_HIT
+            donor = None
+            if self.copy_prefixes and hit.block_ids:
+                donor, hit = self.slots.donor_for(hit)
             n = min(len(req.token_ids) - hit.num_tokens, budget)
             if self.config.max_prefill_chunk:
                 n = min(n, self.config.max_prefill_chunk)
@@ -208,23 +209,14 @@ class Scheduler:
         return budget
 
     def update(self, plan: StepPlan) -> None:
-        """Record that ``plan`` ran: its tokens now have KV (and full blocks become cacheable),
-        and a prefix copied from a donor is held by its new sequence (see :mod:`.slots`)."""
-        copied = {slot: tokens for _, slot, tokens in plan.prefix_copies}
-        bs = self.blocks.block_size
+        """Record that ``plan`` ran: its tokens now have KV, and full blocks become cacheable."""
         for chunk in plan.chunks:
             req = chunk.request
             if req.state is not RequestState.RUNNING:
                 continue
             req.num_computed = chunk.start_pos + len(chunk.tokens)
-            slot: int = req.slot  # type: ignore[assignment]
-            if slot in copied:
-                # The hit's blocks whose every position this sequence's KV now has.
-                held = min(-(-copied[slot] // bs), req.num_computed // bs)
-                self.slots.hand_over(slot, list(self.blocks.block_table(slot)[:held]))
-            added = self.blocks.cache_blocks(slot, req.token_ids, req.num_computed, req.cache_salt)
-            if added:
-                self.slots.on_cached(slot, added)
+            self.blocks.cache_blocks(req.slot, req.token_ids, req.num_computed,  # type: ignore[arg-type]
+                                     req.cache_salt)
 
     # ---------------------------------------------------------------- policy
 
@@ -271,6 +263,7 @@ class Scheduler:
 
     def _release(self, req: SchedRequest) -> None:
         if req.slot is not None:
+            table = self.blocks.block_table(req.slot) if self.blocks.has_seq(req.slot) else ()
             self.blocks.free(req.slot)
-            self.slots.release(req.slot)
+            self.slots.release(req.slot, table, req.num_computed)
             req.slot = None

@@ -1,63 +1,69 @@
 """Executor sequence ids ("slots"), and keeping cached prefixes alive on per-sequence engines.
 
 A paged executor stores KV in the blocks the engine hands out, so a cached block is usable as
-long as the block manager keeps it. A per-sequence executor (llama.cpp) stores KV per sequence
-id: a cached block is only as good as some sequence that still holds those positions. So with
-prefix caching on such an executor, every cached block has an *owner* slot whose KV holds it,
-and a slot whose request ended (or was preempted) while owning cached blocks is kept as a
-*donor* instead of being freed: a later request that hits those blocks gets the KV copied from
-the donor (``copy_prefix``). Once that copy has run, the blocks it covered belong to the new
-sequence: it holds the same KV and will be the fresher donor, so a shared system prompt lives
-in one donor rather than in every request that used it (each of which, as a donor, would keep
-a slot for it and push other prefixes out). Donors are bounded (the executor has a few slots
-beyond ``max_num_seqs`` for them) and evicted least recently finished, those that gave their
-head away first; a donor left owning nothing is freed, and an evicted donor's blocks pass to a
-running sequence that shares them, or leave the prefix cache.
+long as the block manager keeps it. A per-sequence executor (llama.cpp, MLX) stores KV per
+sequence id: a cached block is only as good as some sequence that still holds those positions.
+So with prefix caching on such an executor, a slot whose request ended (or was preempted) while
+its KV held cached blocks is kept as a *donor*: trimmed to the leading run of blocks the block
+manager caches (its *chain*), it serves later requests that hit them (``copy_prefix``; on
+llama.cpp's unified pool that adds the new sequence to the same cells, so a prefix shared by N
+requests occupies its cells once, as its blocks are counted once).
 
-Donor evictions are deferred to :meth:`SlotPool.end_step`, after the forward pass, so a copy
-planned in this step always reads a donor that is still there.
+The executor's KV must never hold more than the block manager accounts for, or the pool would
+run out of cells the engine believes free. Three rules keep them equal:
+
+- a released slot keeps only its chain (its partial last block and any block not cached are
+  trimmed away at once, before the next forward pass);
+- when the block manager reuses a cached block for something else, every donor holding it is
+  trimmed to just before it (blocks after it in a chain are unreachable without it), and a
+  cached block left with no holder at all leaves the prefix cache;
+- donors are bounded (``max_donors``, sequence ids beyond ``max_num_seqs``): one whose chain
+  other sequences hold as well goes at once; past the bound, the one holding the fewest blocks
+  nobody else holds goes first, the least recently used among equals.
+
+Every change for the executor (free a slot, or trim it to N tokens) is queued and handed out by
+:meth:`SlotPool.take_released`, which the engine applies before copies and the forward pass.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from collections.abc import Sequence
 
-from ruvllm.engine.block_manager import BlockManager, PrefixHit
+from ruvllm.engine.block_manager import NO_HIT, BlockManager, PrefixHit
 
 
 class SlotPool:
     """Plain slots: a released slot is forgotten at once (paged layout, or no prefix cache).
 
-    The lowest free slot is handed out first. That keeps the running sequences' ids packed
-    together, which llama.cpp needs to run them as one micro-batch: with split KV streams it
-    evaluates a batch in runs of consecutive sequence ids, one graph evaluation per run.
+    The lowest free slot is handed out first, which keeps the running sequences' ids packed
+    together (llama.cpp with split KV streams runs consecutive ids as one micro-batch).
     """
 
     def __init__(self, num_slots: int):
         self._free = list(range(num_slots))  # a heap (sorted is a valid heap)
-        self._released: list[int] = []
+        #: ``(slot, tokens to keep)`` for the executor, in order: 0 frees the slot.
+        self._released: list[tuple[int, int]] = []
 
     def acquire(self) -> int | None:
         return heapq.heappop(self._free) if self._free else None
 
-    def release(self, slot: int) -> None:
-        heapq.heappush(self._free, slot)
-        self._released.append(slot)
+    def release(self, slot: int, table: Sequence[int] = (), num_computed: int = 0) -> None:
+        """``slot``'s request ended or was preempted; ``table`` is the block table it had and
+        ``num_computed`` how many of its positions hold KV."""
+        self._free_slot(slot)
 
-    def take_released(self) -> list[int]:
-        """Slots whose KV the executor must forget before anything else uses them."""
+    def take_released(self) -> list[tuple[int, int]]:
+        """``(slot, keep)`` pairs the executor must apply before anything else uses the KV:
+        ``keep == 0`` frees the slot, otherwise only its first ``keep`` positions stay."""
         out, self._released = self._released, []
         return out
 
-    def on_cached(self, slot: int, block_ids: list[int]) -> None:
-        return None
-
-    def donor_for(self, hit: PrefixHit) -> int | None:
-        return None
-
-    def hand_over(self, slot: int, block_ids: list[int]) -> None:
-        return None
+    def donor_for(self, hit: PrefixHit) -> tuple[int | None, PrefixHit]:
+        """A sequence whose KV holds ``hit`` (or its longest held head) to copy it from, and
+        the hit shortened to what that sequence holds; ``(None, NO_HIT)`` when none does."""
+        return None, NO_HIT
 
     def end_step(self) -> None:
         return None
@@ -66,96 +72,116 @@ class SlotPool:
     def num_donors(self) -> int:
         return 0
 
+    def _free_slot(self, slot: int) -> None:
+        heapq.heappush(self._free, slot)
+        self._released.append((slot, 0))
+
 
 class DonorSlotPool(SlotPool):
     def __init__(self, num_slots: int, max_donors: int, blocks: BlockManager):
         super().__init__(num_slots)
         self.max_donors = max_donors
         self.blocks = blocks
-        self._owner: dict[int, int] = {}
-        self._owned: dict[int, set[int]] = {}
-        self._donors: OrderedDict[int, None] = OrderedDict()
-        #: Slots that handed their head blocks to another sequence: as donors they go first.
-        self._tails: set[int] = set()
+        #: Donor slot -> the cached blocks its KV holds, in position order (least recent first).
+        self._chains: OrderedDict[int, list[int]] = OrderedDict()
+        #: Block -> the donor slots whose KV holds it.
+        self._holders: dict[int, set[int]] = {}
 
     @property
     def num_donors(self) -> int:
-        return len(self._donors)
+        return len(self._chains)
 
-    def release(self, slot: int) -> None:
+    def release(self, slot: int, table: Sequence[int] = (), num_computed: int = 0) -> None:
         self._sync_evictions()
-        if self._owned.get(slot):
-            self._donors[slot] = None
-            self._donors.move_to_end(slot, last=slot not in self._tails)
-        else:
-            self._owned.pop(slot, None)
-            self._tails.discard(slot)
-            super().release(slot)
+        blocks, bs = self.blocks, self.blocks.block_size
+        chain: list[int] = []
+        for b in table[:num_computed // bs]:
+            if not blocks.is_cached(b):
+                break
+            chain.append(b)
+        for b in table[len(chain):]:
+            # Cached, but this slot is about to lose its cells: nobody else may hold them.
+            if blocks.is_cached(b) and blocks.ref_count(b) == 0 and not self._holders.get(b):
+                blocks.uncache(b)
+        if not chain:
+            self._free_slot(slot)
+            return
+        self._chains[slot] = chain
+        for b in chain:
+            self._holders.setdefault(b, set()).add(slot)
+        if num_computed > len(chain) * bs or len(table) > len(chain):
+            self._released.append((slot, len(chain) * bs))
 
-    def on_cached(self, slot: int, block_ids: list[int]) -> None:
-        owned = self._owned.setdefault(slot, set())
-        for b in block_ids:
-            self._owner[b] = slot
-            owned.add(b)
-
-    def donor_for(self, hit: PrefixHit) -> int | None:
-        """The slot holding every position of ``hit`` (the owner of its last block)."""
+    def take_released(self) -> list[tuple[int, int]]:
         self._sync_evictions()
-        if not hit.block_ids:
-            return None
-        return self._owner.get(hit.block_ids[-1])
+        return super().take_released()
 
-    def hand_over(self, slot: int, block_ids: list[int]) -> None:
-        """``slot``'s KV now holds ``block_ids`` (copied from their owner): it owns them.
-
-        A sequence that gave blocks away keeps only the tail no request has followed (a
-        question after a shared system prompt) and, as a donor (now or once it finishes), goes
-        first in the eviction order: otherwise a prompt head used twice in a row evicts another
-        head in favour of that tail. A donor left with nothing is freed at :meth:`end_step`;
-        one whose whole chain was taken (the next turn of its conversation) always is."""
+    def donor_for(self, hit: PrefixHit) -> tuple[int | None, PrefixHit]:
         self._sync_evictions()
-        for b in block_ids:
-            old = self._owner.get(b)
-            if old is None or old == slot:
-                continue
-            self._owned[old].discard(b)
-            self._owner[b] = slot
-            self._owned.setdefault(slot, set()).add(b)
-            self._tails.add(old)
-            if old in self._donors:
-                self._donors.move_to_end(old, last=False)
+        bs = self.blocks.block_size
+        for n in range(len(hit.block_ids), 0, -1):
+            last = hit.block_ids[n - 1]
+            donors = self._holders.get(last)
+            if donors:
+                donor = max(donors, key=list(self._chains).index)  # the most recently used
+                self._chains.move_to_end(donor)
+            else:
+                # A running sequence whose table holds a cached block has its KV: it computed
+                # the block, or had it copied in before any step that could read it.
+                running = self.blocks.holders(last)
+                if not running:
+                    continue
+                donor = running[0]
+            return donor, PrefixHit(hit.block_ids[:n], n * bs)
+        return None, NO_HIT
 
     def end_step(self) -> None:
         self._sync_evictions()
-        for slot in [s for s in self._donors if not self._owned.get(s)]:
-            self._free_donor(slot)
-        while len(self._donors) > self.max_donors:
-            self._evict(next(iter(self._donors)))
+        # A donor whose every block another sequence holds too costs no memory, but a sequence id.
+        for slot in [s for s in self._chains if self._only_here(s) == 0]:
+            self._drop_donor(slot)
+        while len(self._chains) > self.max_donors:
+            # The donor whose going loses the fewest cached blocks (a shared system prompt's
+            # latest user keeps the prompt; an earlier one holds only its own question), the
+            # least recently used among equals.
+            order = {s: i for i, s in enumerate(self._chains)}
+            self._drop_donor(min(self._chains, key=lambda s: (self._only_here(s), order[s])))
 
     # ------------------------------------------------------------------ internals
 
+    def _only_here(self, slot: int) -> int:
+        """Blocks of ``slot``'s chain that no other sequence holds."""
+        return sum(1 for b in self._chains[slot]
+                   if self._holders[b] == {slot} and self.blocks.ref_count(b) == 0)
+
     def _sync_evictions(self) -> None:
-        """Blocks the block manager reused no longer name a cached prefix: drop ownership."""
+        """The block manager reused cached blocks: cut every donor chain at each of them."""
         evicted, self.blocks.evicted = self.blocks.evicted, []
+        bs = self.blocks.block_size
         for b in evicted:
-            slot = self._owner.pop(b, None)
-            if slot is not None:
-                self._owned[slot].discard(b)
+            for slot in self._holders.pop(b, set()):
+                chain = self._chains[slot]
+                cut = chain.index(b)
+                self._forget(slot, chain[cut + 1:])
+                del chain[cut:]
+                if chain:
+                    self._released.append((slot, cut * bs))
+                else:
+                    del self._chains[slot]
+                    self._free_slot(slot)
 
-    def _evict(self, slot: int) -> None:
-        for b in list(self._owned.get(slot, ())):
-            del self._owner[b]
-            heir = next((s for s in self.blocks.holders(b) if s != slot), None)
-            if heir is not None:  # a running sequence shares it and holds its KV too
-                self._owner[b] = heir
-                self._owned.setdefault(heir, set()).add(b)
-            else:
-                self.blocks.uncache(b)
-        self._owned[slot] = set()
-        self._free_donor(slot)
+    def _drop_donor(self, slot: int) -> None:
+        self._forget(slot, self._chains.pop(slot))
+        self._free_slot(slot)
 
-    def _free_donor(self, slot: int) -> None:
-        del self._donors[slot]
-        self._owned.pop(slot, None)
-        self._tails.discard(slot)
-        SlotPool.release(self, slot)
+    def _forget(self, slot: int, chain: Sequence[int]) -> None:
+        """``slot`` no longer holds ``chain``: a cached block nobody holds leaves the cache."""
+        for b in chain:
+            holders = self._holders.get(b)
+            if holders is None:
+                continue  # evicted in this same sync
+            holders.discard(slot)
+            if not holders:
+                del self._holders[b]
+                if self.blocks.ref_count(b) == 0:
+                    self.blocks.uncache(b)

@@ -105,6 +105,6 @@ def combine(snapshots: list[MetricsSnapshot]) -> MetricsSnapshot | None:
                       "e2e_latency", "queue_time")}
     total = {f: sum(getattr(s, f) for s in snapshots)
              for f in ("running", "waiting", "prefix_cache_queries", "prefix_cache_hits", "preemptions",
-                       "prompt_tokens", "generation_tokens")}
+                       "prompt_tokens", "generation_tokens", "kv_capacity_tokens", "kv_used_tokens")}
     return MetricsSnapshot(**hist, **total, kv_usage=sum(s.kv_usage for s in snapshots) / len(snapshots),
                            requests_finished=finished)

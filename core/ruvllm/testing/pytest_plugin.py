@@ -55,6 +55,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--ruvllm-option", action="append", default=[], metavar="KEY=VALUE",
         help="backend option passed to every backend the suite loads (repeatable)",
     )
+    group.addoption(
+        "--ruvllm-max-context", type=int, default=None, metavar="TOKENS",
+        help="the KV-pool tests' context at most this (the engine's pool is lowered to it): a "
+             "quicker run; without it they use the whole context the engine states",
+    )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -158,6 +163,15 @@ def ruvllm_backend_options(pytestconfig: pytest.Config) -> dict[str, Any]:
     from ruvllm.config import parse_option
 
     return dict(parse_option(text) for text in pytestconfig.getoption("ruvllm_option"))
+
+
+@pytest.fixture(scope="session")
+def ruvllm_max_context(pytestconfig: pytest.Config) -> int | None:
+    """``--ruvllm-max-context``: the KV-pool tests' context cap (None: the engine's own)."""
+    cap = pytestconfig.getoption("ruvllm_max_context")
+    if cap is not None and cap < 64:
+        raise pytest.UsageError(f"--ruvllm-max-context {cap}: give at least 64 tokens")
+    return cap
 
 
 @pytest.fixture(scope="session")

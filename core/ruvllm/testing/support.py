@@ -72,6 +72,25 @@ def long_prompt(tokenizer: Tokenizer, context_length: int, min_tokens: int = LON
     return " ".join(parts)
 
 
+def prompt_of_tokens(tokenizer: Tokenizer, n: int, *, variant: int = 0) -> list[int]:
+    """Exactly ``n`` token ids of varied prose (BOS first where the model wants one); each
+    ``variant`` starts at another sentence and numbers its notes differently, so two variants
+    differ from their first words. Built from one encode of enough text, then cut."""
+    parts: list[str] = []
+    i = variant * 7919
+    words = 0
+    # About 20 tokens per note; encode once with a margin, and again only if that fell short.
+    while True:
+        while words < n + 64:
+            parts.append(f"Note {i + 1}: {_SENTENCES[(i + variant) % len(_SENTENCES)]}")
+            words += 20
+            i += 1
+        ids = tokenizer.encode(" ".join(parts), add_special=True)
+        if len(ids) >= n:
+            return ids[:n]
+        words = len(ids)
+
+
 def require(llm: LLM, capability: str, why: str) -> None:
     """Skip the calling test, saying so, when the backend lacks ``capability``."""
     if not getattr(llm.capabilities, capability):

@@ -281,6 +281,10 @@ class PagedExecutor:
             "(and copy_blocks for copy-on-write), not copy_prefix"
         )
 
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        raise BackendError("candle_like's executor uses the paged layout: the engine frees blocks, "
+                           "there is no per-sequence KV to trim")
+
     @torch.inference_mode()
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
         if not pairs:

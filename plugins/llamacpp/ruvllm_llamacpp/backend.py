@@ -5,8 +5,8 @@ llama.cpp is driven through its C API (``llama_batch`` / ``llama_decode`` /
 of each step so that core's sampler, stop handling and detokenizer behave exactly as on every
 other backend, and it needs to own the KV memory to guarantee request isolation.
 
-The request-level context (one sequence of ``n_ctx`` tokens, 90 MiB of KV for the embedded
-model at 4096) is created by the first ``generate``: a ServingEngine batches through its own
+The request-level context (one sequence of ``n_ctx`` tokens, 180 MiB of f16 KV for the embedded
+model's 8,192) is created by the first ``generate``: a ServingEngine batches through its own
 executor context and never calls ``generate``, so ``ruvllm serve`` does not pay for it.
 """
 
@@ -30,7 +30,7 @@ from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
 from ruvllm_llamacpp import _lib
 from ruvllm_llamacpp.embeddings import LlamaCppEmbedder
 from ruvllm_llamacpp.kv import SequenceKV
-from ruvllm_llamacpp.kv_budget import CELL_GRANULARITY, MIB, kv_bytes_per_token
+from ruvllm_llamacpp.kv_pool import CELL_GRANULARITY, KV_TYPES, MIB, kv_bytes_per_token
 from ruvllm_llamacpp.metadata import model_info, read_metadata
 from ruvllm_llamacpp.options import LlamaCppOptions
 from ruvllm_llamacpp.tokenizer import LlamaCppTokenizer
@@ -180,8 +180,12 @@ class LlamaCppBackend(LlmBackend):
         self._tokenizer = LlamaCppTokenizer(llama_cpp, vocab)
         self.metadata = read_metadata(llama_cpp, handles.model)
         self._info = model_info(llama_cpp, handles.model, source, self.metadata, self._tokenizer, n_ctx)
-        #: KV bytes of one token (f16 keys and values over every layer), for sizing contexts.
-        self.kv_bytes_per_token = kv_bytes_per_token(llama_cpp, handles.model, self.metadata)
+        #: KV bytes of one token (keys and values over every layer in the type_k / type_v cell
+        #: types), for sizing contexts.
+        self.kv_bytes_per_token = kv_bytes_per_token(llama_cpp, handles.model, self.metadata,
+                                                     type_k=options.type_k, type_v=options.type_v)
+        #: llama.cpp's flash attention: asked for, or needed by a quantised V cache.
+        self.flash_attn = options.flash_attn or KV_TYPES[options.type_v].quantized
         #: Sequence 0 of the request-level context, created by the first generate().
         self._kv: SequenceKV | None = None
         #: The KV line of the last executor made by create_executor (for memory_summary).
@@ -233,8 +237,10 @@ class LlamaCppBackend(LlmBackend):
         cparams.n_threads_batch = opts.n_threads
         cparams.embeddings = False
         cparams.no_perf = not opts.verbose
-        cparams.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn
+        cparams.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
                                    else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        cparams.type_k = KV_TYPES[opts.type_k].ggml_type
+        cparams.type_v = KV_TYPES[opts.type_v].ggml_type
         with _lib.capture_log(lib, opts.verbose) as log:
             ctx = lib.llama_init_from_model(handles.model, cparams)
         if not ctx:
@@ -246,13 +252,13 @@ class LlamaCppBackend(LlmBackend):
         return self._kv
 
     def create_executor(self, *, max_sequences: int, block_size: int):
-        """The ServingEngine's iteration-level executor: a second context over this model with
-        ``max_sequences`` sequences sized by ``kv_budget_mib`` (see ruvllm_llamacpp.executor)."""
+        """The ServingEngine's iteration-level executor: a second context over this model, one KV
+        pool of ``kv_budget_mib`` shared by ``max_sequences`` sequences (ruvllm_llamacpp.executor)."""
         from ruvllm_llamacpp.executor import create_executor
 
         self._check_open()
         executor = create_executor(self, max_sequences=max_sequences, block_size=block_size)
-        self._executor_kv = executor.kv.describe()
+        self._executor_kv = executor.pool.describe()
         return executor
 
     # ------------------------------------------------------------------------- embeddings
@@ -269,7 +275,7 @@ class LlamaCppBackend(LlmBackend):
                 try:
                     handles.embedder = LlamaCppEmbedder(
                         self._lib, handles.model, n_tokens=self.max_embedding_tokens(),
-                        n_threads=opts.n_threads, flash_attn=opts.flash_attn)
+                        n_threads=opts.n_threads, flash_attn=self.flash_attn)
                 except BackendError as exc:
                     raise BackendError(f"{exc} ({log.reason()})" if log.reason() else str(exc)) from None
         return normalise_rows(handles.embedder.embed(batch))

@@ -16,12 +16,13 @@ from ruvllm.errors import BackendError
 
 class BatchContext:
     """``n_ctx`` cells in ``n_seq_max`` sequences and a batch of ``n_batch`` tokens, each token in
-    one sequence. ``pooling`` (a ``LLAMA_POOLING_TYPE_*``) turns on embeddings mode; ``failure``
-    is the message when llama.cpp cannot create the context (what to lower)."""
+    one sequence. ``pooling`` (a ``LLAMA_POOLING_TYPE_*``) turns on embeddings mode; ``type_k`` /
+    ``type_v`` (``GGML_TYPE_*``) set the KV cell types (None: llama.cpp's f16); ``failure`` is the
+    message when llama.cpp cannot create the context (what to lower)."""
 
     def __init__(self, llama_cpp: ModuleType, model: Any, *, n_ctx: int, n_batch: int, n_seq_max: int,
                  kv_unified: bool, n_threads: int, flash_attn: bool, failure: str,
-                 pooling: int | None = None):
+                 pooling: int | None = None, type_k: int | None = None, type_v: int | None = None):
         self.lib = llama_cpp
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
@@ -29,6 +30,10 @@ class BatchContext:
         cparams.n_ubatch = n_batch
         cparams.n_seq_max = n_seq_max
         cparams.kv_unified = kv_unified
+        if type_k is not None:
+            cparams.type_k = type_k
+        if type_v is not None:
+            cparams.type_v = type_v
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.embeddings = pooling is not None

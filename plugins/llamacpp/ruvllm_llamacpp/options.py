@@ -12,7 +12,9 @@ from typing import ClassVar
 
 import attrs
 from ruvllm.hardware import usable_cpus
-from ruvllm.options import accepts, boolean, int_range, is_int, positive_int
+from ruvllm.options import accepts, boolean, int_range, is_int, one_of, positive_int
+
+from ruvllm_llamacpp.kv_pool import KV_TYPES
 
 #: Smallest context llama.cpp is useful with; below it a prompt plus one token hardly fits.
 MIN_CTX = 16
@@ -32,8 +34,9 @@ class LlamaCppOptions:
 
     BACKEND: ClassVar[str] = "llamacpp"
 
-    #: Context window in tokens; capped at the model's training context (0 = that context).
-    n_ctx: int = attrs.field(default=4096, validator=_n_ctx)
+    #: Context window in tokens: the most one request may use (prompt + output), capped at the
+    #: model's training context. 0 (the default) = that context.
+    n_ctx: int = attrs.field(default=0, validator=_n_ctx)
     #: Threads for decoding and prompt processing.
     n_threads: int = attrs.field(factory=usable_cpus, validator=positive_int())
     #: Prompt tokens evaluated per llama_decode call (prefill chunk), capped at n_ctx.
@@ -45,10 +48,15 @@ class LlamaCppOptions:
     prefix_reuse: bool = attrs.field(default=False, validator=boolean())
     #: llama.cpp's flash attention kernels (off by default, as in llama-cpp-python).
     flash_attn: bool = attrs.field(default=False, validator=boolean())
-    #: MiB of KV the ServingEngine's executor may allocate (resident from start-up): each of its
-    #: sequences gets as many tokens as fit, up to n_ctx (see kv_budget.py). 256 gives the
-    #: embedded model 18 sequences x 512 tokens and ``ruvllm serve`` under 500 MB resident.
-    kv_budget_mib: int = attrs.field(default=256, validator=int_range(0, note="0: n_ctx for every sequence"))
+    #: MiB of the ServingEngine executor's KV pool (resident from start-up), shared by every
+    #: request (see kv_pool.py). 256 gives the embedded model 11,520 tokens: one request may use
+    #: its whole 8,192-token context, and ``ruvllm serve`` stays under 500 MB resident.
+    kv_budget_mib: int = attrs.field(default=256, validator=int_range(
+        0, note="0: n_ctx for every running request"))
+    #: Cell types of the keys and values (llama.cpp's type_k / type_v): q8_0 halves the bytes per
+    #: token of f16, q4_0 takes 28 %; a quantised V turns flash attention on (llama.cpp needs it).
+    type_k: str = attrs.field(default="f16", validator=one_of(tuple(KV_TYPES)))
+    type_v: str = attrs.field(default="f16", validator=one_of(tuple(KV_TYPES)))
     #: Tokens of the embeddings context (/v1/embeddings; created on first use): the longest input
     #: and the most tokens one embeddings batch holds. Its compute buffer keeps logits for every
     #: token: about embedding_tokens x n_vocab x 4 bytes (96 MiB at 512 for the embedded model).

@@ -130,6 +130,11 @@ class MlxBatchExecutor:
         self._cache(dst_seq_id).copy_prefix_from(src, num_tokens)
         mx.eval(self._caches[dst_seq_id].arrays())
 
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        cache = self._caches.get(seq_id)
+        if cache is not None:
+            cache.length = min(cache.length, num_tokens)
+
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
         if pairs:
             raise BackendError(
