@@ -108,6 +108,14 @@ class DirectSingle:
         self.llm.close()
 
 
+def sized(engine: ServingEngine, text: str, tokens: int) -> list[int]:
+    """``text``'s tokens, or with ``tokens`` > 0, ``text`` repeated and cut to that many."""
+    ids = engine.encode(text)
+    if tokens:
+        ids = engine.encode(" ".join([text] * (tokens // max(len(ids) - 1, 1) + 1)))[:tokens]
+    return ids
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="llamacpp")
@@ -116,6 +124,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--n-ctx", type=int, default=512, help="context per sequence (llamacpp n_ctx)")
+    ap.add_argument("--prompt-tokens", type=int, default=0,
+                    help="prompts of exactly this many tokens (each bundled prompt repeated); "
+                         "0: the bundled short prompts")
     ap.add_argument("--threads", type=int, default=None,
                     help="llama.cpp threads for the engine and the ceiling (default: the backend's)")
     ap.add_argument("--compare-ceiling", action="store_true",
@@ -149,7 +160,7 @@ def main() -> None:
         engine = ServingEngine(lambda: backend_cls.load(source, opts),
                                EngineOptions(max_num_seqs=c, max_queue=max(c, 256)))
         path = engine.path
-        prompts = [engine.encode(p) for p in load_prompts(c)]
+        prompts = [sized(engine, p, args.prompt_tokens) for p in load_prompts(c)]
         engine.generate_sync([prompts[0]], GenerationParams(max_tokens=4))  # warm-up
         runs, ceil_runs, direct_runs = [], [], []
         for _ in range(args.repeats):

@@ -67,7 +67,3 @@ class SchedRequest:
     def num_pending(self) -> int:
         """Tokens that still need a forward pass before the next sample."""
         return len(self.token_ids) - self.num_computed
-
-    @property
-    def max_total_tokens(self) -> int:
-        return self.num_prompt + self.max_tokens

@@ -76,6 +76,9 @@ _GAUGES = (
     ("num_requests_running", "running", "Number of requests in model execution batches.", "livesum"),
     ("num_requests_waiting", "waiting", "Number of requests waiting to be processed.", "livesum"),
     ("kv_cache_usage_perc", "kv_usage", "KV-cache usage. 1 means 100 percent usage.", "liveall"),
+    ("kv_cache_capacity_tokens", "kv_capacity_tokens",
+     "Tokens the engine's KV pool holds (shared by every request).", "livesum"),
+    ("kv_cache_used_tokens", "kv_used_tokens", "Tokens of the KV pool held by running requests.", "livesum"),
     ("prefix_cache_hit_rate", "prefix_cache_hit_rate",
      "Fraction of queried prefix tokens found in the cache.", "liveall"),
 )

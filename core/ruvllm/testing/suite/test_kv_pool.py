@@ -86,8 +86,9 @@ def _long_prompts(engine: ServingEngine, count: int, cap: int | None) -> list[li
 
 def _run_alone(engine: ServingEngine, prompt: list[int]) -> LongRun:
     if engine.path != "executor":
-        result = engine.submit_sync(prompt, attrs.evolve(GREEDY, logprobs=5)).result(timeout=1200)
-        first = result.logprobs[0] if result.logprobs else None
+        handle = engine.submit_sync(prompt, attrs.evolve(GREEDY, logprobs=5))
+        first = next((out for out in handle if out.token_id is not None), None)
+        result = handle.result(timeout=1200)
         scores = np.array([t.logprob for t in first.top_logprobs] if first else [], dtype=np.float64)
         return LongRun(prompt, result, scores, None)
     recorder = LogitsRecorder()
