@@ -64,6 +64,17 @@ class _EngineLoop(LlamaCppBackend):
         """The mutant's own streaming loop over the real backend's tokens."""
 
 
+class _ExecutorMutant(LlamaCppBackend):
+    """A backend whose engine executor is the shipped one with ``executor_class``'s bug."""
+
+    executor_class: ClassVar[type[LlamaCppExecutor]] = LlamaCppExecutor
+
+    def create_executor(self, *, max_sequences: int, block_size: int) -> LlamaCppExecutor:
+        executor = super().create_executor(max_sequences=max_sequences, block_size=block_size)
+        executor.__class__ = self.executor_class
+        return executor
+
+
 # ---------------------------------------------------------------------- 1. KV kept across calls
 
 
@@ -281,16 +292,13 @@ class _StaleKvExecutor(LlamaCppExecutor):
         self._check_open()
 
 
-class StaleKvLlamaCppBackend(LlamaCppBackend):
+class StaleKvLlamaCppBackend(_ExecutorMutant):
     """llama.cpp whose executor keeps a freed sequence's KV: the next request in that slot
     attends to the previous request's tokens."""
 
     name: ClassVar[str] = "llamacpp-stale-kv"
 
-    def create_executor(self, *, max_sequences: int, block_size: int) -> LlamaCppExecutor:
-        executor = super().create_executor(max_sequences=max_sequences, block_size=block_size)
-        executor.__class__ = _StaleKvExecutor
-        return executor
+    executor_class: ClassVar[type[LlamaCppExecutor]] = _StaleKvExecutor
 
 
 # ------------------------------------------------ 12. executor returns rows in the wrong order
@@ -298,23 +306,20 @@ class StaleKvLlamaCppBackend(LlamaCppBackend):
 
 class _SlotOrderRowsExecutor(LlamaCppExecutor):
     def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
-        """The bug: the logits rows are returned in llama.cpp's order (the batch sorted by
-        sequence id) instead of being put back into the caller's entry order."""
+        """The bug: the logits rows are returned in sequence-id order instead of the caller's
+        entry order."""
         logits = super().execute(batch)
         sampled = [e.seq_id for e in batch if e.sample]
         return logits[np.argsort(sampled, kind="stable")]
 
 
-class SlotOrderRowsLlamaCppBackend(LlamaCppBackend):
+class SlotOrderRowsLlamaCppBackend(_ExecutorMutant):
     """Correct whenever the engine's entries happen to be in sequence-id order (every request
     admitted at once, none finished yet); wrong as soon as a freed slot is reused."""
 
     name: ClassVar[str] = "llamacpp-slot-order-rows"
 
-    def create_executor(self, *, max_sequences: int, block_size: int) -> LlamaCppExecutor:
-        executor = super().create_executor(max_sequences=max_sequences, block_size=block_size)
-        executor.__class__ = _SlotOrderRowsExecutor
-        return executor
+    executor_class: ClassVar[type[LlamaCppExecutor]] = _SlotOrderRowsExecutor
 
 
 # ------------------------------------- 13. the head of a long prompt silently dropped (a window)
@@ -335,16 +340,13 @@ class _SlidingWindowExecutor(LlamaCppExecutor):
         return super().execute(batch)
 
 
-class SlidingWindowLlamaCppBackend(LlamaCppBackend):
+class SlidingWindowLlamaCppBackend(_ExecutorMutant):
     """llama.cpp whose executor keeps a sliding window of 256 positions per sequence: long
     prompts "succeed" with their head dropped."""
 
     name: ClassVar[str] = "llamacpp-sliding-window"
 
-    def create_executor(self, *, max_sequences: int, block_size: int) -> LlamaCppExecutor:
-        executor = super().create_executor(max_sequences=max_sequences, block_size=block_size)
-        executor.__class__ = _SlidingWindowExecutor
-        return executor
+    executor_class: ClassVar[type[LlamaCppExecutor]] = _SlidingWindowExecutor
 
 
 # ------------------------------------------- 14. a pool that fails requests instead of queueing
