@@ -79,7 +79,24 @@ class RequestHandle(Protocol):
         ...
 
 
+class AdapterTarget(Protocol):
+    """Where runtime LoRA changes go: an engine's backend adapters, changed between two steps so
+    no forward pass sees a half-loaded adapter (see ``AsyncEngine.adapters``)."""
+
+    def adapter_names(self) -> tuple[str, ...]: ...
+
+    async def load_adapter_async(self, name: str, path: str) -> None:
+        """Load (or replace) adapter ``name`` from the PEFT directory ``path``; ``ModelError``
+        for unreadable or incompatible files."""
+        ...
+
+    async def unload_adapter_async(self, name: str) -> None: ...
+
+
 class AsyncEngine(Protocol):
+    """Everything the server reads from an engine is named here, so another engine (``RemoteEngine``
+    under ``--ray``, a third party's) knows what it must offer and the server never probes."""
+
     @property
     def tokenizer(self) -> Tokenizer: ...
 
@@ -94,6 +111,27 @@ class AsyncEngine(Protocol):
 
     #: "executor" (iteration-level continuous batching) or "request" (request-level path).
     path: str
+    #: How waiting requests are ordered ("fcfs", "priority"): ``priority`` requests are refused
+    #: unless it is "priority".
+    scheduling_policy: str
+    #: The grammar engine that compiles this engine's constraints ("llguidance", "xgrammar").
+    guided_decoding_backend: str
+    #: Why ``info.context_length`` is below the model's own context ("" when it is not), for
+    #: the 400 of a request that does not fit.
+    context_limit_note: str
+
+    def memory_summary(self) -> str | None:
+        """The memory the backend sized from a setting (its KV cache), for the start-up banner."""
+        ...
+
+    def adapters(self) -> AdapterTarget | None:
+        """Runtime LoRA loading on this engine; None when its backend has no LoRA capability."""
+        ...
+
+    def feedback(self, request_id: str, score: float) -> None:
+        """A user's score in [-1, 1] for a finished request, for a learning plugin; raises
+        ``FeedbackNotFound`` when none holds the request."""
+        ...
 
     async def encode_async(self, text: str, *, add_special: bool = True,
                            parse_special: bool = False) -> list[int]:
@@ -123,3 +161,16 @@ class AsyncEngine(Protocol):
     def metrics(self) -> MetricsSnapshot: ...
 
     async def shutdown(self) -> None: ...
+
+
+def contract_members() -> frozenset[str]:
+    """The names :class:`AsyncEngine` requires, for checking that an engine offers all of them
+    (``typing.runtime_checkable`` would check methods only by presence, and not data members)."""
+    own = {n for n, v in vars(AsyncEngine).items()
+           if not n.startswith("_") and (callable(v) or isinstance(v, property))}
+    return frozenset(own | set(AsyncEngine.__annotations__))
+
+
+def missing_members(engine: object) -> list[str]:
+    """What ``engine`` lacks of the AsyncEngine contract (empty when it offers everything)."""
+    return sorted(n for n in contract_members() if not hasattr(engine, n))

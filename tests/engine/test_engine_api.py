@@ -331,3 +331,13 @@ def test_prefix_donor_sequences_only_for_per_sequence_executors(backend_cls, don
     with ServingEngine(backend, EngineOptions(max_num_seqs=3, prefix_donor_slots=2, block_size=4)) as eng:
         assert eng.generate_sync([[1, 2, 3]], GenerationParams(max_tokens=2))[0].token_ids
     assert backend.asked == [3 + donors_asked]
+
+
+def test_the_engine_offers_everything_the_async_engine_contract_names(engine):
+    from ruvllm.serving import contract_members, missing_members
+
+    # The server reads these by name (no getattr probing): the contract must stay complete.
+    assert {"scheduling_policy", "guided_decoding_backend", "context_limit_note", "memory_summary",
+            "adapters", "feedback", "path"} <= contract_members()
+    assert missing_members(engine) == []
+    assert engine.scheduling_policy == "fcfs" and engine.adapters() is None

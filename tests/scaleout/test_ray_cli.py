@@ -22,3 +22,9 @@ def test_replicas_without_ray_is_refused_before_anything_loads():
 def test_ray_refuses_several_models_before_starting_ray():
     out = CliRunner().invoke(main, ["serve", "--ray", "--model", "a=default", "--model", "b=default"])
     assert out.exit_code == 2 and "one model per Ray application" in out.output
+
+
+def test_ray_refuses_runtime_lora_before_starting_ray():
+    # An adapter loaded through a Serve handle would reach one replica only: refused, not ignored.
+    out = CliRunner().invoke(main, ["serve", "--ray", "--allow-runtime-lora"])
+    assert out.exit_code == 2 and "--allow-runtime-lora does not work with --ray" in out.output

@@ -344,3 +344,14 @@ def test_a_request_whose_replica_died_mid_stream_fails_clearly():
 
     assert asyncio.run(run()) == [token]
     assert engine._stream_handle.generate.calls == 1  # not resent: its client saw part of an answer
+
+
+def test_the_remote_engine_offers_everything_the_async_engine_contract_names():
+    from ruvllm.errors import FeedbackNotFound
+    from ruvllm.serving import missing_members
+
+    engine = _fake_engine([])
+    assert missing_members(engine) == []
+    assert engine.scheduling_policy == "fcfs" and engine.adapters() is None
+    with pytest.raises(FeedbackNotFound, match="serve without --ray"):
+        engine.feedback("chatcmpl-1-0", 1.0)

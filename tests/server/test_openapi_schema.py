@@ -184,8 +184,8 @@ def test_priority_keeps_vllms_meaning():
     from ruvllm.errors import InvalidRequest
     from ruvllm.server.scheduling import submit_options
 
-    engine = SimpleNamespace(options=SimpleNamespace(policy=SimpleNamespace(value="priority")))
+    engine = SimpleNamespace(scheduling_policy="priority")
     # vLLM: a lower priority is served earlier; the engine's scale is the opposite.
     assert submit_options(-3, "s", engine) == {"priority": 3, "cache_salt": "s"}
-    with pytest.raises(InvalidRequest, match="priority"):
-        submit_options(1, None, object())
+    with pytest.raises(InvalidRequest, match="schedules by fcfs"):
+        submit_options(1, None, SimpleNamespace(scheduling_policy="fcfs"))

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ruvllm.adapters import adapter_cache_key
+from ruvllm.adapters import AdapterHost, adapter_cache_key
 from ruvllm.backend import LlmBackend
 from ruvllm.config import Config, merged_options
 from ruvllm.embeddings import check_embedding_inputs
@@ -32,6 +32,7 @@ from ruvllm.engine.live import LiveRequest
 from ruvllm.engine.metrics import EngineMetrics
 from ruvllm.engine.options import EngineOptions
 from ruvllm.engine.prompt_logprobs import PromptLogprobsCollector, check_logits_options
+from ruvllm.engine.published_adapters import PublishedAdapters
 from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.request_level import RequestLevelCore
 from ruvllm.errors import BackendError, EngineClosed, EngineOptionError, InvalidRequest, Overloaded
@@ -129,6 +130,24 @@ class ServingEngine:
     @property
     def backend(self) -> LlmBackend:
         return self._backend
+
+    @property
+    def scheduling_policy(self) -> str:
+        return str(self.options.policy.value)
+
+    @property
+    def guided_decoding_backend(self) -> str:
+        return self.options.guided_decoding_backend
+
+    def memory_summary(self) -> str | None:
+        return self._backend.memory_summary()
+
+    def adapters(self) -> PublishedAdapters | None:
+        """Runtime LoRA changes on the backend (published between steps); None without LoRA."""
+        backend = self._backend
+        if isinstance(backend, AdapterHost) and hasattr(backend, "load_adapter") and self._caps.lora:
+            return PublishedAdapters(self, backend)
+        return None
 
     # ----------------------------------------------------------------- submission
 

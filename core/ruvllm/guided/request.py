@@ -20,10 +20,10 @@ import attrs
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.guided.compile import GrammarCache
-from ruvllm.guided.engine import DEFAULT_ENGINE
 from ruvllm.guided.grammar import GrammarSpec, from_extensions, from_response_format
 from ruvllm.guided.processor import GuidedProcessor
 from ruvllm.guided.tools import ToolPlan, plan_tools
+from ruvllm.serving import AsyncEngine
 
 
 @attrs.frozen
@@ -59,23 +59,21 @@ def completion_constraint(body: Any) -> RequestConstraint:
     return RequestConstraint(_extensions(body))
 
 
-def check_engine(engine: Any, spec: GrammarSpec) -> None:
+def check_engine(engine: AsyncEngine, spec: GrammarSpec) -> None:
     """Refuse, naming the field, where the engine's backend chooses tokens itself."""
-    if getattr(engine, "path", "executor") != "executor":
+    if engine.path != "executor":
         raise InvalidRequest(
             spec.field, f"constrained output needs core's sampler, but backend {engine.backend_name!r} "
             "generates request by request with its own sampler, so ruvllm cannot enforce the grammar "
             "there; serve the model with llamacpp, candle_like or mlx")
 
 
-def grammar_engine_of(engine: Any) -> str:
-    """The grammar engine the serving ``engine`` was configured with (its options'
-    ``guided_decoding_backend``; llguidance for an engine without options)."""
-    options = getattr(engine, "options", None)
-    return getattr(options, "guided_decoding_backend", None) or DEFAULT_ENGINE
+def grammar_engine_of(engine: AsyncEngine) -> str:
+    """The grammar engine the serving ``engine`` was configured with."""
+    return engine.guided_decoding_backend
 
 
-async def processors(engine: Any, spec: GrammarSpec | None, n: int,
+async def processors(engine: AsyncEngine, spec: GrammarSpec | None, n: int,
                      cache: GrammarCache | None = None) -> list[list[GuidedProcessor]]:
     """One processor list per choice (empty lists when unconstrained); compiles in a thread."""
     if spec is None:

@@ -49,10 +49,14 @@ def run_scale_out(ctx: click.Context, config: Config, *, served_name: str | None
     if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
         raise click.UsageError("--ray needs Ray Serve, which is not installed: pip install 'ruvllm[ray]'")
     several = len(getattr(config, "models", ()) or ()) > 1
-    if several or getattr(config.server, "lora_adapters", None):
+    if several or config.server.lora_adapters:
         raise click.UsageError("--ray serves one model per Ray application, without LoRA adapters, for "
                                "now; drop the extra --model/[[models]] and --lora, or serve them without "
                                "--ray")
+    if config.server.allow_runtime_lora:
+        raise click.UsageError("--allow-runtime-lora does not work with --ray: a Serve handle reaches one "
+                               "replica per call, so an adapter loaded through it would exist on one "
+                               "replica only; serve without --ray to load adapters at runtime")
     from ruvllm.scaleout.app import ScaleOutSettings, serve_on_ray
 
     _, replicas = ctx.meta[_KEY]

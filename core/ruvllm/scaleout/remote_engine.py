@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ruvllm.engine.options import EngineOptions
-from ruvllm.errors import BackendError, InvalidRequest, RuvllmError
+from ruvllm.errors import BackendError, FeedbackNotFound, InvalidRequest, RuvllmError
 from ruvllm.guided.grammar import GrammarSpec
 from ruvllm.guided.processor import GuidedProcessor
 from ruvllm.scaleout.metrics_board import ReplicaMetrics, combine
@@ -228,6 +228,33 @@ class RemoteEngine:
     @property
     def backend_name(self) -> str:
         return self._desc.backend_name
+
+    @property
+    def scheduling_policy(self) -> str:
+        return self._desc.policy
+
+    @property
+    def guided_decoding_backend(self) -> str:
+        return self.options.guided_decoding_backend
+
+    @property
+    def context_limit_note(self) -> str:
+        return self._desc.context_limit_note
+
+    def memory_summary(self) -> str | None:
+        return f"each replica: {self._desc.memory}" if self._desc.memory else None
+
+    def adapters(self) -> None:
+        """None: a Serve handle reaches one replica per call, not each of them, so an adapter
+        loaded through it would exist on one replica only (``ruvllm serve --ray`` refuses
+        ``--allow-runtime-lora`` at start for that reason)."""
+        return None
+
+    def feedback(self, request_id: str, score: float) -> None:
+        raise FeedbackNotFound(
+            f"feedback for {request_id!r} cannot reach the replica that served it: `ruvllm serve "
+            "--ray` routes each call to any replica, and a learning plugin (SONA) keeps its requests "
+            "in the replica's process; serve without --ray to learn from /v1/feedback")
 
     # ------------------------------------------------------------------ calls
     async def encode_async(self, text: str, *, add_special: bool = True,

@@ -63,7 +63,8 @@ class EngineReplica:
     def describe(self) -> ReplicaDescription:
         e = self._engine
         return ReplicaDescription(info=e.info, capabilities=e.capabilities, backend_name=e.backend_name,
-                                  path=e.path, policy=str(e.options.policy.value),
+                                  path=e.path, policy=e.scheduling_policy,
+                                  context_limit_note=e.context_limit_note, memory=e.memory_summary(),
                                   block_size=e.options.block_size, replica_id=self._id, pid=os.getpid())
 
     async def embed(self, inputs: Sequence[Sequence[int]]) -> Any:

@@ -52,6 +52,10 @@ class ReplicaDescription:
     block_size: int
     replica_id: str
     pid: int
+    #: Why one request gets less than the model's context on a replica ("" when it does not).
+    context_limit_note: str = ""
+    #: The KV memory one replica sized from a setting, for the start-up banner.
+    memory: str | None = None
 
 
 @attrs.frozen

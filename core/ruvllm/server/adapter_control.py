@@ -1,8 +1,5 @@
-"""How LoRA adapters change on one engine: checked loading and unloading, between two steps.
-
-The adapter changes on the engine's model thread between two steps (``ServingEngine.publish``),
-never in the middle of a forward pass; requests already running keep the version they started
-with (the backends guarantee that), and the engine's prefix cache separates adapter versions.
+"""How LoRA adapters change on one engine: checked loading and unloading through the engine's
+``AsyncEngine.adapters`` (which changes them between two steps), with the caller's mistakes as 400s.
 
 Its own module because two parts of the server use it: the HTTP routes (``server/lora.py``) and
 the model pool, which loads a model's configured adapters with it (``server/model_pool.py``).
@@ -11,35 +8,16 @@ In lora.py it made lora -> model_pool -> lora a cycle, which the layering check 
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import Any
 
-from ruvllm.adapters import AdapterHost
 from ruvllm.errors import InvalidRequest, ModelError
-
-
-class _PublishedAdapters:
-    """A ServingEngine's backend adapters, changed between steps through ``engine.publish``."""
-
-    def __init__(self, engine: Any, backend: Any):
-        self.engine = engine
-        self.backend = backend
-
-    def adapter_names(self) -> tuple[str, ...]:
-        return tuple(self.backend.adapter_names())
-
-    async def load_adapter_async(self, name: str, path: str) -> None:
-        await asyncio.wrap_future(self.engine.publish(lambda: self.backend.load_adapter(name, path)))
-
-    async def unload_adapter_async(self, name: str) -> None:
-        await asyncio.wrap_future(self.engine.publish(lambda: self.backend.unload_adapter(name)))
+from ruvllm.serving import AdapterTarget, AsyncEngine
 
 
 class AdapterControl:
     """Checked loading and unloading on one engine: bad paths and backend refusals are 400s."""
 
-    def __init__(self, target: _PublishedAdapters):
+    def __init__(self, target: AdapterTarget):
         self.target = target
 
     async def load(self, name: str, path: str) -> None:
@@ -55,12 +33,11 @@ class AdapterControl:
         await self.target.unload_adapter_async(name)
 
 
-def adapter_control(engine: Any) -> AdapterControl:
+def adapter_control(engine: AsyncEngine) -> AdapterControl:
     """How adapters change on ``engine``; InvalidRequest (400) when its backend has no LoRA."""
-    backend = getattr(engine, "backend", None)
-    if (backend is not None and hasattr(engine, "publish") and isinstance(backend, AdapterHost)
-            and hasattr(backend, "load_adapter") and engine.capabilities.lora):
-        return AdapterControl(_PublishedAdapters(engine, backend))
+    target = engine.adapters()
+    if target is not None:
+        return AdapterControl(target)
     raise InvalidRequest("model", f"backend {engine.backend_name!r} has no LoRA capability, so it cannot "
                          "load adapters; serve the model with a backend that has one (candle_like, "
                          "mistralrs; see `ruvllm backends`)")

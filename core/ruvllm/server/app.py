@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest, RuvllmError
+from ruvllm.feedback import send_feedback
 from ruvllm.guided.request import chat_constraint, completion_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.hardware import cpu_info
@@ -154,7 +155,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     install_error_handlers(app)
     # POST /v1/feedback (SONA): request ids are unique in the process, so one hook relay serves
     # every model (a pool's engines share the plugin registry's).
-    register_feedback(app, single)
+    register_feedback(app, single.feedback if single is not None else send_feedback)
     register_lora_routes(app, pool, allow_runtime=settings.allow_runtime_lora)
     install_openapi_limits(
         app, settings.limits, single.info.vocab_size if single is not None else None,
@@ -170,7 +171,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     def target(route: Route) -> _Target:
         e = route.engine
         context_length = max_request_tokens(e)
-        limit_note = getattr(e, "context_limit_note", "") if context_length == e.info.context_length \
+        limit_note = e.context_limit_note if context_length == e.info.context_length \
             else "this server's --max-context setting"
         return _Target(e, route.adapter, route.served_name, context_length, limit_note)
 

@@ -8,13 +8,14 @@ plugin holds (unknown, evicted, or SONA is not enabled).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt
 
 from ruvllm.errors import FeedbackNotFound
-from ruvllm.feedback import check_score, send_feedback
+from ruvllm.feedback import check_score
 
 
 class FeedbackRequest(BaseModel):
@@ -25,8 +26,9 @@ class FeedbackRequest(BaseModel):
     index: StrictInt = 0
 
 
-def register_feedback(app: FastAPI, engine: Any) -> None:
-    hooks = getattr(engine, "hooks", None)
+def register_feedback(app: FastAPI, send: Callable[[str, float], None]) -> None:
+    """``send(request_id, score)``: one engine's ``AsyncEngine.feedback``, or for a pool of
+    models ``ruvllm.feedback.send_feedback`` (their engines share the plugin registry's hooks)."""
 
     @app.post("/v1/feedback")
     async def feedback(body: FeedbackRequest) -> dict[str, Any]:
@@ -34,7 +36,7 @@ def register_feedback(app: FastAPI, engine: Any) -> None:
         # Engine request ids are "<completion id>-<choice index>"; plain engine ids work too.
         for request_id in (f"{body.id}-{body.index}", body.id):
             try:
-                send_feedback(request_id, score, hooks=hooks)
+                send(request_id, score)
             except FeedbackNotFound:
                 continue
             return {"id": body.id, "index": body.index, "score": score, "status": "recorded"}

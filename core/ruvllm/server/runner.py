@@ -102,8 +102,7 @@ def startup_banner(engine: AsyncEngine, settings: ServerSettings) -> str:
     room = settings.limits.context_length(engine.info.context_length)
     lines = [f"ruvllm: serving {settings.model_name} with backend {engine.backend_name} "
              f"({engine.path} path); prompt + max_tokens of one request: up to {room} tokens"]
-    backend = getattr(engine, "backend", None)  # the ServingEngine's; not part of AsyncEngine
-    memory = backend.memory_summary() if backend is not None else None
+    memory = engine.memory_summary()
     if memory:
         lines.append(f"ruvllm: {memory}")
     return "\n".join(lines)

@@ -11,20 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.serving import AsyncEngine
 
 
-def _policy(engine: Any) -> str | None:
-    return getattr(getattr(getattr(engine, "options", None), "policy", None), "value", None)
+def priority_scheduling(engine: AsyncEngine) -> bool:
+    return engine.scheduling_policy == "priority"
 
 
-def priority_scheduling(engine: Any) -> bool:
-    return _policy(engine) == "priority"
-
-
-def submit_options(priority: int, cache_salt: str | None, engine: Any) -> dict[str, Any]:
-    policy = _policy(engine)
+def submit_options(priority: int, cache_salt: str | None, engine: AsyncEngine) -> dict[str, Any]:
+    policy = engine.scheduling_policy
     if priority and policy != "priority":
         raise InvalidRequest(
-            "priority", f"got {priority}, but this server schedules by {policy or 'arrival'!s}, not "
+            "priority", f"got {priority}, but this server schedules by {policy}, not "
             "by priority; start it with [engine] policy = \"priority\" or leave priority at 0", priority)
     return {"priority": -priority, "cache_salt": cache_salt}
