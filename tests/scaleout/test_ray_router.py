@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import pickle
 
+import attrs
 import pytest
 from ruvllm.errors import BackendError, ConfigError, ContextLengthExceeded, InvalidRequest, Overloaded
-from ruvllm.scaleout.metrics_board import combine
+from ruvllm.scaleout.metrics_board import ReplicaMetrics, combine, current
 from ruvllm.scaleout.prefix_router import AffinityPolicy, prefix_key
 from ruvllm.scaleout.wire import pack_error, unpack_error
 from ruvllm.serving import Histogram, MetricsSnapshot
@@ -133,6 +134,38 @@ def test_replica_metrics_add_up():
     assert total.time_to_first_token.counts == (1, 3) and total.time_to_first_token.count == 3
     assert total.requests_finished == {"stop": 2} and total.running == 2
     assert combine([]) is None
+
+
+def _gauged(snap: MetricsSnapshot, running: int, kv_usage: float, capacity: int) -> MetricsSnapshot:
+    return attrs.evolve(snap, running=running, waiting=running + 1, kv_usage=kv_usage,
+                        kv_capacity_tokens=capacity, kv_used_tokens=capacity // 4)
+
+
+def test_gauges_add_up_over_live_replicas_only_and_counters_over_all():
+    live, dead = _gauged(_snap(10, 40, (1, 2)), 3, 0.5, 1000), _gauged(_snap(5, 8, (0, 1)), 7, 0.9, 600)
+    total = combine([live, dead], [live])
+    assert (total.running, total.waiting, total.kv_usage) == (3, 4, 0.5)
+    assert (total.kv_capacity_tokens, total.kv_used_tokens) == (1000, 250)
+    assert total.prefix_cache_hits == 15 and total.requests_finished == {"stop": 2}
+    assert total.time_to_first_token.count == 3 and total.generation_tokens == 6
+    nobody = combine([live, dead], [])
+    assert (nobody.running, nobody.waiting, nobody.kv_usage, nobody.kv_capacity_tokens) == (0, 0, 0.0, 0)
+    assert nobody.prompt_tokens == 48
+
+
+def test_a_replica_is_current_while_fresh_or_busy_and_not_seen_dying():
+    def report(rid: str, at: float) -> ReplicaMetrics:
+        return ReplicaMetrics(replica_id=rid, pid=1, snapshot=_snap(0, 0, (0, 0)), reported_at=at)
+
+    latest = {"fresh": report("fresh", 100.0), "old": report("old", 70.0), "edge": report("edge", 80.0)}
+
+    def ids(**kw) -> list[str]:
+        return sorted(m.replica_id for m in current(latest, now=110.0, stale_after=30.0, **kw))
+
+    assert ids() == ["edge", "fresh"]  # 30 s old still counts, 40 s old does not
+    assert ids(busy={"old"}) == ["edge", "fresh", "old"]  # a request of ours runs there
+    assert ids(busy={"old"}, lost={"old": 90.0, "fresh": 105.0}) == ["edge"]  # died after reporting
+    assert ids(lost={"fresh": 50.0}) == ["edge", "fresh"]  # it reported after the death seen
 
 
 # ---------------------------------------------------------------- Serve local testing mode
@@ -282,7 +315,18 @@ class _Handle:
         return self
 
 
-def _fake_engine(streams: list[_Stream]):
+class _Board:
+    """The metrics board actor's handle: ``latest.remote()`` gives what ``reports`` holds."""
+
+    def __init__(self, reports: dict):
+        self.reports = reports
+        self.latest = self
+
+    async def remote(self):
+        return dict(self.reports)
+
+
+def _fake_engine(streams: list[_Stream], *, retries: int = 1, board: _Board | None = None):
     from ruvllm.engine.options import EngineOptions
     from ruvllm.scaleout.remote_engine import RemoteEngine
     from ruvllm.scaleout.wire import ReplicaDescription
@@ -293,7 +337,8 @@ def _fake_engine(streams: list[_Stream]):
     desc = ReplicaDescription(info=info, capabilities=Capabilities(),
                               backend_name="fake", path="executor", policy="fcfs", block_size=16,
                               replica_id="r0", pid=1)
-    return RemoteEngine(_Handle(streams), desc, tokenizer=None, options=EngineOptions())
+    return RemoteEngine(_Handle(streams), desc, tokenizer=None, options=EngineOptions(), retries=retries,
+                        board=board)
 
 
 def _result(n: int):
@@ -344,6 +389,141 @@ def test_a_request_whose_replica_died_mid_stream_fails_clearly():
 
     assert asyncio.run(run()) == [token]
     assert engine._stream_handle.generate.calls == 1  # not resent: its client saw part of an answer
+
+
+def _accepted(replica: str, *items, dies: bool = False) -> _Stream:
+    from ruvllm.scaleout.wire import Accepted
+
+    return _Stream([Accepted(replica, int(replica[1:])), *items], dies=dies)
+
+
+def _dies_before_accepting() -> _Stream:
+    return _Stream([], dies=True)
+
+
+def _answers(replica: str) -> _Stream:
+    from ruvllm.types import TokenOutput
+
+    return _accepted(replica, [TokenOutput(index=0, token_id=0, text="x")], [_result(1)])
+
+
+#: Replica deaths before the request's first token, wherever they strike: before a replica
+#: accepted it (in ``_open``) or after (in the handle's stream). docs/scale-out.md promises one
+#: resend in all, so each case sends twice at most; the code before this test resent in both
+#: places and sent "died, died, died, answers" four times.
+RESEND_CASES = {
+    "accept-then-die, answered": ([_accepted("r0", dies=True), _answers("r1")], 2, None),
+    "die-before-accept, answered": ([_dies_before_accepting(), _answers("r1")], 2, None),
+    "die-before-accept twice": ([_dies_before_accepting(), _dies_before_accepting(), _answers("r2")], 2,
+                                "no replica could take it"),
+    "die-before-accept, accept-then-die": ([_dies_before_accepting(), _accepted("r1", dies=True),
+                                            _dies_before_accepting(), _answers("r3")], 2,
+                                           r"replica r1 \(pid 1\) died after streaming 0 tokens"),
+    "accept-then-die, die-before-accept": ([_accepted("r0", dies=True), _dies_before_accepting(),
+                                            _answers("r2")], 2, "no replica could take it"),
+    "accept-then-die twice": ([_accepted("r0", dies=True), _accepted("r1", dies=True), _answers("r2")], 2,
+                              r"replica r1 \(pid 1\) died after streaming 0 tokens"),
+}
+
+
+@pytest.mark.parametrize("case", RESEND_CASES)
+def test_a_request_is_sent_again_once_in_all(case):
+    pytest.importorskip("ray")
+    from ruvllm.types import GenerationParams
+
+    streams, sends, error = RESEND_CASES[case]
+    engine = _fake_engine(list(streams))
+
+    async def run():
+        handle = await engine.submit([1, 2, 3], GenerationParams(max_tokens=1))
+        outs = [o async for o in handle]
+        return outs, await handle.result()
+
+    async def bounded():  # a handle whose resend failed must fail, not hang
+        return await asyncio.wait_for(run(), timeout=10)
+
+    if error is None:
+        outs, result = asyncio.run(bounded())
+        assert [o.text for o in outs] == ["x"] and result.token_ids == (0,)
+    else:
+        with pytest.raises(BackendError, match=error):
+            asyncio.run(bounded())
+    assert engine._stream_handle.generate.calls == sends
+
+
+@pytest.mark.parametrize("where", ["before accepting", "after accepting"])
+def test_without_retries_a_request_is_sent_once(where):
+    pytest.importorskip("ray")
+    from ruvllm.types import GenerationParams
+
+    first = _dies_before_accepting() if where == "before accepting" else _accepted("r0", dies=True)
+    engine = _fake_engine([first, _answers("r1")], retries=0)
+
+    async def run():
+        handle = await engine.submit([1, 2, 3], GenerationParams(max_tokens=1))
+        return [o async for o in handle]
+
+    with pytest.raises(BackendError):
+        asyncio.run(asyncio.wait_for(run(), timeout=10))
+    assert engine._stream_handle.generate.calls == 1
+
+
+def test_gauges_forget_a_replica_that_stopped_reporting_or_died_and_counters_keep_it():
+    """``metrics()`` over the board's reports: a replica whose last report is older than
+    ``stale_after`` leaves running/waiting/KV unless a request of ours runs there; one whose
+    stream died leaves them at once; the counters of both stay in the sums."""
+    pytest.importorskip("ray")
+    import time
+
+    from ruvllm.types import GenerationParams, TokenOutput
+
+    now = time.time()
+
+    def report(rid: str, age: float, running: int, finished: int) -> ReplicaMetrics:
+        snap = attrs.evolve(_gauged(_snap(0, 0, (0, 0)), running, 0.5, 1000),
+                            requests_finished={"stop": finished})
+        return ReplicaMetrics(replica_id=rid, pid=int(rid[1:]), snapshot=snap, reported_at=now - age)
+
+    board = _Board({"r1": report("r1", 1, running=2, finished=10),
+                    "r2": report("r2", 600, running=5, finished=20),
+                    "r3": report("r3", 600, running=1, finished=30)})
+    token = TokenOutput(index=0, token_id=0, text="x")
+    # A request that stays on r3 (its stream never ends) and one that dies on r1 mid-stream.
+    hang = asyncio.Event()
+
+    class _Open(_Stream):
+        async def __anext__(self):
+            if not self._items:
+                await hang.wait()
+            return await super().__anext__()
+
+    engine = _fake_engine([_Open([_accepted("r3")._items[0], [token]], dies=False),
+                           _accepted("r1", [token], dies=True)], board=board)
+    assert engine.stale_after == 30.0
+
+    async def run():
+        await engine.refresh_metrics()
+        views = [engine.metrics()]
+        on_r3 = await engine.submit([1, 2, 3], GenerationParams(max_tokens=8))
+        await asyncio.sleep(0.01)  # its pump starts: r3 runs a request of ours
+        views.append(engine.metrics())
+        dies = await engine.submit([1, 2, 3], GenerationParams(max_tokens=8))
+        with pytest.raises(BackendError, match="died after streaming 1 tokens"):
+            async for _ in dies:
+                pass
+        views.append(engine.metrics())
+        on_r3.cancel()
+        await asyncio.sleep(0.01)
+        views.append(engine.metrics())
+        return views
+
+    views = asyncio.run(run())
+    # Counters: every replica that ever reported, whatever became of it.
+    assert {v.requests_finished["stop"] for v in views} == {60}
+    # Gauges: r1 (fresh); + r3 while our request runs there; r1 gone once seen dying.
+    assert [(v.running, v.waiting, v.kv_capacity_tokens) for v in views] == [
+        (2, 3, 1000), (3, 5, 2000), (1, 2, 1000), (0, 0, 0)]
+    assert [v.kv_usage for v in views] == [0.5, 0.5, 0.5, 0.0]
 
 
 def test_the_remote_engine_offers_everything_the_async_engine_contract_names():

@@ -3,7 +3,8 @@
 A DeploymentHandle cannot address one particular replica, so the ingress cannot ask each
 replica for its counters. Instead every replica posts its :class:`MetricsSnapshot` to a small
 named, detached actor (zero CPUs) after each request it finishes; the ingress reads
-the latest snapshot of every replica from it. That gives ``/metrics`` (the sum over replicas)
+the latest snapshot of every replica from it. That gives ``/metrics`` (the sum over replicas:
+counters over every replica that reported, gauges over those still alive, see :func:`combine`)
 and ``/ray/replicas`` (per replica: prefix-cache queries and hits, pid), which is how the tests
 see which replica served a shared prefix.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -92,10 +94,42 @@ def _sum_histograms(hs: list[Histogram]) -> Histogram:
                      sum=sum(h.sum for h in hs), count=sum(h.count for h in hs))
 
 
-def combine(snapshots: list[MetricsSnapshot]) -> MetricsSnapshot | None:
-    """The sum of several replicas' snapshots (kv_usage: their mean), None for none."""
+#: Seconds after its last report when a replica's gauges (running, waiting, KV usage and
+#: tokens) stop counting in ``/metrics``, unless this ingress has a request running on it.
+#: Replicas report when they finish a request (there is no heartbeat), so one that serves traffic
+#: reports far more often; one that has finished nothing for this long and runs nothing of ours
+#: is dead or idle. Idle, its running and waiting are 0 anyway; what leaves the sum with it is
+#: its KV capacity, until its next report. Its counters (totals) stay summed either way.
+STALE_AFTER = 30.0
+
+#: Snapshot fields that describe the replica now, not what it has done.
+GAUGES = ("running", "waiting", "kv_usage", "kv_capacity_tokens", "kv_used_tokens")
+
+
+def current(latest: Mapping[str, ReplicaMetrics], *, now: float, stale_after: float = STALE_AFTER,
+            busy: Collection[str] = (), lost: Mapping[str, float] | None = None) -> list[ReplicaMetrics]:
+    """The reports among ``latest`` whose gauges still describe a live replica: reported within
+    ``stale_after`` seconds of ``now`` or running a request of this ingress (``busy``: a dead
+    replica's streams fail at once, so it leaves ``busy`` at once), and not seen dying after the
+    report (``lost``: replica id -> when a stream of it failed because it died)."""
+    lost = lost or {}
+    return [m for m in latest.values()
+            if lost.get(m.replica_id, float("-inf")) < m.reported_at
+            and (m.replica_id in busy or now - m.reported_at <= stale_after)]
+
+
+def combine(snapshots: Sequence[MetricsSnapshot],
+            gauges: Sequence[MetricsSnapshot] | None = None) -> MetricsSnapshot | None:
+    """The sum of several replicas' snapshots, None for none.
+
+    Counters (requests, tokens, prefix-cache lookups, histograms) add up over ``snapshots``,
+    every replica that ever reported, dead ones included: a total must not shrink because a
+    replica died. Gauges (``GAUGES``: running, waiting, KV tokens; ``kv_usage`` their mean) add up
+    over ``gauges`` only (default: ``snapshots``), the replicas still alive (see :func:`current`);
+    0 where there is none."""
     if not snapshots:
         return None
+    gauges = snapshots if gauges is None else gauges
     finished: dict[str, int] = {}
     for s in snapshots:
         for reason, n in s.requests_finished.items():
@@ -104,7 +138,9 @@ def combine(snapshots: list[MetricsSnapshot]) -> MetricsSnapshot | None:
             for f in ("time_to_first_token", "time_per_output_token", "inter_token_latency",
                       "e2e_latency", "queue_time")}
     total = {f: sum(getattr(s, f) for s in snapshots)
-             for f in ("running", "waiting", "prefix_cache_queries", "prefix_cache_hits", "preemptions",
-                       "prompt_tokens", "generation_tokens", "kv_capacity_tokens", "kv_used_tokens")}
-    return MetricsSnapshot(**hist, **total, kv_usage=sum(s.kv_usage for s in snapshots) / len(snapshots),
-                           requests_finished=finished)
+             for f in ("prefix_cache_queries", "prefix_cache_hits", "preemptions", "prompt_tokens",
+                       "generation_tokens")}
+    now = {f: sum(getattr(s, f) for s in gauges)
+           for f in ("running", "waiting", "kv_capacity_tokens", "kv_used_tokens")}
+    kv_usage = sum(s.kv_usage for s in gauges) / len(gauges) if gauges else 0.0
+    return MetricsSnapshot(**hist, **total, **now, kv_usage=kv_usage, requests_finished=finished)

@@ -13,14 +13,17 @@ before routing, and its cache makes that compile cheap when the schema is sent a
 tokenized in the ingress (the same tokenizer), which saves a Ray round trip per request.
 
 Faults: when the replica running a request dies, a request that has produced no token yet is
-sent again (Serve routes it to a live replica); one that has streamed tokens fails with a
+sent again (Serve routes it to a live replica), at most ``retries`` times in all (default once),
+whether the replica died before accepting it or after; one that has streamed tokens fails with a
 ``BackendError`` saying so, because its client has already seen part of an answer. Serve
-restarts the dead replica on its own.
+restarts the dead replica on its own. The dead replica's gauges (running, waiting, KV) leave
+``metrics()`` at once; its counters stay (see ``metrics_board.combine``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -34,7 +37,7 @@ from ruvllm.engine.options import EngineOptions
 from ruvllm.errors import BackendError, FeedbackNotFound, InvalidRequest, RuvllmError
 from ruvllm.guided.grammar import GrammarSpec
 from ruvllm.guided.processor import GuidedProcessor
-from ruvllm.scaleout.metrics_board import ReplicaMetrics, combine
+from ruvllm.scaleout.metrics_board import STALE_AFTER, ReplicaMetrics, combine, current
 from ruvllm.scaleout.prefix_router import prefix_key
 from ruvllm.scaleout.wire import Accepted, ReplicaDescription, ReplicaRequest, WireError, unpack_error
 from ruvllm.serving import MetricsSnapshot
@@ -88,11 +91,15 @@ def _recipes(processors: Sequence[Any]) -> tuple[GrammarSpec, ...]:
 class RemoteRequestHandle:
     """One request running on a replica (implements :class:`ruvllm.serving.RequestHandle`)."""
 
-    def __init__(self, engine: RemoteEngine, request: ReplicaRequest, stream: Any, accepted: Accepted):
+    def __init__(self, engine: RemoteEngine, request: ReplicaRequest, stream: Any, accepted: Accepted,
+                 resends: int):
         self.request_id = request.request_id
         #: The replica (Serve id) and process now running the request.
         self.replica_id = accepted.replica_id
         self.pid = accepted.pid
+        #: Resends of this request still allowed if its replica dies before its first token (what
+        #: ``_open`` left of ``RemoteEngine.retries``: one budget for the whole request).
+        self._resends = resends
         self._engine = engine
         self._request = request
         self._stream = stream
@@ -104,7 +111,8 @@ class RemoteRequestHandle:
         self._task = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
-        retries = self._engine.retries
+        engine = self._engine
+        engine._running_on(self.replica_id, +1)
         try:
             while True:
                 try:
@@ -117,18 +125,28 @@ class RemoteRequestHandle:
                         self._fail(BackendError(f"request {self.request_id} failed on replica "
                                                 f"{self.replica_id}: {exc}"))
                         return
-                    if self._outputs or retries <= 0:
+                    engine._replica_died(self.replica_id)
+                    if self._outputs or self._resends <= 0:
                         self._fail(BackendError(
                             f"request {self.request_id}: replica {self.replica_id} (pid {self.pid}) died "
                             f"after streaming {len(self._outputs)} tokens; Ray Serve restarts it, but this "
                             "request cannot be resumed; send it again"))
                         return
-                    retries -= 1
+                    self._resends -= 1
                     log.warning("replica %s died before request %s produced a token; sending it again",
                                 self.replica_id, self.request_id)
-                    self._stream, accepted = await self._engine._open(self._request)
+                    try:
+                        self._stream, accepted, self._resends = await engine._open(self._request,
+                                                                                  self._resends)
+                    except Exception as reopen:
+                        self._fail(reopen if isinstance(reopen, RuvllmError) else BackendError(
+                            f"request {self.request_id}: sending it again failed: {reopen}"))
+                        return
+                    engine._running_on(self.replica_id, -1)
                     self.replica_id, self.pid = accepted.replica_id, accepted.pid
+                    engine._running_on(self.replica_id, +1)
         finally:
+            engine._running_on(self.replica_id, -1)
             self._queue.put_nowait(_END)
 
     async def _read(self, stream: Any) -> None:
@@ -194,7 +212,8 @@ class RemoteEngine:
 
     def __init__(self, replicas: Any, description: ReplicaDescription, tokenizer: Tokenizer, *,
                  options: EngineOptions, affinity_blocks: int = 3, retries: int = 1,
-                 board: Any = None, baseline: MetricsSnapshot | None = None, owner: Any = None):
+                 board: Any = None, baseline: MetricsSnapshot | None = None, owner: Any = None,
+                 stale_after: float = STALE_AFTER):
         self._replicas = replicas
         self._stream_handle = replicas.options(stream=True)
         self._desc = description
@@ -202,11 +221,17 @@ class RemoteEngine:
         #: The replicas' engine options (``priority`` requests read ``options.policy``).
         self.options = options
         self.affinity_blocks = affinity_blocks
+        #: Times a request is sent again when its replica dies before its first token, in all.
         self.retries = retries
+        #: Seconds after which a replica's last report stops counting for the gauges.
+        self.stale_after = stale_after
         self.path = description.path
         self._board = board
         self._baseline = baseline
         self._latest: dict[str, ReplicaMetrics] = {}
+        #: Requests of this ingress running on each replica, and when a replica was seen dying.
+        self._running: collections.Counter[str] = collections.Counter()
+        self._lost: dict[str, float] = {}
         self._refresher: asyncio.Task | None = None
         #: What keeps the tokenizer valid (the ingress's tokenizer backend), closed at shutdown.
         self._owner = owner
@@ -282,13 +307,16 @@ class RemoteEngine:
             cache_salt=cache_salt, grammars=grammars,
             prefix_key=prefix_key(prompt_ids, block_size=self._desc.block_size, blocks=self.affinity_blocks,
                                   cache_salt=cache_salt))
-        stream, accepted = await self._open(request)
-        return RemoteRequestHandle(self, request, stream, accepted)
+        stream, accepted, resends = await self._open(request, self.retries)
+        return RemoteRequestHandle(self, request, stream, accepted, resends)
 
-    async def _open(self, request: ReplicaRequest) -> tuple[Any, Accepted]:
+    async def _open(self, request: ReplicaRequest, resends: int) -> tuple[Any, Accepted, int]:
         """Start ``request`` on a replica and wait until its engine accepted it (so submission
-        errors are raised here, with their status codes, as the in-process engine does)."""
-        attempts = self.retries + 1
+        errors are raised here, with their status codes, as the in-process engine does).
+
+        A replica that dies before accepting it costs one of ``resends``; the stream, the
+        acceptance and the resends left are returned, for the request's handle to spend the
+        rest if its replica dies later."""
         while True:
             stream = self._stream_handle.generate.remote(request)
             try:
@@ -297,16 +325,18 @@ class RemoteEngine:
                 raise BackendError(f"request {request.request_id}: the replica closed its stream "
                                    "before accepting the request") from None
             except Exception as exc:
-                attempts -= 1
-                if _replica_lost(exc) and attempts > 0:
+                if not _replica_lost(exc):
+                    raise
+                if resends > 0:
+                    resends -= 1
+                    log.warning("a replica died before accepting request %s; sending it again",
+                                request.request_id)
                     continue
-                if _replica_lost(exc):
-                    raise BackendError(f"request {request.request_id}: no replica could take it ({exc}); "
-                                       "Ray Serve is restarting replicas, retry shortly") from exc
-                raise
+                raise BackendError(f"request {request.request_id}: no replica could take it ({exc}); "
+                                   "Ray Serve is restarting replicas, retry shortly") from exc
             if not isinstance(first, Accepted):
                 raise BackendError(f"request {request.request_id}: unexpected first item {first!r}")
-            return stream, first
+            return stream, first, resends
 
     # ------------------------------------------------------------------ metrics
     def _ensure_refresher(self) -> None:
@@ -336,10 +366,23 @@ class RemoteEngine:
                 reported_at=time.time())}
         return dict(self._latest)
 
+    def _running_on(self, replica_id: str, change: int) -> None:
+        self._running[replica_id] += change
+        if self._running[replica_id] <= 0:
+            del self._running[replica_id]
+
+    def _replica_died(self, replica_id: str) -> None:
+        self._lost[replica_id] = time.time()
+
     def metrics(self) -> MetricsSnapshot:
-        """Sum over the replicas' latest reports (the counters of a dead replica are kept)."""
+        """Sum over the replicas' latest reports: the counters of every replica that reported,
+        dead ones included; the gauges (running, waiting, KV) of the replicas still alive, those
+        that reported within ``stale_after`` seconds or run a request of ours, and that no
+        stream has seen die since their report (``metrics_board.current``)."""
         self._ensure_refresher()
-        combined = combine([m.snapshot for m in self._latest.values()])
+        alive = current(self._latest, now=time.time(), stale_after=self.stale_after,
+                        busy=set(self._running), lost=self._lost)
+        combined = combine([m.snapshot for m in self._latest.values()], [m.snapshot for m in alive])
         if combined is not None:
             return combined
         if self._baseline is None:
