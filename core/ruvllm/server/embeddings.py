@@ -14,10 +14,9 @@ import base64
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, model_validator
 
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.strict_fields import refuse_unknown_fields
+from ruvllm.server.schemas import RequestBody
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable
 
@@ -25,21 +24,16 @@ from ruvllm.tokenizer import require_encodable
 MAX_INPUTS = 2048
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(RequestBody):
     """OpenAI's fields; any other is a 400 naming it (a misspelt ``encoding_fromat`` must not
-    quietly give floats), as on the completion endpoints."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_fields_only(cls, data: Any) -> Any:
-        return refuse_unknown_fields(cls, data)
+    quietly give floats), as on every endpoint."""
 
     input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
+    #: Refused when set (check_dimensions says why).
     dimensions: int | None = None
+    #: OpenAI's end-user id: accepted, never used (docs/server.md says why).
     user: str | None = None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 
@@ -42,30 +42,62 @@ class Limits:
 
 
 def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """Plain dicts for the chat template; content parts are joined when they are all text."""
+    """Plain dicts for the chat template: text content parts joined, an assistant's ``refusal``
+    as its content, ``tool_calls`` with their arguments as objects. What cannot be rendered
+    (image or audio parts, a reference to an audio answer, the deprecated ``function_call``) is a
+    400 naming it, never dropped."""
     out = []
     for i, m in enumerate(messages):
-        content = m.content
-        if content is None:
-            content = ""
-        elif isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise InvalidRequest(f"messages[{i}].content[{j}]",
-                                         f"only text parts are supported; got type {part.get('type')!r}")
-                texts.append(part["text"])
-            content = "".join(texts)
+        at = f"messages[{i}]"
+        for field in ("audio", "function_call"):
+            if getattr(m, field) is not None:
+                _refuse(f"{at}.{field}", _UNRENDERABLE[field])
+        content = _content_text(m.content, at)
+        if m.refusal:
+            if m.role != "assistant":
+                _refuse(f"{at}.refusal", f"belongs to an assistant message; this one's role is {m.role!r}")
+            if content:
+                _refuse(f"{at}.refusal", "give the assistant's turn as content or as refusal, not both")
+            content = m.refusal
         d: dict[str, Any] = {"role": m.role, "content": content}
         if m.name:
             d["name"] = m.name
-        extra = m.model_extra or {}
-        if extra.get("tool_call_id") is not None:
-            d["tool_call_id"] = extra["tool_call_id"]
-        if extra.get("tool_calls") is not None:
-            d["tool_calls"] = _template_tool_calls(extra["tool_calls"], f"messages[{i}].tool_calls")
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        if m.tool_calls is not None:
+            d["tool_calls"] = _template_tool_calls(m.tool_calls, f"{at}.tool_calls")
         out.append(d)
     return out
+
+
+_UNRENDERABLE = {
+    "audio": "refers to an earlier audio answer, and ruvllm serves text models; send that answer's "
+             "transcript as content (or audio: null)",
+    "function_call": "is the deprecated functions API, which ruvllm does not serve; send the call as "
+                     "tool_calls (or function_call: null)",
+}
+#: The keys of a text content part (the ``openai`` client's ChatCompletionContentPartTextParam).
+_TEXT_PART_KEYS = frozenset({"type", "text"})
+
+
+def _content_text(content: str | list[dict[str, Any]] | None, at: str) -> str:
+    """A message's content as one string: text parts joined; any other part, or a key a text part
+    does not have, is a 400 naming it."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            _refuse(f"{at}.content[{j}]", f"only text parts are supported; got type {part.get('type')!r}")
+        unknown = sorted(set(part) - _TEXT_PART_KEYS)
+        if unknown:
+            _refuse(f"{at}.content[{j}].{unknown[0]}", f"unknown field{'s' if len(unknown) > 1 else ''} "
+                    f"{', '.join(unknown)} of a text part (it has type and text); remove "
+                    f"{'them' if len(unknown) > 1 else 'it'}")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def _template_tool_calls(calls: Any, field: str) -> list[Any]:
@@ -131,7 +163,7 @@ async def _ready(ids: list[int]) -> list[int]:
     return ids
 
 
-def _refuse(field: str, why: str) -> None:
+def _refuse(field: str, why: str) -> NoReturn:
     raise InvalidRequest(field, why)
 
 
@@ -142,6 +174,9 @@ def _check_common(req: ChatCompletionRequest | CompletionRequest, limits: Limits
         _refuse("best_of", "is not supported by ruvllm; use n for several completions")
     if req.stream_options is not None and not req.stream:
         _refuse("stream_options", "is only allowed when stream is true")
+    if req.stream_options is not None and req.stream_options.include_obfuscation:
+        _refuse("stream_options.include_obfuscation", "ruvllm does not pad stream chunks with OpenAI's "
+                "random obfuscation field; leave it out (or false), and serve over TLS or loopback")
 
 
 def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits: Limits,

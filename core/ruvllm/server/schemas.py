@@ -1,10 +1,13 @@
 """OpenAI request bodies as pydantic models.
 
-Only fields ruvllm honours are typed; known OpenAI fields it cannot honour are accepted by the
-schema and rejected by :mod:`ruvllm.server.params` with a 400 that names them, so a client never
-gets silently different behaviour. Unknown fields are refused too (400 naming them): a client that
-sends ``prompt_logprobs`` or a misspelt option must not get a quietly different answer. The
-numeric ranges here are the ones the server enforces, so the published OpenAPI schema (which
+Every field of every body is honoured, refused with a 400 naming it when set to a value ruvllm
+cannot honour (``best_of``, ``suffix``... checked by :mod:`ruvllm.server.params`), or accepted
+for a stated reason (``user``); docs/server.md's "Request fields" table says which, and
+tests/server/test_field_table.py fails when a field here has no decision there. Unknown fields
+are refused (400 naming them), at any depth: a client that sends ``prompt_logprobs``, a misspelt
+option or a misspelt message field must not get a quietly different answer. Request bodies
+derive from :class:`RequestBody`, the objects inside them from :class:`StrictModel`. The numeric
+ranges here are the ones the server enforces, so the published OpenAPI schema (which
 :mod:`ruvllm.server.openapi` completes with the server's own limits) states the real constraints.
 """
 
@@ -14,6 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ruvllm.errors import InvalidRequest
 from ruvllm.server.strict_fields import refuse_unknown_fields
 from ruvllm.types import MAX_LOGIT_BIAS, MAX_LOGPROBS
 
@@ -25,14 +29,23 @@ _Text = _StopString = Annotated[str, Field(min_length=1)]
 _TokenId = Annotated[int, Field(ge=0)]
 
 
-class _Request(BaseModel):
+class StrictModel(BaseModel):
+    """An object inside a request body: a field it does not declare is a 400 naming it with its
+    path (``messages[0].nmae``, pydantic's ``extra_forbidden`` mapped by ruvllm.server.errors)."""
+
     model_config = ConfigDict(extra="forbid")
+
+
+class RequestBody(StrictModel):
+    """A request body: the fields it does not declare are all named in one 400."""
 
     @model_validator(mode="before")
     @classmethod
     def _known_fields_only(cls, data: Any) -> Any:
         return refuse_unknown_fields(cls, data)
 
+
+class _Request(RequestBody):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -44,6 +57,7 @@ class _Request(BaseModel):
     seed: int | None = Field(None, ge=0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    #: OpenAI's end-user id: accepted, never used (docs/server.md says why).
     user: str | None = None
     # Extensions vLLM users already send.
     top_k: int | None = Field(None, ge=0)
@@ -66,18 +80,33 @@ class _Request(BaseModel):
     best_of: int | None = None
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class StreamOptions(StrictModel):
     include_usage: bool = False
+    #: OpenAI pads stream chunks with random ``obfuscation`` text unless this is false; ruvllm
+    #: never does, so only false is accepted (params.py refuses true).
+    include_obfuscation: bool = False
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class ChatMessage(StrictModel):
+    """One message, with the fields the ``openai`` client's message types carry (and an OpenAI
+    response message replayed as history: ``message.model_dump()``); params.message_dicts turns
+    it into what the chat template reads and refuses what it cannot render."""
 
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    #: An assistant turn's calls: a list of ``{"type": "function", "function": ...}`` (checked
+    #: by params.message_dicts, which names what is malformed).
+    tool_calls: Any = None
+    tool_call_id: str | None = None
+    #: An assistant turn's refusal text (rendered as its content).
+    refusal: str | None = None
+    #: Accepted only as null: a reference to an earlier audio answer.
+    audio: dict[str, Any] | None = None
+    #: Accepted only as null: the deprecated functions API's call (send ``tool_calls``).
+    function_call: dict[str, Any] | None = None
+    #: URL citations of an earlier OpenAI answer: accepted, not rendered (docs/server.md).
+    annotations: list[Any] | None = None
 
 
 class ChatCompletionRequest(_Request):
@@ -102,18 +131,24 @@ class CompletionRequest(_Request):
     suffix: str | None = None
 
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class TokenizeRequest(RequestBody):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    #: With ``prompt``: add the model's BOS. With ``messages`` the chat template places the special
+    #: tokens, so only false (vLLM's default for chat) is accepted.
     add_special_tokens: bool = True
 
+    @model_validator(mode="after")
+    def _special_tokens_with_messages(self) -> TokenizeRequest:
+        if self.messages is not None and self.add_special_tokens and \
+                "add_special_tokens" in self.model_fields_set:
+            raise InvalidRequest("add_special_tokens", "cannot be true with messages: the chat template "
+                                 "places the special tokens; leave it out (or false) with messages")
+        return self
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
 
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[int]
 
