@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 import json
+import os
+import platform
+import sys
 
 import attrs
 from click.testing import CliRunner
@@ -70,28 +74,64 @@ def test_summary_and_dict_name_what_matters():
 
 
 def test_this_machine_is_detected():
+    """What cpu_info() reports, checked against the operating system's own sources, read here
+    without ruvllm.hardware: the affinity mask, the CPU count, the memory size and (on Linux)
+    the first CPU's model name and flags in /proc/cpuinfo."""
     here = cpu_info()
-    assert here.usable_cores >= 1 and here.logical_cores >= here.usable_cores
-    assert attrs.evolve(here).model
+    assert here.arch == (platform.machine().lower() or "unknown")
+    assert here.logical_cores == (os.cpu_count() or 1)
+    if hasattr(os, "sched_getaffinity"):
+        assert here.usable_cores == len(os.sched_getaffinity(0))
+    assert 1 <= here.usable_cores <= here.logical_cores
+    if not sys.platform.startswith("linux"):
+        return
+    fields: dict[str, str] = {}
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip().lower(), value.strip())
+    raw = set((fields.get("flags") or fields.get("features") or "").split())
+    raw |= {"neon"} if "asimd" in raw else set()
+    raw |= {"dotprod"} if "asimddp" in raw else set()
+    assert here.features == {f for f in hardware.FEATURES if f in raw}
+    if "model name" in fields:
+        assert here.model == fields["model name"]
+    with open("/proc/meminfo") as fh:
+        total_kib = next(int(line.split()[1]) for line in fh if line.startswith("MemTotal:"))
+    if here.memory_bytes is not None:  # None without psutil
+        assert here.memory_bytes == total_kib * 1024
 
 
 def test_detected_once_and_the_onednn_limit_still_honoured(monkeypatch):
-    """/health and benchmark lines call cpu_info() often: the machine is read once per process,
-    while ONEDNN_MAX_CPU_ISA (how an AVX2-only CPU is emulated) is honoured whenever it is set."""
-    detections = []
+    """/health and benchmark lines call cpu_info() often: the machine is read once per process
+    (/proc/cpuinfo opened once, the memory size asked once), while ONEDNN_MAX_CPU_ISA (how an
+    AVX2-only CPU is emulated) is honoured whenever it is set."""
+    detections, cpuinfo_reads = [], []
     real = hardware._memory_bytes
     monkeypatch.setattr(hardware, "_memory_bytes", lambda: detections.append(1) or real())
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if str(file) == "/proc/cpuinfo":
+            cpuinfo_reads.append(1)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     hardware._detected.cache_clear()
     hardware._with_isa_limit.cache_clear()
     try:
         first = cpu_info()
+        reads = len(cpuinfo_reads)
+        assert reads == (1 if sys.platform.startswith("linux") else 0)
         assert cpu_info() is first and first.onednn_isa_limit is None
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
         emulated = cpu_info()
         assert emulated.onednn_isa_limit == "AVX2" and not emulated.native_bf16
         assert attrs.evolve(emulated, onednn_isa_limit=None) == first
-        assert len(detections) == 1
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+        assert cpu_info() is first
+        assert len(detections) == 1 and len(cpuinfo_reads) == reads
     finally:
         hardware._detected.cache_clear()
         hardware._with_isa_limit.cache_clear()
