@@ -1,10 +1,10 @@
 """The OpenAI-compatible HTTP API over one :class:`ruvllm.serving.AsyncEngine` or a pool of them.
 
-Handlers only translate: OpenAI JSON -> prompt ids and GenerationParams (``params``), engine
-outputs -> OpenAI JSON (``responses``). Every choice of every request is its own engine request,
-submitted before the first one is awaited so that the engine can batch them. Submission errors
-(bad parameters, context too long, queue full) come back with their real status codes because
-nothing is streamed before every choice has been accepted.
+Routes only: each handler parses its body, asks the module that owns the work, and formats.
+OpenAI JSON -> prompt ids and GenerationParams is ``params``; a completion's lifecycle (submit
+every choice, cancel on refusal or disconnect, stream in batches) is
+:mod:`~ruvllm.server.completion_service`; engine outputs -> OpenAI JSON are the formatters
+(``responses``, ``tool_responses``, ``echo``), sent whole or streamed by ``delivery``.
 
 Which engine serves a request (and with which LoRA adapter) is decided in one place, the
 :class:`~ruvllm.server.model_pool.ModelPool`, from the request's ``model``; a single engine is a
@@ -15,21 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
-from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import attrs
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest, RuvllmError
+from ruvllm.errors import InvalidRequest
 from ruvllm.feedback import send_feedback
 from ruvllm.guided.request import chat_constraint, completion_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.hardware import cpu_info
-from ruvllm.server import responses
-from ruvllm.server.echo import completion_formatter, finish_event, merge_echo
+from ruvllm.server.completion_service import ChoiceRequest, CompletionService
+from ruvllm.server.delivery import answer
+from ruvllm.server.echo import completion_formatter
 from ruvllm.server.embeddings import (
     EmbeddingRequest,
     check_dimensions,
@@ -37,12 +36,12 @@ from ruvllm.server.embeddings import (
     input_ids,
     split_inputs,
 )
-from ruvllm.server.errors import install_error_handlers, ruvllm_error_body
+from ruvllm.server.errors import install_error_handlers
 from ruvllm.server.feedback import register_feedback
 from ruvllm.server.limits import RequestLimitsMiddleware, authorized
 from ruvllm.server.lora import register_lora_routes
 from ruvllm.server.metrics import CONTENT_TYPE, ServerMetrics
-from ruvllm.server.model_pool import ModelEntry, ModelPool, Route
+from ruvllm.server.model_pool import ModelEntry, ModelPool
 from ruvllm.server.openapi import install_openapi_limits
 from ruvllm.server.params import (
     Limits,
@@ -58,12 +57,11 @@ from ruvllm.server.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from ruvllm.server.sse import DONE, SSEResponse, sse_event
 from ruvllm.server.tokenizer_info import tokenizer_info
-from ruvllm.server.tool_responses import ToolChatFormatter
-from ruvllm.serving import AsyncEngine, RequestHandle
+from ruvllm.server.tool_responses import chat_formatter
+from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable
-from ruvllm.types import FinishReason, GenerationParams, GenerationResult, TokenOutput
+from ruvllm.types import GenerationParams
 
 
 @attrs.frozen(kw_only=True)
@@ -79,40 +77,6 @@ class ServerSettings:
     lora_adapters: dict[str, str] = attrs.field(factory=dict)
     #: ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` answer (else 403).
     allow_runtime_lora: bool = False
-
-
-@attrs.define
-class _Choice:
-    index: int
-    handle: RequestHandle
-    prompt_index: int
-    finished: bool = False
-
-
-#: One choice's streamed outputs and its result.
-_Outcome = tuple[list[TokenOutput], GenerationResult]
-
-
-@attrs.frozen
-class _Target:
-    """One request's engine, adapter and the name its responses carry, with the engine's limits."""
-
-    engine: AsyncEngine
-    adapter: str | None
-    model_name: str
-    context_length: int
-    limit_note: str
-
-    def room_after(self, ids: Sequence[int]) -> int:
-        return self.context_length - len(ids)
-
-    def check_context(self, ids: Sequence[int], params: GenerationParams) -> None:
-        if len(ids) + params.max_tokens > self.context_length:
-            raise ContextLengthExceeded(len(ids), params.max_tokens, self.context_length,
-                                        limit_note=self.limit_note)
-
-    def with_adapter(self, params: GenerationParams) -> GenerationParams:
-        return params if self.adapter is None else attrs.evolve(params, adapter=self.adapter)
 
 
 def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> FastAPI:
@@ -168,142 +132,13 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
         by this server's ``--max-context``."""
         return settings.limits.context_length(e.info.context_length)
 
-    def target(route: Route) -> _Target:
-        e = route.engine
-        context_length = max_request_tokens(e)
-        limit_note = e.context_limit_note if context_length == e.info.context_length \
-            else "this server's --max-context setting"
-        return _Target(e, route.adapter, route.served_name, context_length, limit_note)
-
-    async def submit_all(engine: AsyncEngine, jobs: list[tuple[int, int, list[int], GenerationParams]],
-                         kind: str, processors: Sequence[Sequence[Any]] = (), *,
-                         scheduling: dict[str, Any] | None = None) -> list[_Choice]:
-        """Submit every choice; if one is refused, cancel those already accepted.
-        ``processors[k]`` are job k's logits processors (its grammar), when there are any."""
-        base = f"{kind}-{uuid.uuid4().hex[:24]}"
-        choices: list[_Choice] = []
-        try:
-            for k, (index, prompt_index, ids, params) in enumerate(jobs):
-                extra = {"logits_processors": processors[k]} if processors and processors[k] else {}
-                handle = await engine.submit(ids, params, request_id=f"{base}-{index}", **extra,
-                                             **(scheduling or {}))
-                choices.append(_Choice(index=index, handle=handle, prompt_index=prompt_index))
-        except BaseException:
-            for c in choices:
-                c.handle.cancel()
-            raise
-        return choices
-
-    async def collect(choice: _Choice) -> tuple[list[TokenOutput], GenerationResult]:
-        outputs = [out async for out in choice.handle]
-        result = await choice.handle.result()
-        choice.finished = True
-        if result.finish_reason is FinishReason.ERROR:
-            raise BackendError(f"request {choice.handle.request_id} failed in the engine")
-        return outputs, result
-
-    async def gather_watching(request: Request, choices: list[_Choice]) -> list[_Outcome] | None:
-        """All choices' outputs, or None when the client went away first (every request is then
-        cancelled)."""
-        work = asyncio.ensure_future(asyncio.gather(*(collect(c) for c in choices)))
-
-        async def client_gone() -> None:
-            while not await request.is_disconnected():
-                await asyncio.sleep(0.25)
-
-        watcher = asyncio.ensure_future(client_gone())
-        try:
-            done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            return work.result() if work in done else None
-        finally:
-            watcher.cancel()
-            if not work.done():
-                work.cancel()
-            # Retrieve the outcome so a cancelled gather is not reported as "never retrieved".
-            work.add_done_callback(lambda f: f.cancelled() or f.exception())
-            for c in choices:
-                if not c.finished:
-                    c.handle.cancel()
-
-    async def arrivals(choices: list[_Choice]) -> AsyncIterator[list[tuple[_Choice, object]]]:
-        """Batches of ``(choice, TokenOutput | GenerationResult | Exception)``, as they arrive.
-
-        One choice is read straight from its handle. Several are pumped into one queue by a task
-        each; a batch is everything the queue holds when the consumer looks, so the outputs one
-        engine step produced for all choices leave in one write.
-        """
-        if len(choices) == 1:
-            c = choices[0]
-            try:
-                async for out in c.handle:
-                    yield [(c, out)]
-                yield [(c, await c.handle.result())]
-            except Exception as exc:  # reported in the stream by the consumer
-                yield [(c, exc)]
-            return
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def pump(c: _Choice) -> None:
-            try:
-                async for out in c.handle:
-                    queue.put_nowait((c, out))
-                queue.put_nowait((c, await c.handle.result()))
-            except Exception as exc:
-                queue.put_nowait((c, exc))
-
-        tasks = [asyncio.ensure_future(pump(c)) for c in choices]
-        try:
-            while True:
-                batch = [await queue.get()]
-                while not queue.empty():
-                    batch.append(queue.get_nowait())
-                yield batch
-        finally:
-            for t in tasks:
-                t.cancel()
-
-    async def stream_events(choices: list[_Choice], fmt: responses.ChunkFormatter,
-                            include_usage: bool, prompt_tokens: int) -> AsyncIterator[str]:
-        """The SSE body: one OpenAI chunk per token; chunks ready at the same time share one write."""
-        events = [sse_event(first) for first in (fmt.opening(c.index) for c in choices) if first is not None]
-        remaining, completion_tokens, failed = len(choices), 0, False
-        source = arrivals(choices)
-        try:
-            if events:  # the role / echo chunks go out at once, before the first token
-                yield "".join(events)
-                events.clear()
-            async for batch in source:
-                for c, item in batch:
-                    if isinstance(item, TokenOutput):
-                        event = fmt.token_event(c.index, item)
-                        if event is not None:
-                            events.append(event)
-                        continue
-                    c.finished = True
-                    remaining -= 1
-                    if isinstance(item, GenerationResult) and item.finish_reason is not FinishReason.ERROR:
-                        completion_tokens += item.usage.completion_tokens
-                        events.append(finish_event(fmt, c.index, item))
-                        continue
-                    exc = item if isinstance(item, RuvllmError) else BackendError(
-                        f"request {c.handle.request_id} failed: {item}")
-                    events.append(sse_event(ruvllm_error_body(exc)[1]))
-                    failed = True
-                    break
-                if failed or not remaining:
-                    break
-                if events:
-                    yield "".join(events)
-                    events.clear()
-            if not failed and include_usage:
-                events.append(sse_event(fmt.usage(prompt_tokens, completion_tokens)))
-            events.append(DONE)
-            yield "".join(events)
-        finally:
-            await source.aclose()
-            for c in choices:
-                if not c.finished:
-                    c.handle.cancel()
+    def choice_params(body: ChatCompletionRequest | CompletionRequest, service: CompletionService,
+                      ids: list[int]) -> GenerationParams:
+        """The GenerationParams of ``body``'s choices on prompt ``ids``, refused unless they fit."""
+        params = generation_params(body, limits=settings.limits, room=service.room_after(ids),
+                                   logprobs_supported=service.engine.capabilities.logprobs)
+        service.check_context(ids, params)
+        return params
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
@@ -386,71 +221,39 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         async with pool.route(body.model) as route:
-            return await _chat_completions(body, request, target(route))
-
-    async def _chat_completions(body: ChatCompletionRequest, request: Request, served: _Target) -> Response:
-        engine = served.engine
-        constraint = chat_constraint(body, engine.info.chat_template)
-        ids = await chat_prompt_ids(engine, body.messages, constraint.tools.rendered)
-        params = served.with_adapter(generation_params(body, limits=settings.limits,
-                                                       room=served.room_after(ids),
-                                                       logprobs_supported=engine.capabilities.logprobs))
-        served.check_context(ids, params)
-        procs = await guided_processors(engine, constraint.spec, body.n)
-        jobs = [(i, 0, ids, seeded(params, i)) for i in range(body.n)]
-        choices = await submit_all(engine, jobs, "chatcmpl", procs,
-                                   scheduling=submit_options(body.priority, body.cache_salt, engine))
-        fmt = responses.ChatFormatter(choices[0].handle.request_id.rsplit("-", 1)[0],
-                                      served.model_name, engine.tokenizer, params.logprobs) \
-            if not constraint.tools.parses_output else ToolChatFormatter(
-                choices[0].handle.request_id.rsplit("-", 1)[0], served.model_name, engine.tokenizer,
-                params.logprobs, plan=constraint.tools)
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return SSEResponse(stream_events(choices, fmt, include_usage, len(ids)))
-        outcomes = await gather_watching(request, choices)
-        if outcomes is None:
-            return Response(status_code=499)  # the client is gone
-        return JSONResponse(fmt.complete(outcomes, [len(ids)]))
+            service = CompletionService(route, settings.limits)
+            engine = route.engine
+            constraint = chat_constraint(body, engine.info.chat_template)
+            ids = await chat_prompt_ids(engine, body.messages, constraint.tools.rendered)
+            params = choice_params(body, service, ids)
+            procs = await guided_processors(engine, constraint.spec, body.n)
+            submission = await service.submit(
+                [ChoiceRequest(index=i, prompt_ids=ids, params=seeded(params, i), processors=procs[i])
+                 for i in range(body.n)],
+                id_prefix="chatcmpl", **submit_options(body.priority, body.cache_salt, engine))
+            fmt = chat_formatter(submission.id, route.served_name, engine.tokenizer, params.logprobs,
+                                 constraint.tools)
+            return await answer(submission, fmt, request, body, [len(ids)])
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         async with pool.route(body.model) as route:
-            return await _completions(body, request, target(route))
-
-    async def _completions(body: CompletionRequest, request: Request, served: _Target) -> Response:
-        engine = served.engine
-        prompts = await completion_prompts(engine, body.prompt)
-        jobs = []
-        params = None
-        for p_index, ids in enumerate(prompts):
-            params = served.with_adapter(generation_params(body, limits=settings.limits,
-                                                           room=served.room_after(ids),
-                                                           logprobs_supported=engine.capabilities.logprobs))
-            served.check_context(ids, params)
-            for j in range(body.n):
-                jobs.append((p_index * body.n + j, p_index, ids, seeded(params, j)))
-        spec = completion_constraint(body).spec
-        choices = await submit_all(engine, jobs, "cmpl", await guided_processors(engine, spec, len(jobs)),
-                                   scheduling=submit_options(body.priority, body.cache_salt, engine))
-        echoes = [engine.tokenizer.decode(ids) if body.echo else "" for ids in prompts]
-        fmt = completion_formatter(
-            choices[0].handle.request_id.rsplit("-", 1)[0], served.model_name, engine.tokenizer,
-            params.logprobs if params else None, stream=body.stream, echo_only=body.max_tokens == 0,
-            echo={c.index: echoes[c.prompt_index] for c in choices} if body.echo else {},
-            prompts={c.index: prompts[c.prompt_index] for c in choices})
-        prompt_tokens = sum(len(ids) for ids in prompts)
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return SSEResponse(stream_events(choices, fmt, include_usage, prompt_tokens))
-        outcomes = await gather_watching(request, choices)
-        if outcomes is None:
-            return Response(status_code=499)  # the client is gone
-        answer = fmt.complete(outcomes, [len(ids) for ids in prompts])
-        if body.echo:
-            answer = merge_echo(answer, [r for _, r in outcomes], [prompts[c.prompt_index] for c in choices],
-                                [echoes[c.prompt_index] for c in choices], engine.tokenizer,
-                                top_n=body.logprobs, echo_only=body.max_tokens == 0)
-        return JSONResponse(answer)
+            service = CompletionService(route, settings.limits)
+            engine = route.engine
+            prompts = await completion_prompts(engine, body.prompt)
+            params = [choice_params(body, service, ids) for ids in prompts]
+            # Choice index -> its prompt's index: n choices per prompt, prompt after prompt.
+            prompt_of = [p for p in range(len(prompts)) for _ in range(body.n)]
+            procs = await guided_processors(engine, completion_constraint(body).spec, len(prompt_of))
+            submission = await service.submit(
+                [ChoiceRequest(index=i, prompt_ids=prompts[p], params=seeded(params[p], i % body.n),
+                               processors=procs[i]) for i, p in enumerate(prompt_of)],
+                id_prefix="cmpl", **submit_options(body.priority, body.cache_salt, engine))
+            echoes = [engine.tokenizer.decode(ids) for ids in prompts] if body.echo else None
+            echo = {i: echoes[p] for i, p in enumerate(prompt_of)} if echoes is not None else None
+            fmt = completion_formatter(submission.id, route.served_name, engine.tokenizer, params[0].logprobs,
+                                       echo=echo, prompts={i: prompts[p] for i, p in enumerate(prompt_of)},
+                                       stream=body.stream, echo_only=body.max_tokens == 0)
+            return await answer(submission, fmt, request, body, [len(ids) for ids in prompts])
 
     return app

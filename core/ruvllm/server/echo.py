@@ -41,35 +41,42 @@ def prompt_logprob_lists(prompt_ids: Sequence[int], entries: Sequence[PromptLogp
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
 
-def merge_echo(response: dict[str, Any], results: Sequence[GenerationResult],
-               prompts: Sequence[Sequence[int]], echoes: Sequence[str], tokenizer: Tokenizer, *,
-               top_n: int | None, echo_only: bool) -> dict[str, Any]:
-    """Complete a ``text_completion`` built with ``echo``: prepend each choice's prompt logprobs
-    (``top_n`` not None) and, with ``echo_only`` (``max_tokens: 0``), drop the generated token.
+class EchoFormatter(CompletionFormatter):
+    """A ``text_completion`` with ``echo``, answered whole: each choice's prompt logprobs
+    (with ``logprobs``) in front of its own and, with ``echo_only`` (``max_tokens: 0``), the
+    prompt alone, without the token the engine had to sample."""
 
-    ``results[i]``, ``prompts[i]`` and ``echoes[i]`` belong to ``response["choices"][i]``.
-    """
-    for choice, result, ids, echo in zip(response["choices"], results, prompts, echoes, strict=True):
-        generated = choice["logprobs"]
-        if echo_only:
-            choice["text"] = echo
-            choice["finish_reason"] = "length"
-        if top_n is None:
-            continue
-        assert result.prompt_logprobs is not None, "prompt logprobs were asked of the engine"
-        merged = prompt_logprob_lists(ids, result.prompt_logprobs, tokenizer, top_n)
-        if generated is not None and not echo_only:
-            for key in merged:
-                merged[key].extend(generated[key])
-        choice["logprobs"] = merged
-    if echo_only:
-        usage = response["usage"]
-        usage["completion_tokens"] = 0
-        usage["total_tokens"] = usage["prompt_tokens"]
-    return response
+    def __init__(self, *args: Any, prompts: Mapping[int, Sequence[int]], echo_only: bool, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        #: Choice index -> its prompt's ids.
+        self.prompts = dict(prompts)
+        self.echo_only = echo_only
+
+    def complete(self, outcomes: Sequence[tuple[list[TokenOutput], GenerationResult]],
+                 prompt_lengths: Sequence[int]) -> dict[str, Any]:
+        response = super().complete(outcomes, prompt_lengths)
+        for index, (choice, (_, result)) in enumerate(zip(response["choices"], outcomes, strict=True)):
+            generated = choice["logprobs"]
+            if self.echo_only:
+                choice["text"] = self.echo.get(index, "")
+                choice["finish_reason"] = "length"
+            if self.logprobs is None:
+                continue
+            assert result.prompt_logprobs is not None, "prompt logprobs were asked of the engine"
+            merged = prompt_logprob_lists(self.prompts[index], result.prompt_logprobs, self.tok,
+                                          self.logprobs)
+            if generated is not None and not self.echo_only:
+                for key in merged:
+                    merged[key].extend(generated[key])
+            choice["logprobs"] = merged
+        if self.echo_only:
+            usage = response["usage"]
+            usage["completion_tokens"] = 0
+            usage["total_tokens"] = usage["prompt_tokens"]
+        return response
 
 
-class EchoStreamFormatter(CompletionFormatter):
+class EchoStreamFormatter(EchoFormatter):
     """A streamed ``text_completion`` with ``echo``: the prompt's chunk first, as OpenAI and vLLM
     send it, also with ``logprobs`` and with ``max_tokens: 0``.
 
@@ -81,10 +88,8 @@ class EchoStreamFormatter(CompletionFormatter):
     counted.
     """
 
-    def __init__(self, *args: Any, prompts: Mapping[int, Sequence[int]], echo_only: bool, **kwargs: Any):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.prompts = dict(prompts)
-        self.echo_only = echo_only
         self._held: dict[int, list[dict[str, Any]]] = {}
 
     @property
@@ -127,17 +132,12 @@ class EchoStreamFormatter(CompletionFormatter):
         return super().usage(prompt_tokens, 0 if self.echo_only else completion_tokens)
 
 
-def finish_event(fmt: Any, index: int, result: GenerationResult) -> str:
-    """The SSE text ending a streamed choice: the formatter's own when it has one (echo)."""
-    own = getattr(fmt, "finish_event", None)
-    return own(index, result) if own is not None else sse_event(fmt.finish(index, result.finish_reason.value))
-
-
 def completion_formatter(response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None, *,
-                         echo: Mapping[int, str], prompts: Mapping[int, Sequence[int]], stream: bool,
+                         echo: Mapping[int, str] | None, prompts: Mapping[int, Sequence[int]], stream: bool,
                          echo_only: bool) -> CompletionFormatter:
-    """The ``text_completion`` formatter of one request: a streamed echo gets its own."""
-    if stream and echo:
-        return EchoStreamFormatter(response_id, model, tokenizer, logprobs, echo=dict(echo),
-                                   prompts=prompts, echo_only=echo_only)
-    return CompletionFormatter(response_id, model, tokenizer, logprobs, echo=dict(echo))
+    """The ``text_completion`` formatter of one request; ``echo`` (choice index -> prompt text,
+    None without ``echo``) and ``prompts`` (choice index -> prompt ids) are per choice."""
+    if echo is None:
+        return CompletionFormatter(response_id, model, tokenizer, logprobs)
+    cls = EchoStreamFormatter if stream else EchoFormatter
+    return cls(response_id, model, tokenizer, logprobs, echo=dict(echo), prompts=prompts, echo_only=echo_only)

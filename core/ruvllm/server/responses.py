@@ -31,6 +31,8 @@ class ChunkFormatter(Protocol):
 
     def finish(self, index: int, reason: str) -> dict[str, Any]: ...
 
+    def finish_event(self, index: int, result: GenerationResult) -> str: ...
+
     def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]: ...
 
     def complete(self, outcomes: Sequence[tuple[list[TokenOutput], GenerationResult]],
@@ -61,6 +63,11 @@ class _Base(abc.ABC):
     def _token_text(self, out: TokenOutput) -> str:
         return self.tok.token_text(out.token_id) if out.token_id is not None else out.text
 
+    def _reports_lp(self, out: TokenOutput) -> bool:
+        """Whether ``out`` gets a logprobs entry: asked for, and a sampled token (not text a
+        stop string or the detokenizer released without one)."""
+        return self.logprobs is not None and out.token_id is not None and out.logprob is not None
+
     @abc.abstractmethod
     def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
         """The chunk of one streamed token, or None when it carries nothing to send."""
@@ -68,6 +75,15 @@ class _Base(abc.ABC):
     @abc.abstractmethod
     def _text_chunk(self, index: int, text: str) -> dict[str, Any]:
         """The chunk carrying ``text`` for choice ``index`` (no logprobs, not finished)."""
+
+    @abc.abstractmethod
+    def finish(self, index: int, reason: str) -> dict[str, Any]:
+        """The chunk that ends choice ``index`` with ``reason``."""
+
+    def finish_event(self, index: int, result: GenerationResult) -> str:
+        """The SSE text that ends choice ``index``; a formatter that holds chunks back (echo with
+        logprobs) sends them here."""
+        return sse_event(self.finish(index, result.finish_reason.value))
 
     def token_event(self, index: int, out: TokenOutput) -> str | None:
         """The SSE event of one streamed token, byte for byte ``sse_event(self.token(index, out))``.
@@ -109,7 +125,7 @@ class ChatFormatter(_Base):
         return self._chunk(index, {"content": text}, None)
 
     def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
-        has_lp = self.logprobs is not None and out.token_id is not None and out.logprob is not None
+        has_lp = self._reports_lp(out)
         if not out.text and not has_lp:
             return None
         if not has_lp:
@@ -124,8 +140,7 @@ class ChatFormatter(_Base):
         for index, (outputs, result) in enumerate(outcomes):
             lp = None
             if self.logprobs is not None:
-                lp = {"content": [self._lp_entry(o) for o in outputs
-                                  if o.token_id is not None and o.logprob is not None]}
+                lp = {"content": [self._lp_entry(o) for o in outputs if self._reports_lp(o)]}
             choices.append({"index": index, "message": {"role": "assistant", "content": result.text},
                             "logprobs": lp, "finish_reason": result.finish_reason.value})
         out = self._envelope(self.object_name, choices)
@@ -147,7 +162,7 @@ class CompletionFormatter(_Base):
         tokens, token_lps, tops, offsets = [], [], [], []
         offset = start
         for o in outputs:
-            if o.token_id is None or o.logprob is None:
+            if not self._reports_lp(o):
                 offset += len(o.text)
                 continue
             tokens.append(self._token_text(o))
@@ -172,7 +187,7 @@ class CompletionFormatter(_Base):
         return self._chunk(index, text, None)
 
     def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
-        has_lp = self.logprobs is not None and out.token_id is not None and out.logprob is not None
+        has_lp = self._reports_lp(out)
         if not out.text and not has_lp:
             return None
         start = self._offsets.get(index, 0)

@@ -17,6 +17,7 @@ from typing import Any
 from ruvllm.guided.tools import ToolPlan, hold_back, split_tool_calls
 from ruvllm.server.responses import ChatFormatter
 from ruvllm.server.sse import sse_event
+from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import TokenOutput
 
 
@@ -66,3 +67,12 @@ class ToolChatFormatter(ChatFormatter):
                 if choice["finish_reason"] == "stop":
                     choice["finish_reason"] = "tool_calls"
         return out
+
+
+def chat_formatter(response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None,
+                   plan: ToolPlan) -> ChatFormatter:
+    """The formatter of one chat request: tool calls are read out of the output only where the
+    plan expects them (enforced calls, or ``auto`` with a format the model's template teaches)."""
+    if plan.parses_output:
+        return ToolChatFormatter(response_id, model, tokenizer, logprobs, plan=plan)
+    return ChatFormatter(response_id, model, tokenizer, logprobs)

@@ -1,0 +1,72 @@
+"""How an OpenAI completion reaches its client: one JSON body, or a stream of SSE chunks.
+
+Both endpoints (chat and legacy completions) answer through :func:`answer`; what differs
+between them is only the formatter, which turns outputs into their OpenAI shapes. The stream
+sends one chunk per token; chunks that are ready at the same moment (every choice's token of
+one engine step; the last finish, the usage and ``[DONE]``) share one socket write, so a client
+reads the same chunks in fewer reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from ruvllm.server.completion_service import Submission
+from ruvllm.server.errors import ruvllm_error_body
+from ruvllm.server.responses import ChunkFormatter
+from ruvllm.server.schemas import ChatCompletionRequest, CompletionRequest
+from ruvllm.server.sse import DONE, SSEResponse, sse_event
+from ruvllm.types import GenerationResult, TokenOutput
+
+
+async def sse_chunks(submission: Submission, fmt: ChunkFormatter, *, include_usage: bool,
+                     prompt_tokens: int) -> AsyncIterator[str]:
+    """The SSE body of a streamed completion; a choice that fails ends it with an ``error``
+    event before ``[DONE]`` (its status line was sent long ago)."""
+    events = [sse_event(first) for first in map(fmt.opening, submission.indices) if first is not None]
+    completion_tokens, failed = 0, False
+    batches = submission.stream()
+    try:
+        if events:  # the role / echo chunks go out at once, before the first token
+            yield "".join(events)
+            events.clear()
+        async for batch in batches:
+            for index, item in batch.items:
+                if isinstance(item, TokenOutput):
+                    event = fmt.token_event(index, item)
+                    if event is not None:
+                        events.append(event)
+                elif isinstance(item, GenerationResult):
+                    completion_tokens += item.usage.completion_tokens
+                    events.append(fmt.finish_event(index, item))
+                else:
+                    events.append(sse_event(ruvllm_error_body(item)[1]))
+                    failed = True
+            if batch.last:
+                break
+            if events:
+                yield "".join(events)
+                events.clear()
+        if not failed and include_usage:
+            events.append(sse_event(fmt.usage(prompt_tokens, completion_tokens)))
+        events.append(DONE)
+        yield "".join(events)
+    finally:
+        await batches.aclose()
+
+
+async def answer(submission: Submission, fmt: ChunkFormatter, request: Request,
+                 body: ChatCompletionRequest | CompletionRequest, prompt_lengths: Sequence[int]) -> Response:
+    """The response to a submitted completion: streamed when the body asks, else the whole
+    answer once every choice finished (status 499, nothing else, when the client left first)."""
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return SSEResponse(sse_chunks(submission, fmt, include_usage=include_usage,
+                                      prompt_tokens=sum(prompt_lengths)), on_close=submission.cancel)
+    outcomes = await submission.results(request.is_disconnected)
+    if outcomes is None:
+        return Response(status_code=499)  # the client is gone
+    return JSONResponse(fmt.complete(outcomes, prompt_lengths))
