@@ -6,6 +6,11 @@ held back and, once the choice finishes, sent as ``delta.tool_calls`` (``index``
 ``type``, ``function.name``, ``function.arguments``) with ``finish_reason: "tool_calls"``.
 Enforced calls (``required`` / named) never stream content.
 
+With ``logprobs`` a streamed answer reports every token's entry, as the whole answer does: an
+entry goes out with the first chunk sent after its token arrived (the token's text may still
+be held), and the entries of the held tool-call text with the finish. Dropping them would
+quietly ignore the request's ``logprobs``.
+
 A server formatter, so it lives in ``server/`` (it used to sit in ``guided/``, which then imported
 the server: an upward import that the layering check, tests/core/test_layering.py, refuses).
 """
@@ -27,8 +32,16 @@ class ToolChatFormatter(ChatFormatter):
         self.plan = plan
         self._text: dict[int, str] = {}
         self._sent: dict[int, int] = {}
+        #: Choice index -> logprobs entries of tokens whose entry has not been sent yet.
+        self._entries: dict[int, list[dict[str, Any]]] = {}
+
+    def _unsent_logprobs(self, index: int) -> dict[str, Any] | None:
+        entries = self._entries.pop(index, None)
+        return {"content": entries} if entries else None
 
     def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
+        if self._reports_lp(out):
+            self._entries.setdefault(index, []).append(self._lp_entry(out))
         text = self._text.get(index, "") + out.text
         self._text[index] = text
         ready = len(text) - hold_back(text, self.plan)
@@ -36,7 +49,7 @@ class ToolChatFormatter(ChatFormatter):
         if ready <= sent:
             return None
         self._sent[index] = ready
-        return self._text_chunk(index, text[sent:ready])
+        return self._chunk(index, {"content": text[sent:ready]}, None, self._unsent_logprobs(index))
 
     def token_event(self, index: int, out: TokenOutput) -> str | None:
         chunk = self.token(index, out)
@@ -54,7 +67,7 @@ class ToolChatFormatter(ChatFormatter):
             reason = "tool_calls" if reason == "stop" else reason
         elif len(text) > sent:
             delta["content"] = text[sent:]
-        return self._chunk(index, delta, reason)
+        return self._chunk(index, delta, reason, self._unsent_logprobs(index))
 
     def complete(self, outcomes, prompt_lengths) -> dict[str, Any]:
         out = super().complete(outcomes, prompt_lengths)
