@@ -1,7 +1,9 @@
-"""Tool-call options the server used to ignore, now honoured ("refused, never ignored"):
+"""Two tool-call options the server used to ignore, now honoured ("refused, never ignored"):
 
 - ``logprobs`` on a streamed answer with tools: every token's entry is sent exactly once, as
-  the whole answer lists them, though the tool-call text itself is held back until the end.
+  the whole answer lists them, though the tool-call text itself is held back until the end;
+- ``parallel_tool_calls: false`` under ``tool_choice: "auto"``: at most one call comes back
+  (the first the model wrote, as vLLM does), streamed or not.
 
 The enforced path runs on the embedded SmolLM2 (llamacpp); ``auto`` needs a template that
 renders tools, so it runs on the tiny random Qwen2 model of ``test_server_tools_auto``, its
@@ -11,6 +13,8 @@ the calls are then read from its own text, as there).
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 
 import pytest
@@ -104,6 +108,24 @@ def test_streamed_tool_answer_sends_each_entry_once_in_order():
     assert chunks[-1]["choices"][0]["delta"]["tool_calls"]
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call_of_several():
+    text = ('Checking.\n<tool_call>{"name": "get_weather", "arguments": {"city": "oslo"}}</tool_call>\n'
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "rome"}}</tool_call>')
+    outputs = [_output(0, text)]
+    result = GenerationResult(text=text, token_ids=(0,), finish_reason=FinishReason.STOP, timings=Timings(),
+                              usage=Usage(prompt_tokens=1, completion_tokens=1))
+    for parallel, cities in ((None, ["oslo", "rome"]), (True, ["oslo", "rome"]), (False, ["oslo"])):
+        plan = plan_tools([WEATHER], "auto", parallel, HERMES_TEMPLATE)
+        whole = ToolChatFormatter("id", "m", _Tok(), None, plan=plan).complete([(outputs, result)], [1])
+        message = whole["choices"][0]["message"]
+        assert [json.loads(c["function"]["arguments"])["city"] for c in message["tool_calls"]] == cities
+        assert message["content"] == "Checking."
+        streamed = ToolChatFormatter("id", "m", _Tok(), None, plan=plan)
+        streamed.token(0, outputs[0])
+        calls = streamed.finish(0, "stop")["choices"][0]["delta"]["tool_calls"]
+        assert [json.loads(c["function"]["arguments"])["city"] for c in calls] == cities
+
+
 # ----------------------------------------------------------------- auto, end to end
 
 
@@ -112,6 +134,25 @@ def _ask(client, tool_choice: str, **kw):
     return client.chat.completions.create(
         model=model, messages=MESSAGES, tools=[WEATHER], tool_choice=tool_choice, temperature=0,
         max_tokens=128, extra_body={"guided_regex": TWO_CALLS, "cache_salt": uuid.uuid4().hex}, **kw)
+
+
+def _cities(calls) -> list[str]:
+    return [json.loads(c.function.arguments)["city"] for c in calls]
+
+
+def test_auto_with_parallel_tool_calls_false_returns_one_call(tools_client):
+    raw = _ask(tools_client, "none").choices[0].message.content
+    cities = re.findall(r'"city": "([a-z]+)"', raw)
+    assert len(cities) == 2, raw  # the model wrote two calls
+    both = _ask(tools_client, "auto").choices[0]
+    assert both.finish_reason == "tool_calls" and _cities(both.message.tool_calls) == cities
+    one = _ask(tools_client, "auto", parallel_tool_calls=False).choices[0]
+    assert one.finish_reason == "tool_calls" and _cities(one.message.tool_calls) == cities[:1]
+    assert one.message.content is None
+    stream = _ask(tools_client, "auto", parallel_tool_calls=False, stream=True)
+    content, _, calls, finish, _ = _streamed(stream)
+    assert finish == "tool_calls" and content == ""
+    assert list(calls) == [0] and _cities(calls[0]) == cities[:1]
 
 
 def test_streamed_auto_tool_answer_carries_every_tokens_logprobs(tools_client):

@@ -11,6 +11,10 @@
   ``{"name": ..., "parameters": ...}``), found from its chat template. A template that does not
   render ``tools`` at all gives the model no way to know them: ``auto`` is then plain text.
 - ``none`` (or no tools) is plain text.
+
+``parallel_tool_calls: false`` allows one call: enforced modes have it in their grammar; under
+``auto`` the model may still write several, and only the first is returned (what vLLM does:
+the model's own format cannot be constrained without rewriting it).
 """
 
 from __future__ import annotations
@@ -64,6 +68,9 @@ class ToolPlan:
     grammar: GrammarSpec | None = None
     #: ``auto``: the model's own format (``hermes``, ``mistral``, ``llama3``, ``generic``).
     parser: str | None = None
+    #: How many calls one answer may hold (None: any; 1 with ``parallel_tool_calls: false``
+    #: and for a named function).
+    max_calls: int | None = None
 
     @property
     def enforced(self) -> bool:
@@ -139,7 +146,8 @@ def plan_tools(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_call
     if choice == "none":
         return ToolPlan("none", parsed, rendered)
     if choice == "auto":
-        return ToolPlan("auto", parsed, rendered, parser=detect_parser(chat_template))
+        return ToolPlan("auto", parsed, rendered, parser=detect_parser(chat_template),
+                        max_calls=None if parallel else 1)
     if choice == "required":
         allowed = parsed
         mode = "required"
@@ -157,7 +165,7 @@ def plan_tools(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_call
     max_calls = None if parallel and mode == "required" else 1
     grammar = json_schema_grammar("tools", calls_schema(allowed, max_calls=max_calls),
                                   kind=f"tool_choice {mode}")
-    return ToolPlan(mode, parsed, rendered, grammar=grammar)
+    return ToolPlan(mode, parsed, rendered, grammar=grammar, max_calls=max_calls)
 
 
 def _call(name: Any, arguments: Any) -> ToolCall | None:
@@ -209,7 +217,13 @@ MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3": None, "
 
 
 def split_tool_calls(text: str, plan: ToolPlan) -> tuple[str, list[ToolCall]]:
-    """``(content, calls)`` from a finished output: content is the text before the calls."""
+    """``(content, calls)`` from a finished output: content is the text before the calls, and
+    the calls beyond ``plan.max_calls`` are dropped."""
+    content, calls = _split(text, plan)
+    return content, calls[:plan.max_calls]
+
+
+def _split(text: str, plan: ToolPlan) -> tuple[str, list[ToolCall]]:
     names = {t.name for t in plan.tools}
     if plan.enforced:
         values = _json_objects(text)
