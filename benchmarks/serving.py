@@ -35,6 +35,7 @@ from ruvllm.engine import EngineOptions, ServingEngine
 from ruvllm.plugins import get_registry
 from ruvllm.registry import resolve
 from ruvllm.types import GenerationParams
+from ruvllm_llamacpp.kv_pool import FLASH_ATTN, flash_attn_enabled
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -133,8 +134,9 @@ def main() -> None:
                     help="also run llama.cpp's multi-sequence batch directly (llamacpp only)")
     ap.add_argument("--compare-direct", action="store_true",
                     help="also run llama-cpp-python's Llama.generate single stream at C=1 (llamacpp only)")
-    ap.add_argument("--flash-attn", action="store_true",
-                    help="flash attention on for every side (engine, ceiling, direct); default off")
+    ap.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto",
+                    help="the llamacpp flash_attn option, for every side (engine, ceiling, direct): "
+                         "auto (default) is on where several sequences share a context")
     ap.add_argument("--consume", choices=("stream", "result"), default="stream",
                     help="read every streamed token (default) or await only each final result")
     ap.add_argument("--json", type=Path)
@@ -151,7 +153,8 @@ def main() -> None:
             opts["n_threads"] = args.threads
     threads = args.threads or len(os.sched_getaffinity(0))
     ceiling_model = Model(str(source.path), threads) if args.compare_ceiling else None
-    direct = (DirectSingle(str(source.path), args.n_ctx, threads, args.flash_attn)
+    direct = (DirectSingle(str(source.path), args.n_ctx, threads,
+                           flash_attn_enabled(args.flash_attn, shared_pool=False, type_v="f16"))
               if args.compare_direct else None)
 
     rows = []
@@ -170,7 +173,8 @@ def main() -> None:
             # its own team) ran every side 30-40 % slower here than one thread alone.
             if ceiling_model is not None:
                 ceiling = partial(run_ceiling, ceiling_model, load_prompts(c), args.max_tokens, args.n_ctx,
-                                  flash_attn=args.flash_attn)
+                                  flash_attn=flash_attn_enabled(args.flash_attn, shared_pool=c > 1,
+                                                                type_v="f16"))
                 ceil_runs.append(engine.call(ceiling))
             if direct is not None and c == 1:
                 direct_runs.append(engine.call(partial(direct.run, prompts[0], args.max_tokens)))
@@ -198,7 +202,7 @@ def main() -> None:
     head = (f"{machine_line()}\nbackend {backend_cls.name} ({backend_cls.version() or '?'}), "
             f"engine path {path}; model {source.name}; {threads} llama.cpp threads; "
             f"{args.max_tokens} tokens/request, greedy, "
-            f"flash attention {'on' if args.flash_attn else 'off'}, "
+            f"flash_attn {args.flash_attn}, "
             f"EOS ignored; engine outputs consumed as {args.consume}; median of {args.repeats}")
     print(head)
     cols = f"{'C':>4} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p95':>9} {'TPOT ms':>8}"

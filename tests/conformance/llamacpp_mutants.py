@@ -368,7 +368,8 @@ class OverclaimedPoolLlamaCppBackend(LlamaCppBackend):
         executor = LlamaCppExecutor(
             self.llama_cpp, self.model_handle, owner=self, pool=attrs.evolve(claimed, tokens=REAL_CELLS),
             max_sequences=max_sequences, block_size=block_size, max_batch_tokens=self.n_batch,
-            n_threads=self.options.n_threads, n_vocab=self.tokenizer.vocab_size, flash_attn=self.flash_attn)
+            n_threads=self.options.n_threads, n_vocab=self.tokenizer.vocab_size,
+            flash_attn=claimed.flash_attn)
         executor.num_blocks = claimed.tokens // block_size
         executor.max_seq_len = claimed.per_request // block_size * block_size
         return executor

@@ -17,11 +17,11 @@ import textwrap
 
 import pytest
 from ruvllm.engine import EngineOptions, ServingEngine
-from ruvllm.errors import InvalidRequest
+from ruvllm.errors import BackendOptionError, InvalidRequest
 from ruvllm.models import ModelSource
 from ruvllm.types import GenerationParams
 from ruvllm_llamacpp import LlamaCppBackend
-from ruvllm_llamacpp.kv_pool import plan_pool
+from ruvllm_llamacpp.kv_pool import flash_attn_enabled, plan_pool
 
 #: The embedded SmolLM2-135M: 30 layers x 3 KV heads x (64 + 64) dims x 2 bytes (f16).
 SMOLLM2_KV_BYTES = 30 * 3 * 128 * 2
@@ -111,6 +111,25 @@ def test_quantised_cells_hold_more_tokens_and_turn_flash_attention_on():
     q8 = plan_pool(n_ctx=8192, sequences=18, bytes_per_token=30 * 3 * 2 * 68, budget_mib=256,
                    type_k="q8_0", type_v="q8_0")
     assert q8.tokens == 21760 and "(q8_0)" in q8.describe() and "flash attention on" in q8.describe()
+
+
+@pytest.mark.parametrize(("option", "pool_fa", "single_fa"), [
+    ("auto", True, False), ("on", True, True), (True, True, True), ("off", False, False),
+    (False, False, False)])
+def test_flash_attention_is_on_for_the_shared_pool_by_default(option, pool_fa, single_fa):
+    # A unified pool without it attends over every cell in use; generate()'s one sequence keeps
+    # llama-cpp-python's default so its tokens match llama-cpp-python's.
+    pool = plan_pool(n_ctx=8192, sequences=16, bytes_per_token=SMOLLM2_KV_BYTES, budget_mib=256,
+                     flash_attn=option)
+    assert pool.flash_attn is pool_fa
+    assert flash_attn_enabled(option, shared_pool=False, type_v="f16") is single_fa
+    assert ("flash attention off" in pool.describe()) is not pool_fa
+    assert flash_attn_enabled(option, shared_pool=False, type_v="q8_0")  # a quantised V needs it
+
+
+def test_flash_attn_takes_llama_servers_words_and_booleans_only():
+    with pytest.raises(BackendOptionError, match="flash_attn"):
+        LlamaCppBackend.load(ModelSource.from_path(__file__), {"flash_attn": "yes"})
 
 
 def test_no_sequences_is_rejected():

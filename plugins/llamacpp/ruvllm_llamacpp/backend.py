@@ -30,7 +30,7 @@ from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
 from ruvllm_llamacpp import _lib
 from ruvllm_llamacpp.embeddings import LlamaCppEmbedder
 from ruvllm_llamacpp.kv import SequenceKV
-from ruvllm_llamacpp.kv_pool import CELL_GRANULARITY, KV_TYPES, MIB, kv_bytes_per_token
+from ruvllm_llamacpp.kv_pool import CELL_GRANULARITY, KV_TYPES, MIB, flash_attn_enabled, kv_bytes_per_token
 from ruvllm_llamacpp.metadata import model_info, read_metadata
 from ruvllm_llamacpp.options import LlamaCppOptions
 from ruvllm_llamacpp.tokenizer import LlamaCppTokenizer
@@ -184,8 +184,9 @@ class LlamaCppBackend(LlmBackend):
         #: types), for sizing contexts.
         self.kv_bytes_per_token = kv_bytes_per_token(llama_cpp, handles.model, self.metadata,
                                                      type_k=options.type_k, type_v=options.type_v)
-        #: llama.cpp's flash attention: asked for, or needed by a quantised V cache.
-        self.flash_attn = options.flash_attn or KV_TYPES[options.type_v].quantized
+        #: llama.cpp's flash attention in generate()'s one-sequence context and the embeddings
+        #: context (the executor's pool decides its own: kv_pool.flash_attn_enabled).
+        self.flash_attn = flash_attn_enabled(options.flash_attn, shared_pool=False, type_v=options.type_v)
         #: Sequence 0 of the request-level context, created by the first generate().
         self._kv: SequenceKV | None = None
         #: The KV line of the last executor made by create_executor (for memory_summary).

@@ -176,11 +176,12 @@ def create_executor(backend: Any, *, max_sequences: int, block_size: int) -> Lla
     to ``n_batch`` tokens."""
     opts = backend.options
     pool = plan_pool(n_ctx=backend.n_ctx, sequences=max_sequences, bytes_per_token=backend.kv_bytes_per_token,
-                     budget_mib=opts.kv_budget_mib, type_k=opts.type_k, type_v=opts.type_v)
+                     budget_mib=opts.kv_budget_mib, type_k=opts.type_k, type_v=opts.type_v,
+                     flash_attn=opts.flash_attn)
     executor = LlamaCppExecutor(
         backend.llama_cpp, backend.model_handle, owner=backend, pool=pool, max_sequences=max_sequences,
         block_size=block_size, max_batch_tokens=backend.n_batch, n_threads=opts.n_threads,
-        n_vocab=backend.tokenizer.vocab_size, flash_attn=backend.flash_attn,
+        n_vocab=backend.tokenizer.vocab_size, flash_attn=pool.flash_attn,
     )
     # A pool that cannot hold one whole context is a limit the user did not ask for: say so loudly.
     log.log(logging.WARNING if pool.over_budget or pool.per_request < pool.n_ctx else logging.INFO,

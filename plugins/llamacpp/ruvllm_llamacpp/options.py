@@ -12,9 +12,9 @@ from typing import ClassVar
 
 import attrs
 from ruvllm.hardware import usable_cpus
-from ruvllm.options import accepts, boolean, int_range, is_int, one_of, positive_int
+from ruvllm.options import accepts, any_of, boolean, int_range, is_int, one_of, positive_int
 
-from ruvllm_llamacpp.kv_pool import KV_TYPES
+from ruvllm_llamacpp.kv_pool import FLASH_ATTN, KV_TYPES
 
 #: Smallest context llama.cpp is useful with; below it a prompt plus one token hardly fits.
 MIN_CTX = 16
@@ -46,8 +46,10 @@ class LlamaCppOptions:
     #: Keep the KV of the previous call and re-evaluate only the part of a new prompt that
     #: differs from it. Off by default: every call then starts from an empty KV.
     prefix_reuse: bool = attrs.field(default=False, validator=boolean())
-    #: llama.cpp's flash attention kernels (off by default, as in llama-cpp-python).
-    flash_attn: bool = attrs.field(default=False, validator=boolean())
+    #: llama.cpp's flash attention kernels: "auto" (on for the executor's shared KV pool, whose
+    #: other requests' cells only these kernels skip; off for generate()'s single sequence, as
+    #: in llama-cpp-python), "on" / true, or "off" / false. A quantised V cache turns it on.
+    flash_attn: bool | str = attrs.field(default="auto", validator=any_of(boolean(), one_of(FLASH_ATTN)))
     #: MiB of the ServingEngine executor's KV pool (resident from start-up), shared by every
     #: request (see kv_pool.py). 256 gives the embedded model 11,520 tokens: one request may use
     #: its whole 8,192-token context, and ``ruvllm serve`` stays under 500 MB resident.
