@@ -12,6 +12,7 @@ from typing import Protocol
 import attrs
 import numpy as np
 
+from ruvllm.sampling import LogitsProcessor
 from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import Capabilities, GenerationParams, GenerationResult, ModelInfo, TokenOutput
 
@@ -153,9 +154,11 @@ class AsyncEngine(Protocol):
         priority: int = 0,
         timeout: float | None = None,
         cache_salt: str | None = None,
+        logits_processors: Sequence[LogitsProcessor] = (),
     ) -> RequestHandle:
         """Queue a request; raises ``InvalidRequest`` / ``ContextLengthExceeded`` at once for a
-        bad one and ``Overloaded`` when the queue is full."""
+        bad one and ``Overloaded`` when the queue is full. ``logits_processors`` (a grammar's)
+        rewrite its logits before each choice; ``RemoteEngine`` takes grammar processors only."""
         ...
 
     def metrics(self) -> MetricsSnapshot: ...

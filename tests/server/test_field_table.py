@@ -256,13 +256,7 @@ def test_every_endpoint_and_nested_object_has_a_request_here(routes):
     assert set(ACCEPTED) == {key for key, kind in TABLE.items() if kind == "accepted"}
 
 
-_QUERY_GAP = pytest.mark.xfail(
-    strict=True, reason="GET /tokenizer_info's route (app.py) does not see its query string: "
-    "tokenizer_info.refuse_unknown_query is not called there yet")
-
-
-@pytest.mark.parametrize("label", [pytest.param(label, marks=_QUERY_GAP) if method == "GET" else label
-                                   for label, (method, _) in ENDPOINTS.items()])
+@pytest.mark.parametrize("label", list(ENDPOINTS))
 def test_an_unknown_field_is_a_400_naming_it(server, label):
     body, status = BASE[label]
     assert send(server, label, body).status_code == status  # the body alone is not what is refused
@@ -270,15 +264,7 @@ def test_an_unknown_field_is_a_400_naming_it(server, label):
     assert error["param"] == UNKNOWN and UNKNOWN in error["message"], error
 
 
-_NAMES_FIRST_ONLY = pytest.mark.xfail(
-    strict=True, reason="feedback.py's and lora.py's bodies derive from pydantic's BaseModel with "
-    "extra=forbid, whose error names one field; deriving them from schemas.RequestBody names all")
-
-
-@pytest.mark.parametrize("label", [
-    label if method == "POST" and label not in ("feedback", "load_lora", "unload_lora")
-    else pytest.param(label, marks=_QUERY_GAP if method == "GET" else _NAMES_FIRST_ONLY)
-    for label, (method, _) in ENDPOINTS.items()])
+@pytest.mark.parametrize("label", list(ENDPOINTS))
 def test_every_unknown_field_is_named_in_one_400(server, label):
     error = _error(send(server, label, {**BASE[label][0], "zz_second": 2, "aa_first": 1}))
     assert error["param"] == "aa_first" and "zz_second" in error["message"], error

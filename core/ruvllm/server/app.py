@@ -57,7 +57,7 @@ from ruvllm.server.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from ruvllm.server.tokenizer_info import tokenizer_info
+from ruvllm.server.tokenizer_info import refuse_unknown_query, tokenizer_info
 from ruvllm.server.tool_responses import chat_formatter
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable
@@ -172,7 +172,8 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
         return Response(server_metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/tokenizer_info")  # vLLM's; lm-eval's remote tokenizer
-    async def get_tokenizer_info(model: str | None = None) -> dict[str, Any]:
+    async def get_tokenizer_info(request: Request, model: str | None = None) -> dict[str, Any]:
+        refuse_unknown_query(request.query_params.keys())
         async with pool.route(model) as route:
             return tokenizer_info(route.engine)
 

@@ -12,14 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, StrictFloat, StrictInt
+from pydantic import StrictFloat, StrictInt
 
 from ruvllm.errors import FeedbackNotFound
 from ruvllm.feedback import check_score
+from ruvllm.server.schemas import RequestBody
 
 
-class FeedbackRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FeedbackRequest(RequestBody):
 
     id: str
     score: StrictFloat | StrictInt

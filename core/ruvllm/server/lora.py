@@ -18,16 +18,15 @@ import asyncio
 
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ruvllm.errors import InvalidRequest, ModelNotFound
 from ruvllm.server.adapter_control import adapter_control
 from ruvllm.server.model_pool import ModelPool
+from ruvllm.server.schemas import RequestBody
 
 
-class LoadLoraRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class LoadLoraRequest(RequestBody):
 
     lora_name: str
     lora_path: str
@@ -35,8 +34,7 @@ class LoadLoraRequest(BaseModel):
     model: str | None = None
 
 
-class UnloadLoraRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class UnloadLoraRequest(RequestBody):
 
     lora_name: str
     lora_int_id: int | None = None  # vLLM's clients may send it; names identify adapters here
