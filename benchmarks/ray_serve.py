@@ -162,7 +162,7 @@ def main() -> None:
             cfg = attrs.evolve(config, backends={**config.backends, a.backend: opts})
             scale = ScaleOutSettings(name="bench", replicas=replicas, ray_actor_options={"num_cpus": cpus},
                                      **kw)
-            serve.run(build_app(cfg, scale, engine_options=engine), name="bench",
+            serve.run(build_app(cfg.with_engine(engine), scale), name="bench",
                       route_prefix="/")  # returns when ready
 
         def hit_rates(slots: int) -> dict[bool, list[float]]:

@@ -216,6 +216,16 @@ class Config:
     #: The file the values came from, if any (for messages).
     source: Path | None = None
 
+    def with_engine(self, overrides: Mapping[str, Any] | None) -> Config:
+        """This config with engine options given on the command line (``--engine-option``,
+        ``--max-concurrent``) over the ``[engine]`` table and over each ``[[models]]`` entry's own
+        engine table: the one place they are merged; everything downstream reads ``engine``."""
+        if not overrides:
+            return self
+        models = tuple(m if m.engine is None else attrs.evolve(m, engine={**m.engine, **overrides})
+                       for m in self.models)
+        return attrs.evolve(self, engine={**self.engine, **overrides}, models=models)
+
     def options_for(self, backend: str) -> dict[str, Any]:
         return dict(self.backends.get(backend, {}))
 

@@ -168,3 +168,16 @@ def test_config_is_a_frozen_value():
     assert cfg.cache_dir == Path("/tmp/x")
     with pytest.raises(AttributeError):
         cfg.backend = "mlx"  # type: ignore[misc]
+
+
+def test_command_line_engine_options_are_merged_once_over_every_engine_table():
+    from ruvllm.config import Config, ModelConfig
+
+    cfg = Config(engine={"max_num_seqs": 4, "block_size": 16},
+                 models=(ModelConfig(name="a", model="default"),
+                         ModelConfig(name="b", model="default", engine={"max_queue": 8})))
+    merged = cfg.with_engine({"max_num_seqs": 2})
+    assert merged.engine == {"max_num_seqs": 2, "block_size": 16}
+    assert merged.models[0].engine is None  # reads the [engine] table, merged above
+    assert merged.models[1].engine == {"max_queue": 8, "max_num_seqs": 2}
+    assert cfg.with_engine({}) is cfg and cfg.with_engine(None) is cfg

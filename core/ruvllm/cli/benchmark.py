@@ -53,7 +53,7 @@ def _single(config, cfg, console: Console) -> dict[str, Any]:
 
 
 async def _serving(config, *, url: str | None, api_key: str | None, served_model: str | None,
-                   label: str | None, engine_options: dict[str, Any], levels: list[int],
+                   label: str | None, levels: list[int],
                    num_requests: int | None, max_tokens: int, prompt_length: int, request_rate: float,
                    console: Console) -> tuple[list[dict[str, Any]], dict[str, str]]:
     from ruvllm.bench.prompts import prompt_ids, prompt_text
@@ -75,7 +75,7 @@ async def _serving(config, *, url: str | None, api_key: str | None, served_model
         if url is None:
             from ruvllm.server.runner import load_engine
 
-            engine = load_engine(config, engine_options or None)
+            engine = load_engine(config)
             try:
                 prompts = [prompt_ids(engine.tokenizer, prompt_length, i) for i in range(count)]
                 target = EngineTarget(engine, prompts, name=label)
@@ -149,11 +149,10 @@ def benchmark(ctx: click.Context, model: str | None, backend: str | None, option
         result["single"] = _single(config, single_cfg, console)
         result.update(backend=result["single"]["backend"], model=result["single"]["model"])
     if mode in ("serving", "both"):
-        engine_options = dict(parse_option(o) for o in engine_opts)
         serving, meta = asyncio.run(_serving(
-            config, url=url, api_key=api_key, served_model=served_model, label=label,
-            engine_options=engine_options, levels=levels, num_requests=num_requests, max_tokens=gen_length,
-            prompt_length=prompt_length, request_rate=request_rate, console=console))
+            config.with_engine(dict(parse_option(o) for o in engine_opts)), url=url, api_key=api_key,
+            served_model=served_model, label=label, levels=levels, num_requests=num_requests,
+            max_tokens=gen_length, prompt_length=prompt_length, request_rate=request_rate, console=console))
         result["serving"] = serving
         result.update(meta)
     if fmt == "json":

@@ -49,13 +49,11 @@ def serve(ctx: click.Context, model: str | None, backend: str | None, options: t
     config = with_server_overrides(config, host=host, port=port, api_key=api_key,
                                    max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes)
     config = with_cli_models(with_lora_flags(config, lora, allow_runtime_lora), model, extra_models)
-    engine_options = dict(getattr(config, "engine", None) or {})
-    engine_options.update(parse_option(o) for o in engine_opts)
+    overrides = dict(parse_option(o) for o in engine_opts)
     if max_concurrent is not None:
-        engine_options["max_num_seqs"] = max_concurrent
+        overrides["max_num_seqs"] = max_concurrent
+    config = config.with_engine(overrides)
     if scale_out_requested(ctx):
-        run_scale_out(ctx, config, served_name=served_model_name, engine_options=engine_options or None,
-                      max_context=max_context)
+        run_scale_out(ctx, config, served_name=served_model_name, max_context=max_context)
         return
-    run_server(config, served_name=served_model_name, engine_options=engine_options or None,
-               log_level=log_level, max_context=max_context)
+    run_server(config, served_name=served_model_name, log_level=log_level, max_context=max_context)

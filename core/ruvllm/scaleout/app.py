@@ -17,31 +17,28 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
 from ruvllm.config import Config
 from ruvllm.engine.options import EngineOptions
-from ruvllm.errors import ConfigError
+from ruvllm.options import positive_int
 from ruvllm.scaleout.metrics_board import start_board
 from ruvllm.scaleout.remote_engine import RemoteEngine
 from ruvllm.scaleout.replica import EngineReplica
 from ruvllm.scaleout.tokenizer_host import load_tokenizer_backend
 
 
-def _positive(_inst: object, attr: attrs.Attribute, value: int) -> None:
-    if not isinstance(value, int) or value < 1:
-        raise ConfigError(f"ray {attr.name} must be an integer >= 1, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class ScaleOutSettings:
     """How the model is spread over Ray: replica count or autoscaling, resources, routing."""
 
+    TABLE: ClassVar[str] = "ray"
+
     #: Application name (also prefixes the deployments and the metrics board).
     name: str = "ruvllm"
-    replicas: int = attrs.field(default=1, validator=_positive)
+    replicas: int = attrs.field(default=1, validator=positive_int())
     #: Serve ``autoscaling_config`` (min_replicas, max_replicas, target_ongoing_requests...);
     #: when given it replaces ``replicas``.
     autoscaling_config: Mapping[str, Any] | None = None
@@ -51,11 +48,11 @@ class ScaleOutSettings:
     ingress_actor_options: Mapping[str, Any] = attrs.field(factory=lambda: {"num_cpus": 0})
     #: Requests one replica takes before Serve queues them in the router (Serve's default, 5, is
     #: below one engine's batch).
-    max_ongoing_requests: int = attrs.field(default=32, validator=_positive)
+    max_ongoing_requests: int = attrs.field(default=32, validator=positive_int())
     #: Prefix affinity: how many leading KV blocks make a request's key (see prefix_key).
-    affinity_blocks: int = attrs.field(default=3, validator=_positive)
+    affinity_blocks: int = attrs.field(default=3, validator=positive_int())
     #: Ongoing requests from which the key's home replica counts as busy.
-    busy_threshold: int = attrs.field(default=4, validator=_positive)
+    busy_threshold: int = attrs.field(default=4, validator=positive_int())
     #: Resends of a request whose replica died before it produced a token.
     retries: int = 1
     #: Route by prompt prefix (PrefixAffinityRouter); False keeps Serve's default router (power
@@ -66,7 +63,6 @@ class ScaleOutSettings:
 @attrs.frozen(kw_only=True)
 class _IngressArgs:
     config: Config
-    engine_options: Mapping[str, Any] | None
     served_name: str | None
     max_context: int | None
     scale: ScaleOutSettings
@@ -82,7 +78,7 @@ class OpenAIIngress:
         description = await replicas.describe.remote()
         baseline = await replicas.metrics.remote()
         owner = await asyncio.to_thread(load_tokenizer_backend, args.config)
-        options = EngineOptions.from_mapping(dict(args.engine_options or args.config.engine or {}))
+        options = EngineOptions.from_mapping(args.config.engine)
         self.engine = RemoteEngine(replicas, description, owner.tokenizer, options=options,
                                    affinity_blocks=args.scale.affinity_blocks, retries=args.scale.retries,
                                    board=board, baseline=baseline, owner=owner)
@@ -113,8 +109,7 @@ class OpenAIIngress:
         return app
 
 
-def build_app(config: Config, scale: ScaleOutSettings | None = None, *,
-              engine_options: Mapping[str, Any] | None = None, served_name: str | None = None,
+def build_app(config: Config, scale: ScaleOutSettings | None = None, *, served_name: str | None = None,
               max_context: int | None = None) -> Any:
     """The Serve application (``serve.run`` it) for ``config``'s model."""
     from ray import serve
@@ -137,9 +132,9 @@ def build_app(config: Config, scale: ScaleOutSettings | None = None, *,
     ingress = serve.deployment(ingress_cls).options(
         name=f"{scale.name}-ingress", ray_actor_options=dict(scale.ingress_actor_options),
         max_ongoing_requests=1024)
-    args = _IngressArgs(config=config, engine_options=engine_options, served_name=served_name,
-                        max_context=max_context, scale=scale, board_name=board_name)
-    return ingress.bind(replica.bind(config, engine_options, board_name), args)
+    args = _IngressArgs(config=config, served_name=served_name, max_context=max_context, scale=scale,
+                        board_name=board_name)
+    return ingress.bind(replica.bind(config, board_name), args)
 
 
 def init_ray(num_cpus: int | None = None) -> None:
@@ -155,8 +150,8 @@ def init_ray(num_cpus: int | None = None) -> None:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
-def serve_on_ray(config: Config, scale: ScaleOutSettings, *, engine_options: Mapping[str, Any] | None = None,
-                 served_name: str | None = None, max_context: int | None = None) -> None:
+def serve_on_ray(config: Config, scale: ScaleOutSettings, *, served_name: str | None = None,
+                 max_context: int | None = None) -> None:
     """What ``ruvllm serve --ray`` does: start (or join) Ray, run the app, block until Ctrl-C."""
     from ray import serve
 
@@ -166,6 +161,5 @@ def serve_on_ray(config: Config, scale: ScaleOutSettings, *, engine_options: Map
     check_port_free(srv.host, srv.port)
     init_ray()
     serve.start(http_options={"host": srv.host, "port": srv.port})
-    app = build_app(config, scale, engine_options=engine_options, served_name=served_name,
-                    max_context=max_context)
+    app = build_app(config, scale, served_name=served_name, max_context=max_context)
     serve.run(app, name=scale.name, route_prefix="/", blocking=True)

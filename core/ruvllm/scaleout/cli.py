@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -44,7 +44,7 @@ def scale_out_requested(ctx: click.Context) -> bool:
 
 
 def run_scale_out(ctx: click.Context, config: Config, *, served_name: str | None,
-                  engine_options: Mapping[str, Any] | None, max_context: int | None) -> None:
+                  max_context: int | None) -> None:
     """Serve ``config``'s model on Ray Serve until interrupted."""
     if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
         raise click.UsageError("--ray needs Ray Serve, which is not installed: pip install 'ruvllm[ray]'")
@@ -60,5 +60,5 @@ def run_scale_out(ctx: click.Context, config: Config, *, served_name: str | None
     from ruvllm.scaleout.app import ScaleOutSettings, serve_on_ray
 
     _, replicas = ctx.meta[_KEY]
-    serve_on_ray(config, ScaleOutSettings(replicas=replicas or 1), engine_options=engine_options,
-                 served_name=served_name, max_context=max_context)
+    serve_on_ray(config, ScaleOutSettings(replicas=replicas or 1), served_name=served_name,
+                 max_context=max_context)

@@ -17,10 +17,11 @@ from __future__ import annotations
 import hashlib
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import attrs
 
-from ruvllm.errors import ConfigError
+from ruvllm.options import positive_int
 
 
 def prefix_key(prompt_ids: Sequence[int], *, block_size: int, blocks: int,
@@ -48,11 +49,6 @@ def _weight(key: str, replica: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{key}|{replica}".encode(), digest_size=8).digest(), "little")
 
 
-def _at_least_one(_inst: object, attr: attrs.Attribute, value: int) -> None:
-    if not isinstance(value, int) or value < 1:
-        raise ConfigError(f"prefix router {attr.name} must be an integer >= 1, got {value!r}")
-
-
 @attrs.define(kw_only=True)
 class AffinityPolicy:
     """Rank replicas for one request: the key's home replica first unless it is busy.
@@ -62,10 +58,12 @@ class AffinityPolicy:
     where they disagree, never correctness.
     """
 
+    TABLE: ClassVar[str] = "ray.prefix_router"
+
     #: Queue length (ongoing requests) from which the home replica counts as busy.
-    busy_threshold: int = attrs.field(default=4, validator=_at_least_one)
+    busy_threshold: int = attrs.field(default=4, validator=positive_int())
     #: How many keys' homes are remembered (least recently used forgotten first).
-    memory: int = attrs.field(default=1024, validator=_at_least_one)
+    memory: int = attrs.field(default=1024, validator=positive_int())
     _homes: OrderedDict[str, str] = attrs.field(factory=OrderedDict, init=False, repr=False)
 
     def home(self, key: str, replicas: Sequence[str]) -> str:

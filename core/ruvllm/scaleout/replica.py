@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,12 +43,10 @@ def _replica_id() -> str:
 class EngineReplica:
     """Serve deployment class (wrapped by ``serve.deployment`` in ``scaleout.app``)."""
 
-    def __init__(self, config: Config, engine_options: Mapping[str, Any] | None = None,
-                 board_name: str | None = None):
+    def __init__(self, config: Config, board_name: str | None = None):
         from ruvllm.engine import ServingEngine
 
-        self._engine = ServingEngine.from_config(config, options=dict(engine_options) if engine_options
-                                                 else None)
+        self._engine = ServingEngine.from_config(config)
         self._id = _replica_id()
         self._board = board_name
         self._grammars = GrammarCache()

@@ -27,11 +27,12 @@ from ruvllm.serving import AsyncEngine
 log = logging.getLogger(__name__)
 
 
-def load_engine(config: Config, engine_options: Mapping[str, Any] | None = None) -> AsyncEngine:
-    """The batching ServingEngine on the configured backend and model (loaded now)."""
+def load_engine(config: Config) -> AsyncEngine:
+    """The batching ServingEngine on the configured backend and model (loaded now), with the
+    config's engine options (``Config.with_engine`` put the command line's there)."""
     from ruvllm.engine import ServingEngine
 
-    return ServingEngine.from_config(config, options=dict(engine_options) if engine_options else None)
+    return ServingEngine.from_config(config)
 
 
 def settings_for(config: Config, engine: AsyncEngine | None, *, served_name: str | None = None,
@@ -56,23 +57,21 @@ def _model_bytes(config: Config, ref: str) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def model_spec(config: Config, model: ModelConfig, engine_options: Mapping[str, Any] | None = None,
-               *, extra_adapters: Mapping[str, str] | None = None) -> ModelSpec:
+def model_spec(config: Config, model: ModelConfig, *,
+               extra_adapters: Mapping[str, str] | None = None) -> ModelSpec:
     """The pool entry of one ``[[models]]`` table: a ServingEngine on its backend, options and model."""
     backends = {**config.backends, "*": {**config.options_for("*"), **model.options}}
     cfg = attrs.evolve(config, model=model.model, backend=model.backend or config.backend, backends=backends,
-                       models=())
-    options = dict(model.engine) if model.engine is not None else engine_options
-
-    return ModelSpec(name=model.name, loader=lambda: load_engine(cfg, options), keep_alive=model.keep_alive,
+                       engine=config.engine if model.engine is None else model.engine, models=())
+    return ModelSpec(name=model.name, loader=lambda: load_engine(cfg), keep_alive=model.keep_alive,
                      preload=model.preload, memory_estimate=lambda: _model_bytes(config, model.model),
                      adapters={**(extra_adapters or {}), **model.lora_adapters}, reference=model.model)
 
 
-def build_pool(config: Config, engine_options: Mapping[str, Any] | None = None) -> ModelPool:
+def build_pool(config: Config) -> ModelPool:
     """The pool of ``config.models``; ``[server] lora_adapters`` (``--lora``) go to the first model."""
     srv = config.server
-    specs = [model_spec(config, m, engine_options, extra_adapters=srv.lora_adapters if i == 0 else None)
+    specs = [model_spec(config, m, extra_adapters=srv.lora_adapters if i == 0 else None)
              for i, m in enumerate(config.models)]
     return ModelPool(specs, load_wait=srv.load_wait, memory_budget=srv.memory_budget)
 
@@ -119,8 +118,7 @@ def check_port_free(host: str, port: int) -> None:
                               "or stop the process using it") from None
 
 
-def serve(config: Config, *, served_name: str | None = None,
-          engine_options: Mapping[str, Any] | None = None, log_level: str = "info",
+def serve(config: Config, *, served_name: str | None = None, log_level: str = "info",
           max_context: int | None = None) -> None:
     import uvicorn
 
@@ -132,12 +130,12 @@ def serve(config: Config, *, served_name: str | None = None,
                 raise ConfigError(f"LoRA adapter {name!r}: {path} does not exist; give the path of a PEFT "
                                   "LoRA directory (--lora NAME=PATH)")
     if config.models:
-        pool = build_pool(config, engine_options)
+        pool = build_pool(config)
         settings = pool_settings(config, pool, max_context=max_context)
         app = create_app(pool, settings)
         banner = pool_banner(pool)
     else:
-        engine = load_engine(config, engine_options)
+        engine = load_engine(config)
         settings = settings_for(config, engine, served_name=served_name, max_context=max_context)
         app = create_app(engine, settings)
         banner = startup_banner(engine, settings)
