@@ -23,7 +23,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 import attrs
 
-from ruvllm.errors import BackendError, ContextLengthExceeded, RuvllmError
+from ruvllm.errors import BackendError, RuvllmError
+from ruvllm.generation import check_prompt
 from ruvllm.sampling import LogitsProcessor
 from ruvllm.server.model_pool import Route
 from ruvllm.server.params import Limits
@@ -221,10 +222,11 @@ class CompletionService:
         return self.context_length - len(prompt_ids)
 
     def check_context(self, prompt_ids: Sequence[int], params: GenerationParams) -> None:
-        """Refuse a prompt plus ``max_tokens`` beyond the context (before anything is submitted)."""
-        if len(prompt_ids) + params.max_tokens > self.context_length:
-            raise ContextLengthExceeded(len(prompt_ids), params.max_tokens, self.context_length,
-                                        limit_note=self.limit_note)
+        """Refuse a prompt the engine could not serve, or one plus ``max_tokens`` beyond this
+        server's context, before anything is submitted (core's one prompt check, with the
+        server's ``--max-context`` and its reason)."""
+        check_prompt(prompt_ids, params, self.context_length, self.engine.info.vocab_size,
+                     limit_note=self.limit_note)
 
     async def submit(self, choices: Sequence[ChoiceRequest], *, id_prefix: str, priority: int = 0,
                      cache_salt: str | None = None) -> Submission:
