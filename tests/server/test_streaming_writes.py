@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import pytest
 from ruvllm.bench.serving import sse_data
 from ruvllm.server.responses import ChatFormatter, CompletionFormatter
 from ruvllm.server.sse import sse_event
 from ruvllm.testing.isolation import MARGIN_BOUND
 from ruvllm.types import TokenOutput
+from server_helpers import API_KEY
 
 TEXTS = ["Hello", " world", "\n", 'say "hi"', "back\\slash", "\t", "\x00\x1f", "é", "日本", "🙂", "</s>",
          "\u2028"]
@@ -48,35 +50,80 @@ def test_sse_reader_splits_lines_across_reads_with_lf_or_crlf():
         assert asyncio.run(read(cut)) == [b'{"a":1}', b'{"b":"x\\ny"}', b"[DONE]"], cut
 
 
-def test_several_streamed_choices_give_one_chunk_per_token_and_exact_usage(client, model_name):
-    """n=3 streams are interleaved and batched per write; each token is still its own chunk.
+MESSAGES = [{"role": "user", "content": "Name three colours."}]
+
+
+def _vocab_ids(tokenizer) -> dict[str, list[int]]:
+    """Token display text (what logprobs entries carry) -> the ids that display so."""
+    ids: dict[str, list[int]] = {}
+    for i in range(tokenizer.vocab_size):
+        ids.setdefault(tokenizer.token_text(i), []).append(i)
+    return ids
+
+
+def test_several_streamed_choices_give_one_chunk_per_token_and_exact_usage(client, model_name, server):
+    """n=3 streams are interleaved and batched per write; each token is still its own chunk, under
+    its own choice's index, in order: every choice's chunks reassemble to a text that its own
+    context gives, position by position, before and after the choices differ.
 
     Greedy choices of one prompt are the same text unless the numerics differ between the rows
     (llama.cpp's AVX2 kernels: the prompt's KV computed once and shared, decode rows batched) and
-    a near-tie flips. So the choices must agree up to their first difference, and there every
-    choice's token must be one of the two near-tied best tokens of that position (margin under
-    ``MARGIN_BOUND``, as the conformance suite's isolation rule). Chunks mixed up between
-    choices put unrelated tokens there, far from any tie."""
+    a near-tie flips. So each choice's streamed tokens are rescored in one prefill of that
+    choice's whole text (/v1/completions with echo and logprobs: the chat prompt's ids plus the
+    choice's), and at every position the streamed token must be the rescored best token or
+    within ``MARGIN_BOUND`` of it (the conformance suite's near-tie rule), with the rescored
+    log-probability within MARGIN_BOUND of the streamed one. A chunk of one choice put under
+    another's index after their texts differ continues the other text, far from any tie; a lost,
+    duplicated or reordered chunk breaks the count or every position after it. At the first
+    difference between the choices, every choice's token must be one of the two near-tied best
+    tokens of that position, as their own streamed top_logprobs say."""
     n, max_tokens = 3, 12
     stream = client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "Name three colours."}], n=n,
-        max_tokens=max_tokens, temperature=0, logprobs=True, top_logprobs=2, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        model=model_name, messages=MESSAGES, n=n, max_tokens=max_tokens, temperature=0, logprobs=True,
+        top_logprobs=2, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
     per_choice: dict[int, list] = {i: [] for i in range(n)}
+    texts: dict[int, str] = dict.fromkeys(range(n), "")
     finish: dict[int, str] = {}
     usage = None
     for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage
         for c in chunk.choices:
+            assert c.index in per_choice, c.index
+            assert c.index not in finish, f"a chunk for choice {c.index} after its finish"
             if c.logprobs is not None and c.logprobs.content:
                 assert len(c.logprobs.content) == 1  # never two tokens in one chunk
                 per_choice[c.index].append(c.logprobs.content[0])
+            texts[c.index] += c.delta.content or ""
             if c.finish_reason:
                 finish[c.index] = c.finish_reason
     assert finish == {i: "length" for i in range(n)}
     assert all(len(tokens) == max_tokens for tokens in per_choice.values()), per_choice
     assert usage is not None and usage.completion_tokens == n * max_tokens
+
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    prompt_ids = httpx.post(f"{server.url}/tokenize", json={"model": model_name, "messages": MESSAGES},
+                            headers=auth, timeout=60).json()["tokens"]
+    tokenizer = server.engine.tokenizer
+    vocab = _vocab_ids(tokenizer)
+    at = len(prompt_ids)
+    for i, entries in per_choice.items():
+        candidates = [vocab.get(e.token, []) for e in entries]
+        assert all(len(c) == 1 for c in candidates), (i, [e.token for e in entries], candidates)
+        ids = [c[0] for c in candidates]
+        # The chunks' texts are their tokens' texts: the choice's text, exactly.
+        assert texts[i] == tokenizer.decode(ids), (i, texts[i], [e.token for e in entries])
+        scored = client.completions.create(model=model_name, prompt=prompt_ids + ids, echo=True, logprobs=2,
+                                           max_tokens=1, temperature=0).choices[0].logprobs
+        assert scored.tokens[at:at + max_tokens] == [e.token for e in entries]
+        off = []
+        for k, e in enumerate(entries):
+            top, own = scored.top_logprobs[at + k], scored.token_logprobs[at + k]
+            if max(top.values()) - own >= MARGIN_BOUND or abs(own - e.logprob) >= MARGIN_BOUND:
+                off.append((k, e.token, round(e.logprob, 3), round(own, 3), top))
+        assert not off, (f"choice {i} ({texts[i]!r}) has streamed tokens that its own text does not "
+                         f"give (position, token, streamed logprob, rescored, rescored top 2): {off}")
+
     rows = list(per_choice.values())
     first = next((k for k in range(max_tokens) if len({r[k].token for r in rows}) > 1), None)
     if first is None:
