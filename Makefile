@@ -9,7 +9,7 @@ STAMP := $(VENV)/.stamp-setup
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
 PROMPT ?= Explain in one sentence why the sky is blue.
 
-.PHONY: setup run test test-all lint clean
+.PHONY: setup run test test-all lint clean peers
 
 setup: $(STAMP)
 
@@ -49,6 +49,12 @@ test: setup
 test-all: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST)
+
+# llama.cpp's own llama-server, built from the llama.cpp source of the pinned llama-cpp-python,
+# for benchmarks/compare_servers.py and kv_capacity.py (cached; ~17 min on 2 cores; never part
+# of make test).
+peers: setup
+	$(BIN)/python benchmarks/build_llama_server.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -1,24 +1,32 @@
-"""``ruvllm serve`` against ``python -m llama_cpp.server``: same model, same clients, same machine.
+"""``ruvllm serve`` against the servers CPU users pick: llama.cpp's own ``llama-server`` and
+``python -m llama_cpp.server``; same model, same clients, same machine.
 
 Each server runs alone (started, measured, stopped in turn), is warmed up, then measured with
 1, 4 and 16 concurrent streaming clients by ruvllm's serving benchmark (client-side timing).
-Every request asks for ``--gen-length`` tokens with EOS suppressed (``ignore_eos`` for ruvllm,
-a ``logit_bias`` of -100 on the EOS ids for llama-cpp-python, which has no ``ignore_eos``), so a
-request that returns fewer tokens was cut short by the server. llama_cpp.server runs with its
-default settings, as users run it, and a second time with ``--interrupt_requests False`` (its
-setting that lets every stream finish: requests are then served one after another), so the
-ratios are also given against a peer that cuts nothing short.
+Every request asks for ``--gen-length`` tokens with EOS suppressed (``ignore_eos`` for ruvllm
+and llama-server, a ``logit_bias`` of -100 on the EOS ids for llama-cpp-python, which has no
+``ignore_eos``), so a request that returns fewer tokens was cut short by the server.
+
+llama-server (built by benchmarks/build_llama_server.py from the llama.cpp source of the
+installed llama-cpp-python, so both run the same kernels) runs as its users run it for many
+clients: ``--parallel`` = the most clients measured, continuous batching, unified KV
+(``--kv-unified``) of the same number of cells as ruvllm's llamacpp pool (its ``kv_budget_mib``,
+so both hold the same KV memory), the same threads, flash attention at its default (auto: on, on
+a CPU). llama_cpp.server (``--peers llama_cpp.server``) runs with its default settings and a
+second time with ``--interrupt_requests False`` (its setting that lets every stream finish:
+requests are then served one after another).
 
 ``--backends`` serves the same model with several ruvllm backends in turn, one line each in the
 table and the plot; ``-o BACKEND:KEY=VALUE`` passes a backend option to one of them. Defaults:
-llamacpp gets ``n_threads=--threads`` and ``n_ctx=512`` (context per sequence: 4x what a request
-here needs; the backend's default is 4096, which cost about 10 % at 16 sequences on a quiet
-machine, see docs/benchmark.md); candle_like gets ``dtype=bfloat16``, in which it batches well
-on CPUs with bf16 matrix instructions. Every option is named in the target's label.
+llamacpp gets ``n_threads=--threads`` (everything else as ``ruvllm serve`` sets it: the 256 MiB
+pool, the model's context); candle_like gets ``dtype=bfloat16``, in which it batches well on
+CPUs with bf16 matrix instructions (on one without, say ``-o candle_like:dtype=float32``). Every
+option is named in the target's label.
 
+    .venv/bin/python benchmarks/build_llama_server.py               # once (~17 min on 2 cores)
     .venv/bin/python benchmarks/compare_servers.py                  # writes benchmarks/results/
-    .venv/bin/python benchmarks/compare_servers.py --clients 1,4,16 --gen-length 64 \
-        --backends llamacpp,candle_like
+    .venv/bin/python benchmarks/compare_servers.py --clients 1,4,16,32 --prompt-length 512 \
+        --backends llamacpp,candle_like --peers llama-server,llama_cpp.server
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ ROOT = Path(__file__).resolve().parent
 def backend_options(backends: list[str], given: list[str], threads: int) -> dict[str, dict[str, str]]:
     """Each backend's ``-o`` options: the defaults above, overridden by ``BACKEND:KEY=VALUE``."""
     opts: dict[str, dict[str, str]] = {
-        b: dict({"llamacpp": {"n_threads": str(threads), "n_ctx": "512"},
+        b: dict({"llamacpp": {"n_threads": str(threads)},
                  "candle_like": {"dtype": "bfloat16"}}.get(b, {}))
         for b in backends}
     for item in given:
@@ -106,6 +114,25 @@ async def measure(url: str, name: str, prompts: list[str], extra_body: dict, arg
                            progress=progress)
 
 
+def pool_cells(backend, sequences: int, kv_budget_mib: int) -> int:
+    """The cells of ruvllm's llamacpp pool for this model under ``kv_budget_mib``: the KV memory
+    llama-server is given too."""
+    from ruvllm_llamacpp.kv_pool import plan_pool
+
+    return plan_pool(n_ctx=backend.n_ctx, sequences=sequences, bytes_per_token=backend.kv_bytes_per_token,
+                     budget_mib=kv_budget_mib).tokens
+
+
+def default_llama_server() -> Path | None:
+    """The binary benchmarks/build_llama_server.py built for the installed llama-cpp-python."""
+    from importlib.metadata import version
+
+    from build_llama_server import binary_path
+
+    path = binary_path(version("llama-cpp-python"))
+    return path if path.exists() else None
+
+
 def run_server(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
     fh = log.open("w")
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ})
@@ -125,20 +152,36 @@ def main() -> int:
                     help="ruvllm backends to serve in turn, comma-separated (e.g. llamacpp,candle_like)")
     ap.add_argument("-o", "--option", action="append", default=[], metavar="BACKEND:KEY=VALUE",
                     help="backend option for one of --backends (repeatable), e.g. candle_like:dtype=float32")
-    ap.add_argument("--skip-llamacpp-server", action="store_true")
+    ap.add_argument("--peers", default="llama-server",
+                    help="peer servers, comma-separated: llama-server, llama_cpp.server (or none)")
+    ap.add_argument("--llama-server", type=Path, default=None,
+                    help="llama-server binary (default: the one build_llama_server.py built)")
+    ap.add_argument("--kv-budget-mib", type=int, default=256,
+                    help="KV memory of ruvllm's llamacpp pool and of llama-server's unified KV")
     args = ap.parse_args()
+    peers = {p.strip() for p in args.peers.split(",") if p.strip() and p.strip() != "none"}
+    if unknown := peers - {"llama-server", "llama_cpp.server"}:
+        raise SystemExit(f"--peers: unknown {', '.join(sorted(unknown))}; use llama-server, llama_cpp.server")
+    llama_server = args.llama_server or default_llama_server()
+    if "llama-server" in peers and llama_server is None:
+        raise SystemExit("no llama-server binary: run benchmarks/build_llama_server.py first (or pass "
+                         "--llama-server PATH, or --peers llama_cpp.server)")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     args.output_dir.mkdir(parents=True, exist_ok=True)
 
+    levels = [int(c) for c in args.clients.split(",")]
     with LLM(backend="llamacpp") as llm:
         model_path = llm.info.path
         eos_ids = llm.info.special_tokens.eos_ids
         prompts = [prompt_text(llm.tokenizer, args.prompt_length, i) for i in range(64)]
         model_name = llm.info.name
+        cells = pool_cells(llm.backend, max(levels), args.kv_budget_mib)
     bin_dir = Path(sys.executable).parent
     results: list[dict] = []
 
     for backend, opts in backend_options(backends, args.option, args.threads).items():
+        if backend == "llamacpp":
+            opts.setdefault("kv_budget_mib", str(args.kv_budget_mib))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         print(f"ruvllm serve --backend {backend} on {url}", file=sys.stderr)
@@ -156,9 +199,23 @@ def main() -> int:
         finally:
             stop(proc)
 
+    if "llama-server" in peers:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        flags = ["--parallel", str(max(levels)), "--ctx-size", str(cells), "--kv-unified",
+                 "--threads", str(args.threads), "--threads-batch", str(args.threads)]
+        print(f"llama-server {' '.join(flags)} on {url}", file=sys.stderr)
+        proc = run_server([str(llama_server), "--model", str(model_path), "--host", "127.0.0.1",
+                           "--port", str(port), *flags], url, args.output_dir / "llama-server.log")
+        try:
+            results += asyncio.run(measure(url, f"llama-server (-np {max(levels)}, -c {cells}, kv-unified)",
+                                           prompts, {"ignore_eos": True}, args))
+        finally:
+            stop(proc)
+
     peer_settings = {"defaults": [], "interrupt_requests=False": ["--interrupt_requests", "False"]}
     bias = {str(t): -100 for t in eos_ids}
-    for setting, extra in ({} if args.skip_llamacpp_server else peer_settings).items():
+    for setting, extra in (peer_settings if "llama_cpp.server" in peers else {}).items():
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         print(f"llama_cpp.server ({setting}) on {url}", file=sys.stderr)
@@ -175,6 +232,7 @@ def main() -> int:
               "settings": {"clients": args.clients, "gen_length": args.gen_length,
                            "prompt_length": args.prompt_length, "threads": args.threads,
                            "backends": backend_options(backends, args.option, args.threads),
+                           "peers": sorted(peers),
                            "load_average": os.getloadavg()}}
     (args.output_dir / "compare_servers.json").write_text(rep.to_json(report))
     (args.output_dir / "compare_servers.csv").write_text(rep.to_csv(report))

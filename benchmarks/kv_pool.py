@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -42,12 +43,15 @@ SENTENCES = (
 )
 
 
-def sized_prompt(url: str, tokens: int, variant: int) -> str:
-    """Prose of exactly ``tokens`` prompt tokens as this server counts them (its /tokenize)."""
+def sized_prompt(url: str, tokens: int, variant: int, *,
+                 payload: Callable[[str], dict] = lambda text: {"prompt": text},
+                 count_field: Callable[[dict], int] = lambda body: body["count"]) -> str:
+    """Prose of exactly ``tokens`` prompt tokens as this server counts them (its /tokenize;
+    ``payload`` and ``count_field`` adapt it to another server's, e.g. llama-server's)."""
     def count(text: str) -> int:
-        r = httpx.post(url + "/tokenize", json={"prompt": text}, timeout=60)
+        r = httpx.post(url + "/tokenize", json=payload(text), timeout=60)
         r.raise_for_status()
-        return r.json()["count"]
+        return count_field(r.json())
 
     notes = [f"Note {variant}-{i}: {SENTENCES[(i + variant) % len(SENTENCES)]}"
              for i in range(tokens // 8)]
@@ -70,14 +74,20 @@ def rss_mb(pid: int) -> float:
     return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
 
 
-def run_case(client: openai.OpenAI, model: str, prompts: list[str],
-             max_tokens: int) -> tuple[int, list[str], float]:
+def run_case(client: openai.OpenAI, model: str, prompts: list[str], max_tokens: int, *,
+             extra_body: dict | None = None) -> tuple[int, list[str], float]:
+    """Send ``prompts`` at once; (answered, errors, wall seconds). With ``ignore_eos`` in
+    ``extra_body`` an answer shorter than ``max_tokens`` was cut short: an error too."""
+    full = bool((extra_body or {}).get("ignore_eos"))
+
     def one(prompt: str) -> str | None:
         try:
-            client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens)
-            return None
+            out = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                            extra_body=extra_body)
         except openai.APIError as exc:
             return f"{type(exc).__name__}: {str(exc)[:160]}"
+        got = out.usage.completion_tokens
+        return f"cut short at {got} tokens" if full and got != max_tokens else None
 
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
