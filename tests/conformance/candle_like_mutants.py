@@ -8,6 +8,8 @@
   correct, so only the batched-isolation test can see the bug, through real numerics.
 - ``KeptCachesCandleLikeBackend``: each request's KV cache stays referenced after the call;
   outputs and the backend's own ``cached_tokens()`` are unaffected, only memory grows.
+- ``LumpyKeptCachesCandleLikeBackend``: the same leak every third request only, so memory grows
+  in lumps with flat calls between them: the median growth per call is 0.
 """
 
 from __future__ import annotations
@@ -58,4 +60,21 @@ class KeptCachesCandleLikeBackend(CandleLikeBackend):
     def new_cache(self, capacity: int):
         cache = super().new_cache(capacity)
         self.__dict__.setdefault("_kept_caches", []).append(cache)
+        return cache
+
+
+class LumpyKeptCachesCandleLikeBackend(CandleLikeBackend):
+    """candle_like keeping the KV cache of every ``EVERY``-th request (a sampling debug hook, or
+    a cache put back in a pool that only every few calls forgets to clear): memory grows by one
+    cache in one call of three and stays flat in the others. A third of a full leak is above the
+    suite's quarter; a rule judging the median growth per call sees 0 and passes it."""
+
+    name: ClassVar[str] = "candle_like-lumpy-kept-caches"
+    EVERY: ClassVar[int] = 3
+
+    def new_cache(self, capacity: int):
+        cache = super().new_cache(capacity)
+        self._calls = getattr(self, "_calls", 0) + 1
+        if self._calls % self.EVERY == 0:
+            self.__dict__.setdefault("_kept_caches", []).append(cache)
         return cache

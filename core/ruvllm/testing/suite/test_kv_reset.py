@@ -9,7 +9,6 @@ cannot pass conformance.
 from __future__ import annotations
 
 import itertools
-import statistics
 
 import attrs
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from ruvllm.llm import LLM
 from ruvllm.models import ModelSource
 from ruvllm.testing.kv_geometry import MIN_KV_BYTES_PER_ELEMENT, kv_geometry
-from ruvllm.testing.memory_probe import heap_in_use_bytes, rss_bytes
+from ruvllm.testing.memory_probe import growth_beyond_largest_step, heap_in_use_bytes, rss_bytes
 from ruvllm.testing.support import (
     LOGPROB_TOLERANCE,
     LONG_PROMPT_TOKENS,
@@ -156,13 +155,15 @@ class TestKvReset:
         calls 2..MANY_CALLS would add: their tokens times the model's KV bytes per token, read
         from the model file (not from the backend), at 2 bytes per element.
 
-        Two bounds, because allocators are noisy in steps, leaks are steady: the *median* growth
-        per call, times the calls, must stay under MEMORY_LEAK_SHARE of that leak (a backend that
-        keeps each call's KV grows by about its share every call; a one-off step of a runtime's
-        thread arenas, measured up to 4 MiB on mistral.rs, leaves the median at 0), and the total
-        growth must stay under the whole leak (a leak released to the allocator in lumps still
-        adds up). Memory is the C allocator's bytes in use where it can be asked (a kept cache
-        served from freed chunks does not move the resident set), else the resident set."""
+        The growth from call 1 to the last, less its single largest step between two calls
+        (``growth_beyond_largest_step``), must stay under MEMORY_LEAK_SHARE of that leak: a leak
+        counts by its total whatever its shape (every call, or in lumps every few calls), while
+        one step is forgiven: a runtime may hold a buffer at some call boundaries and not at
+        others (5.65 MiB on mistral.rs), which moves the last reading against the first by one
+        step. The total must also stay under the whole leak (a one-off step that large is no
+        allocator noise). Memory is the C allocator's bytes in use where it can
+        be asked (a kept cache served from freed chunks does not move the resident set), else
+        the resident set."""
         probes = [(name, readings) for name, readings in (("heap in use", many_calls.heap),
                                                           ("RSS", many_calls.rss))
                   if all(r is not None for r in readings)]
@@ -173,16 +174,20 @@ class TestKvReset:
         kept = many_calls.kept_tokens()
         leak = kept * per_token
         calls = len(readings) - 1
-        steady = statistics.median(b - a for a, b in itertools.pairwise(readings)) * calls
+        steps = [b - a for a, b in itertools.pairwise(readings)]
+        grown = growth_beyond_largest_step(readings)
         total = readings[-1] - readings[0]
-        print(f"{name} over {calls} calls: steady growth (median per call x calls) {steady / MIB:.2f} MiB, "
-              f"total {total / MIB:.2f} MiB; a KV leak would add {leak / MIB:.1f} MiB")
-        assert steady < MEMORY_LEAK_SHARE * leak and total < leak, (
-            f"{name} grew by {steady / MIB:.2f} MiB steadily (median per call x {calls}; limit "
-            f"{MEMORY_LEAK_SHARE:.0%} = {MEMORY_LEAK_SHARE * leak / MIB:.1f} MiB) and "
-            f"{total / MIB:.2f} MiB in all (limit {leak / MIB:.1f} MiB, what keeping the {kept} tokens "
-            f"of KV of calls 2..{calls + 1} "
-            f"would add at {per_token} bytes per token): memory is kept per request"
+        largest = max(steps)
+        rises = sum(s > 0.1 * leak / calls for s in steps)
+        print(f"{name} over {calls} calls: total {total / MIB:.3f} MiB, largest step {largest / MIB:.3f} MiB "
+              f"(call {steps.index(largest) + 2}), beyond it {grown / MIB:.3f} MiB; {rises} steps above a "
+              f"tenth of one call's KV; a KV leak would add {leak / MIB:.1f} MiB")
+        assert grown < MEMORY_LEAK_SHARE * leak and total < leak, (
+            f"{name} grew by {grown / MIB:.2f} MiB over {calls} calls beyond its largest single step "
+            f"({largest / MIB:.2f} MiB; limit {MEMORY_LEAK_SHARE:.0%} = {MEMORY_LEAK_SHARE * leak / MIB:.1f} "
+            f"MiB), {total / MIB:.2f} MiB in all (limit {leak / MIB:.1f} MiB, what keeping the {kept} "
+            f"tokens of KV of calls 2..{calls + 1} would add at {per_token} bytes per token), growing in "
+            f"{rises} of the steps: memory is kept per request"
         )
 
     def test_prompts_sharing_a_prefix_stay_isolated(self, ruvllm_llm: LLM) -> None:
