@@ -245,10 +245,13 @@ class CandleLikeBackend(LlmBackend):
         if self.options.kv_cache == "two_tier":
             cfg = self._loaded.config
             two_tier = TwoTierSettings.from_options(self.options, cfg, self.model.max_positions)
+        # max_kv_tokens bounds one sequence here (the engine refuses a longer request); the
+        # request-level cache evicts its oldest tokens instead (kv_paged_two_tier's docstring).
         executor = PagedExecutor(self.model, max_sequences=max_sequences, block_size=block_size,
                                  num_tokens=self.options.kv_cache_tokens,
                                  max_batch_tokens=self.options.max_batch_tokens, kv_dtype=self.kv_dtype,
-                                 adapters=self.adapters, two_tier=two_tier)
+                                 adapters=self.adapters, two_tier=two_tier,
+                                 max_seq_len=two_tier.max_tokens if two_tier else None)
         self._executor_kv = executor.describe()
         log.info("candle_like executor: %s", self._executor_kv)
         return executor

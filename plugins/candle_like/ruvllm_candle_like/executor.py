@@ -122,9 +122,11 @@ class PagedExecutor:
 
     def __init__(self, model: Transformer, *, max_sequences: int, block_size: int, num_tokens: int,
                  max_batch_tokens: int, kv_dtype: torch.dtype, adapters: AdapterRegistry | None = None,
-                 two_tier: TwoTierSettings | None = None):
+                 two_tier: TwoTierSettings | None = None, max_seq_len: int | None = None):
         """``two_tier``: keep KV in the two-tier cache (packed cold store + 16-bit hot window)
-        instead of the 16-bit pool."""
+        instead of the 16-bit pool. ``max_seq_len``: the most positions one sequence may hold
+        (default and at most the model's context; the two-tier cache's ``max_kv_tokens``); the
+        engine reads it as the context one request may use."""
         if block_size < 1:
             raise InvalidRequest("block_size", f"must be >= 1; got {block_size}")
         if max_sequences < 1:
@@ -136,6 +138,10 @@ class PagedExecutor:
         self.num_blocks = max(num_tokens // block_size, 1)
         self.max_batch_tokens = max_batch_tokens
         self.max_sequences = max_sequences
+        if max_seq_len is not None and max_seq_len < 1:
+            raise InvalidRequest("max_seq_len", f"must be >= 1; got {max_seq_len}")
+        #: Most positions of one sequence (ExecutorCore.max_request_tokens reads it).
+        self.max_seq_len = min(max_seq_len or model.max_positions, model.max_positions)
         self.kv_dtype = kv_dtype
         self.compute_dtype = model.dtype
         self.device = model.device
@@ -169,7 +175,9 @@ class PagedExecutor:
         """One line on the KV storage and its size (logged at creation, printed by serve)."""
         tokens = self.num_blocks * self.block_size
         if self.two_tier is not None:
-            return f"paged KV for {tokens} tokens (kv_cache_tokens), {self.two_tier.describe()}"
+            limit = ("" if self.max_seq_len == self.model.max_positions
+                     else f", at most {self.max_seq_len} per sequence (max_kv_tokens)")
+            return f"paged KV for {tokens} tokens (kv_cache_tokens){limit}, {self.two_tier.describe()}"
         dtype = str(self.kv_dtype).removeprefix("torch.")
         return (f"paged KV for {tokens} tokens (kv_cache_tokens), 16-bit pool (kv_cache=fp16, {dtype}) "
                 f"{self.nbytes() / MIB:.1f} MiB")
@@ -192,9 +200,11 @@ class PagedExecutor:
             if not e.tokens:
                 raise InvalidRequest("tokens", f"sequence {e.seq_id}: an entry needs at least one token")
             end = e.start_pos + len(e.tokens)
-            if end > self.model.max_positions:
+            if end > self.max_seq_len:
+                limit = ("context length" if self.max_seq_len == self.model.max_positions
+                         else "most positions of one sequence (max_kv_tokens)")
                 raise InvalidRequest("start_pos", f"sequence {e.seq_id}: position {end - 1} is past the "
-                                     f"context length {self.model.max_positions}")
+                                     f"{limit} {self.max_seq_len}")
             if len(e.block_table) * self.block_size < end:
                 raise InvalidRequest("block_table", f"sequence {e.seq_id}: {len(e.block_table)} blocks "
                                      f"cannot hold {end} positions of {self.block_size}")

@@ -12,8 +12,8 @@ hot pool.
 A step:
 
 1. **Plan** (before the forward). For each entry, every block its new tokens land in is
-   either *cold-bound* (all its positions are older than the entry's last ``hot_tokens``
-   after this step) or in the window. Window blocks get a hot slot (a block whose earlier
+   either *cold-bound* (among the entry's cold blocks after this step, see ``migrate_tokens``
+   below) or in the window. Window blocks get a hot slot (a block whose earlier
    tokens are only cold is *promoted*: dequantised into the slot, which is rare: it needs
    the pool to have run out). Tokens landing in a cold-bound block written from its start
    (a long prefill chunk) are quantised straight into the cold store. A block written from
@@ -22,7 +22,7 @@ A step:
    cold rows; the step's read set (the unique cold blocks, dequantised, then the unique hot
    slots, then the step's own new K/V) is concatenated into one workspace, and each entry's
    positions ``0 .. end-1`` are gathered from it by an index planned once per step.
-3. **Migrate** (after the forward). Hot blocks now wholly older than an entry's window are
+3. **Migrate** (after the forward). Hot blocks now among an entry's cold blocks are
    quantised into their cold rows, one batch per layer, and their slots are freed. Each
    token is quantised once, when its block leaves the window: migration costs O(block), with
    no growing buffer and no re-copying of the cold store.
@@ -31,10 +31,21 @@ Hot slots are not released when a sequence ends: the engine may keep the block a
 prefix. When the pool runs out, the least recently used slot whose block this step does not
 need hot is migrated (its block stays valid, in the cold tier) and reused. The pool is sized
 so that a step's own needs always fit: a sequence's window touches at most
-``(hot_tokens - 1) // block_size + 2`` blocks.
+``(hot_tokens - 1) // block_size + 1 + migrate_blocks`` blocks.
 
-Not carried over from the request-level cache: ``migrate_tokens`` (the executor migrates
-whole blocks) and ``max_kv_tokens`` (no eviction: the engine's blocks bound a sequence).
+The request-level cache's ``migrate_tokens`` and ``max_kv_tokens`` (``TwoTierSettings``) mean
+here:
+
+- ``migrate_tokens``: blocks leave the window in batches of ``migrate_blocks`` =
+  ``ceil(migrate_tokens / block_size)`` whole blocks. After a step ending at position ``E``, a
+  sequence's first :meth:`PagedTwoTier.cold_blocks` ``(E)`` blocks are cold: the whole blocks
+  older than its last ``hot_tokens`` positions, rounded down to a multiple of the batch. The
+  rest stay hot, so a sequence keeps between ``hot_tokens`` and ``hot_tokens + migrate_blocks *
+  block_size - 1`` positions exact (a larger batch: more of them, fewer migrations);
+- ``max_kv_tokens``: the most positions one sequence may hold. No sequence is ever cut: the
+  executor states it as its ``max_seq_len`` (:class:`~ruvllm_candle_like.executor.PagedExecutor`),
+  which the engine takes as the context one request may use, so a longer request is refused
+  (400) instead of having its oldest tokens evicted as the request-level cache does.
 """
 
 from __future__ import annotations
@@ -51,9 +62,16 @@ from ruvllm_candle_like.kv_two_tier import PackedTensor, TwoTierSettings, dequan
 MIB = 1 << 20
 
 
-def hot_blocks_per_sequence(hot_tokens: int, block_size: int) -> int:
-    """Most blocks the last ``hot_tokens`` positions of a sequence can touch."""
-    return (hot_tokens - 1) // block_size + 2
+def migrate_blocks(migrate_tokens: int, block_size: int) -> int:
+    """Whole blocks per migration batch: ``migrate_tokens`` rounded up to blocks."""
+    return -(-migrate_tokens // block_size)
+
+
+def hot_blocks_per_sequence(hot_tokens: int, block_size: int, batch_blocks: int = 1) -> int:
+    """Most blocks a sequence holds hot: those its last ``hot_tokens`` positions touch during a
+    step (``(hot_tokens - 1) // block_size + 2``), plus up to ``batch_blocks - 1`` whole blocks
+    older than the window that wait for a full migration batch."""
+    return (hot_tokens - 1) // block_size + 1 + batch_blocks
 
 
 def _rows(ids: np.ndarray, block_size: int) -> np.ndarray:
@@ -72,8 +90,10 @@ class PagedTwoTier:
         self.kv_dtype = kv_dtype
         self.device = device
         self.num_layers = cfg.num_layers
-        self.num_slots = min(num_blocks, max_sequences * hot_blocks_per_sequence(settings.hot_tokens,
-                                                                                 block_size))
+        #: Blocks that leave a window together (``migrate_tokens`` in whole blocks).
+        self.migrate_blocks = migrate_blocks(settings.migrate_tokens, block_size)
+        per_sequence = hot_blocks_per_sequence(settings.hot_tokens, block_size, self.migrate_blocks)
+        self.num_slots = min(num_blocks, max_sequences * per_sequence)
         h, d = cfg.num_kv_heads, cfg.head_dim
         hot_shape = (self.num_slots * block_size, h, d)
         # Zeros: padded gather positions are masked, but NaN garbage would still poison SDPA.
@@ -119,6 +139,23 @@ class PagedTwoTier:
         hot = int((self.hot_slot[blocks] >= 0).sum())
         return self.block_size * (len(blocks) * per_row_cold + hot * per_row_hot)
 
+    def cold_blocks(self, end: int) -> int:
+        """How many of a sequence's first blocks are cold once it holds positions ``0 .. end-1``:
+        the whole blocks older than its last ``hot_tokens`` positions, in whole migration batches."""
+        whole = max(0, end - self.settings.hot_tokens) // self.block_size
+        return whole - whole % self.migrate_blocks
+
+    def tiers(self, block_table: Sequence[int], length: int) -> tuple[int, int]:
+        """(positions held hot, positions held cold only) of a sequence of ``length`` positions."""
+        bs = self.block_size
+        n = -(-length // bs)
+        slots = self.hot_slot[np.asarray(block_table[:n], dtype=np.int64)]
+        sizes = np.full(n, bs)
+        if n:
+            sizes[-1] = length - (n - 1) * bs
+        hot = int(sizes[slots >= 0].sum())
+        return hot, length - hot
+
     def describe(self) -> str:
         s = self.settings
         dtype = str(self.kv_dtype).removeprefix("torch.")
@@ -126,7 +163,9 @@ class PagedTwoTier:
         tokens = self.num_blocks * self.block_size
         return (f"two-tier KV cache (kv_cache=two_tier): cold tier Q{s.bits} (group {s.group_size}) "
                 f"for {tokens} tokens {self.cold_nbytes() / MIB:.1f} MiB + {dtype} hot window of the "
-                f"last {s.hot_tokens} tokens per sequence ({self.num_slots} blocks of {self.block_size}) "
+                f"last {s.hot_tokens} tokens per sequence, migrated {self.migrate_blocks * self.block_size} "
+                f"at a time "
+                f"({self.num_slots} blocks of {self.block_size}) "
                 f"{self.hot_nbytes() / MIB:.1f} MiB = {total / MIB:.1f} MiB; a {dtype} pool would take "
                 f"{self.fp16_equivalent / MIB:.1f} MiB ({self.fp16_equivalent / total:.2f}x)")
 
@@ -222,16 +261,17 @@ class PagedTwoTier:
     def begin(self, batch: Sequence[BatchEntry]) -> TwoTierStep:
         """Assign tiers for this step's writes and plan its reads (see the module docstring)."""
         self._clock += 1
-        bs, hot_tokens = self.block_size, self.settings.hot_tokens
+        bs = self.block_size
         tables = [np.asarray(e.block_table, dtype=np.int64) for e in batch]
         keep: set[int] = set()
         wanted: list[tuple[int, bool]] = []
         for e, table in zip(batch, tables, strict=True):
             start, end = e.start_pos, e.start_pos + len(e.tokens)
+            n_cold = self.cold_blocks(end)
             for i in range(start // bs, (end - 1) // bs + 1):
                 b = int(table[i])
                 fresh = start <= i * bs
-                if (i + 1) * bs <= end - hot_tokens:  # cold-bound: no slot needed
+                if i < n_cold:  # cold-bound: no slot needed
                     if fresh and self.hot_slot[b] >= 0:
                         self._release(b)  # what the slot held belongs to a freed sequence
                 else:
@@ -283,11 +323,11 @@ class PagedTwoTier:
                            cold_src=np.concatenate(cold_src), cold_dst=np.concatenate(cold_dst))
 
     def finish(self, batch: Sequence[BatchEntry]) -> None:
-        """Migrate the hot blocks that are now older than their entry's window."""
-        bs, hot_tokens = self.block_size, self.settings.hot_tokens
+        """Migrate the hot blocks that are now older than their entry's window (in whole batches
+        of ``migrate_blocks``)."""
         leaving = []
         for e in batch:
-            n_bound = (e.start_pos + len(e.tokens) - hot_tokens) // bs
+            n_bound = self.cold_blocks(e.start_pos + len(e.tokens))
             if n_bound > 0:
                 blocks = np.asarray(e.block_table[:n_bound], dtype=np.int64)
                 leaving.append(blocks[self.hot_slot[blocks] >= 0])
