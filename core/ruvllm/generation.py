@@ -37,6 +37,17 @@ def check_prompt(prompt_ids: Sequence[int], params: GenerationParams, context_le
         raise ContextLengthExceeded(len(prompt_ids), params.max_tokens, context_length, limit_note=limit_note)
 
 
+def require_core_sampler(path: str, backend_name: str, field: str, what: str) -> None:
+    """Refuse ``field`` (``what`` it asks for) where core's sampler does not choose the tokens:
+    on the request-level path the backend's generate() samples by itself, so logits processors
+    and grammars would be ignored. The one place this refusal is worded."""
+    if path != "executor":
+        raise InvalidRequest(
+            field, f"{what} needs core's sampler on the executor path, but backend {backend_name!r} is "
+            "served request by request with its own sampler; drop it or serve the model with a backend "
+            "that has an executor (llamacpp, candle_like, mlx)")
+
+
 class RequestOutputBuilder:
     """Accumulates one request's tokens and decides when and why it finishes."""
 

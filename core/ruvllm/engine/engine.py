@@ -36,7 +36,7 @@ from ruvllm.engine.published_adapters import PublishedAdapters
 from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.request_level import RequestLevelCore
 from ruvllm.errors import BackendError, EngineClosed, EngineOptionError, InvalidRequest, Overloaded
-from ruvllm.generation import RequestOutputBuilder, check_prompt
+from ruvllm.generation import RequestOutputBuilder, check_prompt, require_core_sampler
 from ruvllm.sampling import LogitsProcessor, Sampler
 from ruvllm.serving import MetricsSnapshot
 from ruvllm.tokenizer import Tokenizer, require_prompt_text
@@ -230,11 +230,8 @@ class ServingEngine:
                  request_id: str | None, priority: int, timeout: float | None, cache_salt: str | None,
                  logits_processors: Sequence[LogitsProcessor] = ()) -> str:
         self._check_open()
-        if logits_processors and self.path != "executor":
-            raise InvalidRequest(
-                "logits_processors", f"need core's sampler on the executor path, but backend "
-                f"{self.backend_name!r} is served request by request (its generate() samples); "
-                "drop the processors or use a backend with an executor")
+        if logits_processors:
+            require_core_sampler(self.path, self.backend_name, "logits_processors", "a logits processor")
         if not isinstance(params, GenerationParams):
             raise InvalidRequest("params", f"must be GenerationParams, got {type(params).__name__}")
         if isinstance(priority, bool) or not isinstance(priority, int):

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.generation import require_core_sampler
 from ruvllm.guided.compile import GrammarCache
 from ruvllm.guided.grammar import GrammarSpec, from_extensions, from_response_format
 from ruvllm.guided.processor import GuidedProcessor
@@ -61,11 +62,7 @@ def completion_constraint(body: Any) -> RequestConstraint:
 
 def check_engine(engine: AsyncEngine, spec: GrammarSpec) -> None:
     """Refuse, naming the field, where the engine's backend chooses tokens itself."""
-    if engine.path != "executor":
-        raise InvalidRequest(
-            spec.field, f"constrained output needs core's sampler, but backend {engine.backend_name!r} "
-            "generates request by request with its own sampler, so ruvllm cannot enforce the grammar "
-            "there; serve the model with llamacpp, candle_like or mlx")
+    require_core_sampler(engine.path, engine.backend_name, spec.field, "constrained output")
 
 
 def grammar_engine_of(engine: AsyncEngine) -> str:
