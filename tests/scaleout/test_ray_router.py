@@ -184,7 +184,7 @@ def local_engine():
     if get_registry().backends.get("llamacpp") is None:
         pytest.skip("the llamacpp backend is not installed")
     config = load_config(overrides={"backend": "llamacpp", "model": "default"})
-    handle = serve.run(serve.deployment(EngineReplica).bind(config, None, None), _local_testing_mode=True)
+    handle = serve.run(serve.deployment(EngineReplica).bind(config, None), _local_testing_mode=True)
 
     async def make():
         desc = await handle.describe.remote()

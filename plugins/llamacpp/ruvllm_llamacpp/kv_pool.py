@@ -11,11 +11,14 @@ slice (18 x 512 tokens within the same 256 MiB) and refused every request longer
 Cell types are llama.cpp's ``type_k`` / ``type_v``: f16 (its default), q8_0 or q4_0. A quantised
 V cache needs flash attention, which the backend then turns on (and says so).
 
-Flash attention is on for the pool by default (``flash_attn = "auto"``, as llama-server's
-``--flash-attn auto`` on a CPU): in a unified buffer each token's attention spans every cell in
-use, its own sequence's and all the others' (masked), and only llama.cpp's flash-attention kernel
-skips the masked cells; without it a step of 16 sequences costs as if each attended to all 16
-(0.68x the throughput of per-sequence streams, measured in docs/engine.md).
+Flash attention for the pool (``flash_attn = "auto"``, llama-server's own default on a CPU): in
+a unified buffer each token's attention spans every cell in use, its own sequence's and all the
+others' (masked), and only llama.cpp's flash-attention kernel skips the masked cells; without it
+a step of 16 sequences costs as if each attended to all 16 (0.68x the throughput of
+per-sequence streams, docs/engine.md). It stays off by default: with it, the KV a prefix-cache
+hit reuses was computed by another kernel tiling than a fresh prefill, and a repeated greedy
+request flipped a near-tie (measured on the AVX2 kind), which users of a deterministic server
+rely on not happening.
 """
 
 from __future__ import annotations
@@ -120,8 +123,8 @@ class KvPool:
                 f"{self.per_request} tokens")
         if KV_TYPES[self.type_v].quantized:
             line += ", flash attention on (a quantised V cache needs it)"
-        elif not self.flash_attn:
-            line += ", flash attention off (flash_attn = off: each token attends over every cell in use)"
+        elif self.flash_attn:
+            line += ", flash attention on"
         if self.budget_mib == 0:
             return line + " (kv_budget_mib = 0: no budget, n_ctx for every running request)"
         line += f" (kv_budget_mib = {self.budget_mib}"
