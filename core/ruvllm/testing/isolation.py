@@ -22,11 +22,16 @@ tokens far from any tie: it fails both conditions. Each failure names the positi
 and both margins.
 
 The bounds (``MARGIN_BOUND``, ``DISTANCE_BOUND``) are stated with what they were measured against
-in docs/conformance.md.
+in docs/conformance.md. A backend whose KV storage itself moves logits (a KV cache quantised to 4
+bits: what a position reads depends on whether its context came from the cache or from the same
+step) needs wider ones; a conformance run of such a backend sets them for its process with
+``RUVLLM_NEAR_TIE_BOUNDS=MARGIN,DISTANCE`` (``BOUNDS_ENV``), e.g. candle_like with
+``kv_cache=two_tier`` (the figures are in docs/conformance.md, "Quantized KV").
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -42,6 +47,26 @@ MARGIN_BOUND = 0.5
 #: bf16 1.19 (bf16 rounding of differently blocked matmuls). The candle_like mutant that attends
 #: to stale padding KV failed at distances of 4.9-9.1.
 DISTANCE_BOUND = 3.0
+#: ``MARGIN,DISTANCE``: the bounds of every rule built without explicit ones in this process,
+#: instead of MARGIN_BOUND and DISTANCE_BOUND. Each backend's conformance run is its own process
+#: (tests/conformance/test_installed_backends.py), so this is one backend's (and options') bound.
+BOUNDS_ENV = "RUVLLM_NEAR_TIE_BOUNDS"
+
+
+def default_bounds() -> tuple[float, float]:
+    """(margin bound, distance bound): ``BOUNDS_ENV`` when set, else the module's defaults."""
+    text = os.environ.get(BOUNDS_ENV, "").strip()
+    if not text:
+        return MARGIN_BOUND, DISTANCE_BOUND
+    try:
+        margin, distance = (float(part) for part in text.split(","))
+    except ValueError:
+        margin = distance = float("nan")
+    if not (margin > 0 and distance > 0):  # also refuses nan and a wrong count of parts
+        raise ValueError(f"{BOUNDS_ENV}={text!r}: give two positive numbers MARGIN,DISTANCE "
+                         f"(the defaults are {MARGIN_BOUND},{DISTANCE_BOUND})")
+    return margin, distance
+
 
 def top2_margin(row: np.ndarray, token: int) -> float:
     """``row[token]`` minus the best other logit (negative when ``token`` is not the top one)."""
@@ -104,10 +129,11 @@ class Divergence:
 
 @attrs.frozen
 class NearTieRule:
-    """Where two computations of the same logits may legitimately pick different tokens."""
+    """Where two computations of the same logits may legitimately pick different tokens.
+    Bounds not given are :func:`default_bounds`'s."""
 
-    margin_bound: float = MARGIN_BOUND
-    distance_bound: float = DISTANCE_BOUND
+    margin_bound: float = attrs.field(factory=lambda: default_bounds()[0])
+    distance_bound: float = attrs.field(factory=lambda: default_bounds()[1])
 
     def compare_row(self, position: int, reference: np.ndarray, other: np.ndarray,
                     reference_token: int | None = None) -> Divergence | None:
