@@ -11,6 +11,7 @@ import pytest
 import ruvllm.engine as engine_mod
 import torch
 from ruvllm.executor import BatchEntry
+from ruvllm.testing.isolation import NearTieRule
 from ruvllm.types import GenerationParams
 from ruvllm_candle_like.backend import CandleLikeBackend
 from ruvllm_candle_like.kv_two_tier import PackedTensor, dequantize
@@ -124,18 +125,25 @@ def test_hot_window_covering_everything_equals_the_fp16_pool(backend_fp32, promp
     np.testing.assert_allclose(got, reference, atol=1e-4)
 
 
-@pytest.mark.parametrize(("bits", "atol", "min_agree"), [(8, 0.6, 1.0), (4, 8.0, 0.85)])
-def test_attention_over_cold_and_hot_tracks_fp16(backend_fp32, prompts, reference, bits, atol, min_agree):
+#: Measured here (fp32, 3 sequences x 13 rows): Q8 max |logit diff| 0.167, no other top token;
+#: Q4 3.460, 2 other top tokens, where the 16-bit pool's top-2 margin was 0.187 and 0.979. The
+#: bounds keep ~1.5x of that: Q8 0.3 and no flip; Q4 5.0, flips only at margins under 1.5.
+@pytest.mark.parametrize(("bits", "atol", "flip_margin"), [(8, 0.3, 0.0), (4, 5.0, 1.5)])
+def test_attention_over_cold_and_hot_tracks_fp16(backend_fp32, prompts, reference, bits, atol, flip_margin):
     """Chunked prefills and batched decodes over cold + hot blocks, teacher-forced on the 16-bit
     pool's tokens: Q8 gives the same top token at every step, Q4 (8-token window, so nearly
-    all of these short contexts is cold) stays close."""
+    all of these short contexts is cold) stays close and picks another token only at the 16-bit
+    pool's near-ties."""
     ex = _two_tier(backend_fp32, bits=bits).create_executor(max_sequences=4, block_size=BLOCK)
     got = _run(ex, prompts, _tables(3), 12, forced=reference[:-1].argmax(-1), chunk=5)
     assert ex.two_tier.migrated_blocks >= 9
     diff = np.abs(got - reference).max()
-    agree = (got.argmax(-1) == reference.argmax(-1)).mean()
-    print(f"Q{bits}: max |logit diff| {diff:.3f}, same top token {agree:.2%}")
-    assert diff < atol and agree >= min_agree
+    rule = NearTieRule(margin_bound=flip_margin, distance_bound=atol)
+    flips = [d for i in range(len(prompts))
+             for d in rule.compare(reference[:, i].argmax(-1), reference[:, i], got[:, i])]
+    print(f"Q{bits}: max |logit diff| {diff:.3f}; other top token at "
+          + (", ".join(f"margin {d.reference_margin:.3f}" for d in flips) or "no position"))
+    assert diff < atol and all(d.allowed for d in flips), [d.describe() for d in flips]
 
 
 def _interleaved(ex, seqs, tables, steps, ref=None):
