@@ -6,6 +6,13 @@
   of the pool: KV of whichever request wrote it last) out of attention; this mutant drops it, so
   short sequences in a batch attend to stale KV of other requests. Solo runs never pad and stay
   correct, so only the batched-isolation test can see the bug, through real numerics.
+- ``MigrationSkipsWriteBackCandleLikeBackend``: the two-tier KV cache under the engine
+  (``kv_cache=two_tier``) frees a block's hot slot when the block leaves a sequence's window
+  without quantising its K/V into the block's cold rows, as if they were already there (true
+  only of blocks a long prefill wrote cold directly). A later read of the block gets whatever
+  its cold rows last held: another, finished request's KV, or zeros. Only under the executor,
+  only once a block has migrated and is read again: a prefix-cache hit, a prompt prefilled in
+  several chunks, a sequence longer than the window.
 - ``KeptCachesCandleLikeBackend``: each request's KV cache stays referenced after the call;
   outputs and the backend's own ``cached_tokens()`` are unaffected, only memory grows.
 - ``LumpyKeptCachesCandleLikeBackend``: the same leak every third request only, so memory grows
@@ -19,8 +26,10 @@ from typing import ClassVar
 
 import numpy as np
 import ruvllm_candle_like.executor as paged
+from ruvllm.errors import BackendOptionError
 from ruvllm.executor import BatchEntry
 from ruvllm_candle_like.backend import CandleLikeBackend
+from ruvllm_candle_like.kv_paged_two_tier import PagedTwoTier
 
 _masked_attention = paged.attend_decode_batch
 
@@ -46,6 +55,26 @@ class UnmaskedPaddingCandleLikeBackend(CandleLikeBackend):
     def create_executor(self, *, max_sequences: int, block_size: int) -> paged.PagedExecutor:
         executor = super().create_executor(max_sequences=max_sequences, block_size=block_size)
         executor.__class__ = _UnmaskedExecutor
+        return executor
+
+
+class _NoWriteBackTwoTier(PagedTwoTier):
+    def migrate(self, blocks: np.ndarray) -> None:
+        for b in blocks.tolist():  # the slot is freed; the cold rows keep what they held
+            self._release(b)
+
+
+class MigrationSkipsWriteBackCandleLikeBackend(CandleLikeBackend):
+    """candle_like whose two-tier executor cache drops a block's hot K/V when it migrates."""
+
+    name: ClassVar[str] = "candle_like-migration-skips-write-back"
+
+    def create_executor(self, *, max_sequences: int, block_size: int) -> paged.PagedExecutor:
+        executor = super().create_executor(max_sequences=max_sequences, block_size=block_size)
+        if executor.two_tier is None:
+            raise BackendOptionError(self.name, "kv_cache", "this mutant's bug is in the two-tier cache",
+                                     self.options.kv_cache, fix="run it with kv_cache=two_tier")
+        executor.two_tier.__class__ = _NoWriteBackTwoTier
         return executor
 
 

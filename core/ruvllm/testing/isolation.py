@@ -26,7 +26,7 @@ in docs/conformance.md. A backend whose KV storage itself moves logits (a KV cac
 bits: what a position reads depends on whether its context came from the cache or from the same
 step) needs wider ones; a conformance run of such a backend sets them for its process with
 ``RUVLLM_NEAR_TIE_BOUNDS=MARGIN,DISTANCE`` (``BOUNDS_ENV``), e.g. candle_like with
-``kv_cache=two_tier`` (the figures are in docs/conformance.md, "Quantized KV").
+``kv_cache=two_tier`` (the figures are in docs/conformance.md, "The two-tier KV cache").
 """
 
 from __future__ import annotations
