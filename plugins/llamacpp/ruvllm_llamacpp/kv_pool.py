@@ -101,7 +101,7 @@ class KvPool:
     type_k: str = "f16"
     type_v: str = "f16"
     #: llama.cpp's flash attention for the pool's context (see flash_attn_enabled).
-    flash_attn: bool = True
+    flash_attn: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -138,7 +138,7 @@ class KvPool:
 
 
 def plan_pool(*, n_ctx: int, sequences: int, bytes_per_token: int, budget_mib: int,
-              type_k: str = "f16", type_v: str = "f16", flash_attn: bool | str = "auto") -> KvPool:
+              type_k: str = "f16", type_v: str = "f16", flash_attn: bool | str = "off") -> KvPool:
     """The most cells ``budget_mib`` holds, in whole 256-cell blocks, at least one block and no
     more than ``sequences`` full windows (more could never be used); with no budget (0),
     ``sequences`` full windows."""
