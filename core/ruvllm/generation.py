@@ -63,7 +63,8 @@ class RequestOutputBuilder:
         self.token_ids: list[int] = []
         self._text: list[str] = []
         self._logprobs: list[TokenLogprob] = []
-        self.finish_reason: FinishReason | None = None
+        #: Nothing to generate (max_tokens 0): finished before the first token.
+        self.finish_reason: FinishReason | None = FinishReason.LENGTH if params.max_tokens == 0 else None
         self.stop_reason: str | int | None = None
 
     @property
@@ -156,7 +157,7 @@ class GenerationStream:
     def __iter__(self) -> Iterator[TokenOutput]:
         b = self._builder
         try:
-            for token in self._tokens:
+            for token in () if b.finished else self._tokens:
                 if self._first is None:
                     self._first = time.perf_counter()
                 out = b.add(token)

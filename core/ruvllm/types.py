@@ -132,7 +132,8 @@ class GenerationParams:
     seed, prompt and parameters give the same tokens on the same backend.
     """
 
-    max_tokens: int = attrs.field(default=256, validator=_int_at_least(1))
+    #: 0 generates nothing: the request scores its prompt (``prompt_logprobs``) or only echoes it.
+    max_tokens: int = attrs.field(default=256, validator=_int_at_least(0))
     temperature: float = attrs.field(default=0.0, validator=_range(0.0, 2.0))
     top_p: float = attrs.field(default=1.0, validator=_range(0.0, 1.0, low_open=True))
     top_k: int = attrs.field(default=0, validator=_int_at_least(0))

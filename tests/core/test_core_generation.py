@@ -25,6 +25,12 @@ def run(token_ids, prompt=PROMPT, **params):
     return stream.result, outputs, fake
 
 
+def test_max_tokens_0_never_asks_the_backend():
+    result, outputs, fake = run(text_ids("hello"), max_tokens=0)
+    assert result.finish_reason is FinishReason.LENGTH and result.token_ids == () and outputs == []
+    assert fake.pulled == 0
+
+
 def test_length_at_max_tokens():
     result, outputs, fake = run(text_ids("hello world"), max_tokens=5)
     assert result.finish_reason is FinishReason.LENGTH

@@ -83,6 +83,30 @@ def test_echo_with_max_tokens_0_scores_the_prompt_only(backend_server):
     assert first["logprobs"]["top_logprobs"][1] is None  # logprobs 0: no alternatives
 
 
+def test_max_tokens_0_runs_no_decode_step(backend_server):
+    """The engine scores the prompt and samples nothing: no generated token is counted, the
+    result has no tokens, and the prompt's logprobs are those of a one-token request."""
+    srv = backend_server
+    ids = srv.engine.encode(TEXT)
+    before = srv.engine.metrics().generation_tokens
+    scored = srv.engine.generate_sync([ids], GenerationParams(max_tokens=0, prompt_logprobs=0))[0]
+    plain = srv.engine.generate_sync([ids], GenerationParams(max_tokens=0))[0]
+    assert srv.engine.metrics().generation_tokens == before
+    for result in (scored, plain):
+        assert result.token_ids == () and result.text == "" and result.finish_reason.value == "length"
+        assert result.usage.completion_tokens == 0
+    assert plain.prompt_logprobs is None
+    one = srv.engine.generate_sync([ids], GenerationParams(max_tokens=1, prompt_logprobs=0))[0]
+    assert scored.prompt_logprobs[0] is None and len(scored.prompt_logprobs) == len(ids)
+    assert [e.logprob for e in scored.prompt_logprobs[1:]] == pytest.approx(
+        [e.logprob for e in one.prompt_logprobs[1:]], abs=1e-4)
+    r = _post(srv, {"prompt": TEXT, "echo": True, "max_tokens": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == TEXT and r.json()["choices"][0]["finish_reason"] == "length"
+    assert r.json()["usage"]["completion_tokens"] == 0
+    assert srv.engine.metrics().generation_tokens == before + 1  # the one-token reference only
+
+
 def test_repeated_prompt_gives_the_same_logprobs(backend_server):
     """The second request would find the prompt in the prefix cache; prompt logprobs must still
     come from a full prefill (no missing positions)."""

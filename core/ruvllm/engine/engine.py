@@ -40,7 +40,7 @@ from ruvllm.generation import RequestOutputBuilder, check_prompt, require_core_s
 from ruvllm.sampling import LogitsProcessor, Sampler
 from ruvllm.serving import MetricsSnapshot
 from ruvllm.tokenizer import Tokenizer, require_prompt_text
-from ruvllm.types import Capabilities, GenerationParams, GenerationResult, ModelInfo, Trajectory
+from ruvllm.types import Capabilities, FinishReason, GenerationParams, GenerationResult, ModelInfo, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -462,7 +462,13 @@ class ServingEngine:
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "add":
-            self._core.add(msg[1])
+            live = msg[1]
+            if live.builder.finished and live.prompt_logprobs is None:
+                # max_tokens 0 without prompt logprobs: nothing for the model to do.
+                live.mark_started(time.perf_counter(), self._metrics)
+                live.end(FinishReason.LENGTH, self._metrics)
+            else:
+                self._core.add(live)
         elif kind == "cancel":
             self._core.cancel(msg[1])
         elif kind == "call":

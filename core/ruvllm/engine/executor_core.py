@@ -142,6 +142,10 @@ class ExecutorCore:
                 row += k - 1 if chunk.sample else k  # the last row is also the sampling row
             if not chunk.sample:
                 continue
+            if live.builder.finished:  # max_tokens 0: the prompt is scored, nothing is sampled
+                row += 1
+                self._end(live, FinishReason.LENGTH, now=now)
+                continue
             token = live.sampler.sample(logits[row])  # type: ignore[union-attr]
             row += 1
             live.add_token(token, now, self.metrics)

@@ -254,7 +254,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
             echo = {i: echoes[p] for i, p in enumerate(prompt_of)} if echoes is not None else None
             fmt = completion_formatter(submission.id, route.served_name, engine.tokenizer, params[0].logprobs,
                                        echo=echo, prompts={i: prompts[p] for i, p in enumerate(prompt_of)},
-                                       stream=body.stream, echo_only=body.max_tokens == 0)
+                                       stream=body.stream)
             return await answer(submission, fmt, request, body, [len(ids) for ids in prompts])
 
     return app

@@ -4,8 +4,8 @@ OpenAI (and vLLM) answer ``echo: true`` with ``logprobs: n`` by listing the prom
 in ``logprobs``: ``token_logprobs[0]`` and ``top_logprobs[0]`` are ``null`` (nothing precedes
 the first token), and ``text_offset`` counts from the start of the echoed prompt. This is the
 shape lm-evaluation-harness's ``local-completions`` model reads loglikelihoods from.
-``max_tokens: 0`` asks for the prompt alone: the engine still samples one token (it has to run
-the prompt's last position anyway), and that token is left out of the answer.
+``max_tokens: 0`` asks for the prompt alone: the engine scores the prompt (with ``logprobs``)
+and generates nothing, so the answer is the echo with a ``length`` finish.
 """
 
 from __future__ import annotations
@@ -43,36 +43,27 @@ def prompt_logprob_lists(prompt_ids: Sequence[int], entries: Sequence[PromptLogp
 
 class EchoFormatter(CompletionFormatter):
     """A ``text_completion`` with ``echo``, answered whole: each choice's prompt logprobs
-    (with ``logprobs``) in front of its own and, with ``echo_only`` (``max_tokens: 0``), the
-    prompt alone, without the token the engine had to sample."""
+    (with ``logprobs``) in front of its own."""
 
-    def __init__(self, *args: Any, prompts: Mapping[int, Sequence[int]], echo_only: bool, **kwargs: Any):
+    def __init__(self, *args: Any, prompts: Mapping[int, Sequence[int]], **kwargs: Any):
         super().__init__(*args, **kwargs)
         #: Choice index -> its prompt's ids.
         self.prompts = dict(prompts)
-        self.echo_only = echo_only
 
     def complete(self, outcomes: Sequence[tuple[list[TokenOutput], GenerationResult]],
                  prompt_lengths: Sequence[int]) -> dict[str, Any]:
         response = super().complete(outcomes, prompt_lengths)
         for index, (choice, (_, result)) in enumerate(zip(response["choices"], outcomes, strict=True)):
             generated = choice["logprobs"]
-            if self.echo_only:
-                choice["text"] = self.echo.get(index, "")
-                choice["finish_reason"] = "length"
             if self.logprobs is None:
                 continue
             assert result.prompt_logprobs is not None, "prompt logprobs were asked of the engine"
             merged = prompt_logprob_lists(self.prompts[index], result.prompt_logprobs, self.tok,
                                           self.logprobs)
-            if generated is not None and not self.echo_only:
+            if generated is not None:
                 for key in merged:
                     merged[key].extend(generated[key])
             choice["logprobs"] = merged
-        if self.echo_only:
-            usage = response["usage"]
-            usage["completion_tokens"] = 0
-            usage["total_tokens"] = usage["prompt_tokens"]
         return response
 
 
@@ -83,9 +74,7 @@ class EchoStreamFormatter(EchoFormatter):
     Plain ``echo`` sends the prompt text at once (``opening``), then the tokens as they come.
     With ``logprobs`` the prompt's chunk carries the prompt's logprobs, which reach the server
     only with the choice's result, so that choice's chunks are held and sent in order (prompt,
-    then its tokens, then the finish) when it finishes. ``max_tokens: 0`` (echo only) sends the
-    prompt and a ``length`` finish; the one token the engine had to sample is never sent or
-    counted.
+    then its tokens, then the finish) when it finishes.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -101,8 +90,6 @@ class EchoStreamFormatter(EchoFormatter):
         return None if self._holds else opening
 
     def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
-        if self.echo_only:
-            return None
         chunk = super().token(index, out)
         if chunk is None or not self._holds:
             return chunk
@@ -110,7 +97,7 @@ class EchoStreamFormatter(EchoFormatter):
         return None
 
     def token_event(self, index: int, out: TokenOutput) -> str | None:
-        if self.echo_only or self._holds:
+        if self._holds:
             chunk = self.token(index, out)
             return None if chunk is None else sse_event(chunk)
         return super().token_event(index, out)
@@ -124,20 +111,16 @@ class EchoStreamFormatter(EchoFormatter):
                                          self.logprobs or 0)
             chunks.append(self._chunk(index, self.echo.get(index, ""), None, lists))
             chunks.extend(self._held.pop(index, []))
-        reason = "length" if self.echo_only else result.finish_reason.value
-        chunks.append(self.finish(index, reason))
+        chunks.append(self.finish(index, result.finish_reason.value))
         return "".join(sse_event(c) for c in chunks)
-
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return super().usage(prompt_tokens, 0 if self.echo_only else completion_tokens)
 
 
 def completion_formatter(response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None, *,
-                         echo: Mapping[int, str] | None, prompts: Mapping[int, Sequence[int]], stream: bool,
-                         echo_only: bool) -> CompletionFormatter:
+                         echo: Mapping[int, str] | None, prompts: Mapping[int, Sequence[int]],
+                         stream: bool) -> CompletionFormatter:
     """The ``text_completion`` formatter of one request; ``echo`` (choice index -> prompt text,
     None without ``echo``) and ``prompts`` (choice index -> prompt ids) are per choice."""
     if echo is None:
         return CompletionFormatter(response_id, model, tokenizer, logprobs)
     cls = EchoStreamFormatter if stream else EchoFormatter
-    return cls(response_id, model, tokenizer, logprobs, echo=dict(echo), prompts=prompts, echo_only=echo_only)
+    return cls(response_id, model, tokenizer, logprobs, echo=dict(echo), prompts=prompts)

@@ -184,6 +184,7 @@ def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits:
     """GenerationParams for one choice; ``room`` is how many tokens fit after the prompt."""
     _check_common(req, limits)
     lp_field = "logprobs"
+    fewest = 1
     if isinstance(req, ChatCompletionRequest):
         max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -202,17 +203,16 @@ def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits:
         logprobs = req.logprobs
         if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
             _refuse("logprobs", f"must be between 0 and {MAX_COMPLETION_LOGPROBS}; got {logprobs}")
-        if max_tokens == 0:
-            if not req.echo:
-                _refuse("max_tokens", "may be 0 only with echo: true (to score the prompt); got 0")
-            # Echo only: the engine generates one token, which the response leaves out.
-            max_tokens = 1
+        if max_tokens == 0 and not req.echo:
+            _refuse("max_tokens", "may be 0 only with echo: true (to score the prompt); got 0")
+        if req.echo:
+            fewest = 0  # the prompt alone, scored (with logprobs); nothing is generated
     if logprobs is not None and not logprobs_supported:
         _refuse(lp_field, "this model's backend cannot report logprobs (see `ruvllm backends`)")
     if max_tokens is None:
         max_tokens = max(1, min(limits.max_tokens, room))
-    elif max_tokens < 1:
-        _refuse(max_field, f"must be at least 1; got {max_tokens}")
+    elif max_tokens < fewest:
+        _refuse(max_field, f"must be at least {fewest}; got {max_tokens}")
     elif max_tokens > limits.max_tokens:
         _refuse(max_field, f"must be at most {limits.max_tokens} on this server; got {max_tokens}")
     values: dict[str, Any] = {
