@@ -14,15 +14,19 @@ import importlib.util
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pytest
 from ruvllm.config import default_cache_dir
 from ruvllm.errors import GrammarCompileCrashed, GrammarCompileTimeout, InvalidRequest
 from ruvllm.guided import GrammarCache, from_extensions, json_schema_grammar
 from ruvllm.guided.engine import GrammarEngine, get_engine
+from ruvllm.guided.fork_guard import library_call
+from ruvllm.guided.processor import mask_words
 from ruvllm.registry import resolve
 from server_helpers import _require_backend
 
@@ -84,6 +88,66 @@ def test_hostile_grammars_stop_at_the_limit_and_later_compiles_are_prompt(tokeni
     assert time.perf_counter() - started < PROMPT
     assert matcher.consume_token(tokenizer.encode("{", add_special=False)[0])
     assert (cache.misses, cache.hits) == (1, 0)  # timed-out grammars are not cached
+
+
+def test_requests_with_one_grammar_share_one_compile(tokenizer):
+    """20 requests with the same schema at once (a client fanning out) wait for one compile: each
+    used to start its own, and on a busy machine they timed out together."""
+    cache = GrammarCache(timeout=30)
+    with ThreadPoolExecutor(20) as pool:
+        matchers = list(pool.map(lambda _: cache.matcher(NORMAL, tokenizer, "llguidance"), range(20)))
+    assert (cache.misses, cache.hits) == (1, 19)
+    assert len({id(m) for m in matchers}) == 20  # each request its own matcher
+    first = tokenizer.encode("{", add_special=False)[0]
+    assert all(m.consume_token(first) for m in matchers)
+    # A failed compile reaches every request that waited for it, and is not cached.
+    broken = from_extensions(guided_grammar='start: "a" (')
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(cache.matcher, broken, tokenizer, "llguidance") for _ in range(4)]
+        for future in futures:
+            with pytest.raises(InvalidRequest):
+                future.result()
+    assert (cache.misses, cache.hits) == (1, 19) and not cache._compiling
+
+
+def test_compiles_running_side_by_side_never_hang_their_children(tokenizer):
+    """Requests with different schemas at once: each compile's child is forked while other
+    threads compile in the parent and fill masks. Without the fork guard a child inherited a
+    grammar-library lock held by another thread and hung (5 of 40 here), so valid schemas were
+    refused as too slow."""
+    cache = GrammarCache(timeout=5)
+    specs = [json_schema_grammar("guided_json", {"type": "object", "properties": {
+        f"k{i}_{j}": {"type": "string"} for j in range(20)}}) for i in range(60)]
+    busy = cache.matcher(NORMAL, tokenizer, "llguidance")
+    stop = threading.Event()
+
+    engine = get_engine("llguidance")
+    vocabulary = engine.vocabulary(tokenizer)
+
+    def fill_masks() -> None:  # a serving step's mask work, all along
+        bitmask = np.full((1, mask_words(tokenizer.vocab_size)), -1, np.int32)
+        while not stop.is_set():
+            with library_call():
+                engine.fill_masks([busy], bitmask, [0])
+
+    def compile_in_parent() -> None:  # other requests' grammars, compiled again in the parent
+        k = 0
+        while not stop.is_set():
+            with library_call():
+                engine.compile(specs[k % len(specs)], vocabulary)
+            k += 1
+
+    background = [threading.Thread(target=f, daemon=True) for f in (fill_masks, compile_in_parent)]
+    for thread in background:
+        thread.start()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            matchers = list(pool.map(lambda spec: cache.matcher(spec, tokenizer, "llguidance"), specs))
+    finally:
+        stop.set()
+        for thread in background:
+            thread.join()
+    assert len(matchers) == len(specs) and cache.misses == len(specs) + 1
 
 
 def test_an_unusable_grammar_is_the_engines_own_error(tokenizer):

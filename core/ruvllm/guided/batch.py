@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ruvllm.guided.engine import GrammarEngine, GuidedMatcher
+from ruvllm.guided.fork_guard import library_call
 from ruvllm.guided.processor import GuidedProcessor, mask_words
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -49,7 +50,8 @@ def guided_processors(samplers: Iterable[Any]) -> list[tuple[GuidedProcessor, An
 
 def _fill(groups: list[Group], bitmask: np.ndarray) -> None:
     for engine, matchers, rows in groups:
-        engine.fill_masks(matchers, bitmask, rows)
+        with library_call():
+            engine.fill_masks(matchers, bitmask, rows)
 
 
 def start_step_masks(samplers: Iterable[Any]) -> concurrent.futures.Future | None:

@@ -24,6 +24,7 @@ typed error (a fast failure, as the child's was).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import multiprocessing
 import threading
 from multiprocessing.connection import Connection
@@ -31,6 +32,7 @@ from typing import Any
 
 from ruvllm.errors import GrammarCompileCrashed, GrammarCompileTimeout
 from ruvllm.guided.engine import DEFAULT_ENGINE, GrammarEngine, GuidedMatcher, get_engine
+from ruvllm.guided.fork_guard import forking, library_call
 from ruvllm.guided.grammar import GrammarSpec
 from ruvllm.tokenizer import Tokenizer
 
@@ -54,6 +56,8 @@ class GrammarCache:
         self._templates: collections.OrderedDict[CacheKey, tuple[Any, Any]] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT_COMPILES)
+        #: Keys being compiled -> the template (or the error) every waiting request gets.
+        self._compiling: dict[CacheKey, concurrent.futures.Future[Any]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -62,32 +66,56 @@ class GrammarCache:
         """A fresh matcher of ``engine`` for ``spec`` (InvalidRequest when it cannot compile or
         takes longer than the time limit). Blocking: call it off the event loop."""
         eng = get_engine(engine) if isinstance(engine, str) else engine
-        vocabulary = eng.vocabulary(tokenizer)
+        with library_call():
+            vocabulary = eng.vocabulary(tokenizer)
         key = (eng.name, spec.language, spec.source, id(vocabulary))
         with self._lock:
             entry = self._templates.get(key)
             if entry is not None:
                 self._templates.move_to_end(key)
                 self.hits += 1
-        if entry is not None:
-            template = entry[1]
-        else:
-            template = self._compile(eng, spec, vocabulary)
+                return _new_matcher(eng, entry[1])
+            pending = self._compiling.get(key)
+            owner = pending is None
+            if owner:
+                pending = self._compiling[key] = concurrent.futures.Future()
+        if not owner:
+            # The same grammar is being compiled for another request: wait for that one compile
+            # (20 requests with one schema used to start 20 compiles and time out together).
+            template = pending.result()
             with self._lock:
-                self.misses += 1
-                self._templates[key] = (vocabulary, template)
-                while len(self._templates) > self.max_entries:
-                    self._templates.popitem(last=False)
-        return eng.new_matcher(template)
+                self.hits += 1
+            return _new_matcher(eng, template)
+        try:
+            template = self._compile(eng, spec, vocabulary)
+        except BaseException as exc:
+            with self._lock:
+                del self._compiling[key]
+            pending.set_exception(exc)
+            raise
+        with self._lock:
+            del self._compiling[key]
+            self.misses += 1
+            self._templates[key] = (vocabulary, template)
+            while len(self._templates) > self.max_entries:
+                self._templates.popitem(last=False)
+        pending.set_result(template)
+        return _new_matcher(eng, template)
 
     def _compile(self, engine: GrammarEngine, spec: GrammarSpec, vocabulary: Any) -> Any:
         with self._slots:
             compiled, data = compile_in_child(engine, spec, vocabulary, self.timeout)
-        if compiled and data is not None:
-            return engine.from_portable(data, vocabulary)
-        # Shown to compile in time (no portable form), or failed in the child: compiling here
-        # gives the template, or raises the engine's own typed error.
-        return engine.compile(spec, vocabulary)
+        with library_call():
+            if compiled and data is not None:
+                return engine.from_portable(data, vocabulary)
+            # Shown to compile in time (no portable form), or failed in the child: compiling here
+            # gives the template, or raises the engine's own typed error.
+            return engine.compile(spec, vocabulary)
+
+
+def _new_matcher(engine: GrammarEngine, template: Any) -> GuidedMatcher:
+    with library_call():
+        return engine.new_matcher(template)
 
 
 def _compile_child(conn: Connection, engine: GrammarEngine, spec: GrammarSpec, vocabulary: Any) -> None:
@@ -116,7 +144,8 @@ def compile_in_child(engine: GrammarEngine, spec: GrammarSpec, vocabulary: Any,
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_compile_child, args=(send, engine, spec, vocabulary),
                         name="ruvllm-grammar-compile", daemon=True)
-    child.start()
+    with forking():
+        child.start()
     send.close()
     try:
         if not receive.poll(timeout):

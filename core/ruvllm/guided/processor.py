@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ruvllm.guided.fork_guard import library_call
+
 if TYPE_CHECKING:
     from ruvllm.guided.engine import GrammarEngine, GuidedMatcher
     from ruvllm.guided.grammar import GrammarSpec
@@ -59,7 +61,9 @@ class GuidedProcessor:
     def sync(self, output_ids: Sequence[int]) -> None:
         """Feed the matcher every token sampled since the last call."""
         for token in output_ids[self._consumed:]:
-            if not self.matcher.consume_token(int(token)) and not self._warned:
+            with library_call():
+                consumed = self.matcher.consume_token(int(token))
+            if not consumed and not self._warned:
                 self._warned = True
                 log.warning("guided decoding (%s, %s): token %d broke the grammar: %s", self.kind,
                             self.engine.name, token, self.matcher.error())
@@ -78,7 +82,8 @@ class GuidedProcessor:
             return bitmask[row]
         self.sync(output_ids)
         bitmask = np.full((1, mask_words(self.vocab_size)), -1, dtype=np.int32)
-        self.engine.fill_masks([self.matcher], bitmask, [0])
+        with library_call():
+            self.engine.fill_masks([self.matcher], bitmask, [0])
         return bitmask[0]
 
     def __call__(self, output_ids: Sequence[int], logits: np.ndarray) -> np.ndarray:
