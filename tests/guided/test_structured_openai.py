@@ -149,16 +149,6 @@ def test_streamed_tool_call_deltas_accumulate_to_a_valid_call(oai, model_name):
     jsonschema.validate(json.loads(calls[0]["arguments"]), PARAMS["get_weather"])
 
 
-def test_auto_on_a_template_without_tools_is_plain_text(oai, model_name):
-    # SmolLM2's template never renders `tools`: the model cannot know them, so auto is plain text.
-    r = oai.chat.completions.create(model=model_name, max_tokens=24, tools=TOOLS, tool_choice="auto",
-                                    messages=[{"role": "user", "content": "Say hello."}])
-    choice = r.choices[0]
-    assert choice.message.tool_calls is None
-    assert choice.message.content
-    assert choice.finish_reason in ("stop", "length")
-
-
 def test_guided_regex_and_choice_on_completions(oai, model_name):
     r = oai.completions.create(model=model_name, prompt="Is water wet? Answer:", max_tokens=30,
                                   temperature=0.8, extra_body={"guided_regex": r" (yes|no), [a-z ]{3,20}\."})

@@ -8,7 +8,15 @@ import json
 import pytest
 from ruvllm.errors import InvalidRequest
 from ruvllm.guided.grammar import from_extensions, from_response_format
-from ruvllm.guided.tools import detect_parser, hold_back, plan_tools, split_tool_calls
+from ruvllm.guided.tools import (
+    REPLY_OR_CALL,
+    detect_parser,
+    hold_back,
+    plan_tools,
+    split_tool_calls,
+    streamable,
+    taught_conversation,
+)
 from ruvllm.server.tool_responses import ToolChatFormatter
 from ruvllm.types import TokenOutput
 
@@ -39,7 +47,7 @@ def test_plan_modes_and_errors():
     assert plan_tools([ADD], "none", None, HERMES_TEMPLATE).mode == "none"
     auto = plan_tools([ADD], None, None, HERMES_TEMPLATE)
     assert auto.mode == "auto" and auto.parser == "hermes" and auto.parses_output
-    assert not plan_tools([ADD], "auto", None, "{{ messages }}").parses_output
+    assert auto.instructions is None and auto.rendered is not None
     named = plan_tools([ADD], {"type": "function", "function": {"name": "add"}}, None, None)
     assert named.enforced and named.grammar is not None and named.grammar.field == "tools"
     with pytest.raises(InvalidRequest) as e:
@@ -111,3 +119,92 @@ def test_response_format_and_extensions():
     with pytest.raises(InvalidRequest) as e:
         from_extensions(guided_json="{not json")
     assert e.value.field == "guided_json"
+
+
+def test_a_template_without_tools_gets_them_taught_and_auto_constrained():
+    auto = plan_tools([ADD], "auto", None, "{{ messages }}")
+    assert auto.parser == REPLY_OR_CALL and auto.parses_output and not auto.enforced
+    assert auto.rendered is None and auto.grammar is not None and auto.grammar.field == "tools"
+    schema = json.loads(auto.grammar.source)
+    assert [sorted(b["properties"]) for b in schema["anyOf"]] == [["response"], ["tool_calls"]]
+    assert all(b["additionalProperties"] is False for b in schema["anyOf"])
+    assert '"name": "add"' in auto.instructions and '"response"' in auto.instructions
+    one = plan_tools([ADD], "auto", False, "{{ messages }}")
+    assert json.loads(one.grammar.source)["anyOf"][1]["properties"]["tool_calls"]["maxItems"] == 1
+    required = plan_tools([ADD], "required", None, "{{ messages }}")
+    assert required.enforced and '"name": "add"' in required.instructions
+    assert "response" not in required.instructions
+    # A template that renders tools teaches them itself.
+    assert plan_tools([ADD], "required", None, HERMES_TEMPLATE).instructions is None
+
+
+def test_reply_or_call_answers_are_read_back():
+    plan = plan_tools([ADD], "auto", None, "{{ messages }}")
+    assert split_tool_calls('{"response": "Hi \\"there\\"\\n"}', plan) == ('Hi "there"\n', [])
+    answer = '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}'
+    content, calls = split_tool_calls(answer, plan)
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1, "b": 2})]
+    # Cut short by max_tokens: the reply as far as it got; a call cut short is neither.
+    assert split_tool_calls('{"response": "Hello wor', plan) == ("Hello wor", [])
+    assert split_tool_calls('{"tool_calls": [{"name": "ad', plan) == ("", [])
+
+
+def test_a_reply_streams_decoded_as_it_comes():
+    plan = plan_tools([ADD], "auto", None, "{{ messages }}")
+    pieces = ['{"', 'response', '": "', "Caf", "\\u00e9", " \\", '"ok\\"', '"}']
+    seen = ["".join(pieces[:k]) for k in range(1, len(pieces) + 1)]
+    assert [streamable(t, plan) for t in seen] == ["", "", "", "Caf", "Café", "Café ", 'Café "ok"',
+                                                   'Café "ok"']
+    assert streamable('{"response": "\\ud83d', plan) == ""  # half a surrogate pair waits
+    assert streamable('{"response": "\\ud83d\\ude00', plan) == "\U0001F600"
+    fmt = _formatter(plan)
+    sent = [fmt.token(0, TokenOutput(index=i, token_id=i, text=p)) for i, p in enumerate(pieces)]
+    streamed = "".join(c["choices"][0]["delta"]["content"] for c in sent if c is not None)
+    last = fmt.finish(0, "stop")["choices"][0]
+    assert streamed == 'Café "ok"' and "content" not in last["delta"] and last["finish_reason"] == "stop"
+    calls = _formatter(plan)
+    text = '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}'
+    assert all(calls.token(0, TokenOutput(index=i, token_id=i, text=c)) is None for i, c in enumerate(text))
+    last = calls.finish(0, "stop")["choices"][0]
+    assert last["finish_reason"] == "tool_calls"
+    assert last["delta"]["tool_calls"][0]["function"]["name"] == "add"
+
+
+def test_the_conversation_teaches_tools_calls_and_results():
+    plan = plan_tools([ADD], "auto", None, "{{ messages }}")
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+    taught = taught_conversation([{"role": "system", "content": "Be brief."},
+                                  {"role": "user", "content": "1+2?"},
+                                  {"role": "assistant", "content": "", "tool_calls": [call]},
+                                  {"role": "tool", "tool_call_id": "call_1", "content": "3"}], plan)
+    assert taught[0] == {"role": "system", "content": "Be brief.\n\n" + plan.instructions}
+    assert json.loads(taught[2]["content"]) == {"tool_calls": [call["function"]]}
+    assert taught[3] == {"role": "user", "content": "Result of tool call call_1: 3"}
+    assert taught_conversation([{"role": "user", "content": "hi"}], plan)[0]["role"] == "system"
+    native = plan_tools([ADD], "auto", None, HERMES_TEMPLATE)
+    hi = [{"role": "user", "content": "hi"}]
+    assert taught_conversation(hi, native) == hi
+
+
+def test_objects_are_closed_unless_the_schema_opens_them():
+    from ruvllm.guided.grammar import json_schema_grammar, strict_objects
+
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        "b": {"type": "object", "properties": {}, "additionalProperties": True},
+        "c": {"type": "array", "items": {"type": "object", "properties": {"y": {}}}},
+        "d": {"anyOf": [{"type": "object", "properties": {"z": {}}}, {"type": "null"}]},
+        "e": {"type": "object"}},
+        "$defs": {"p": {"type": "object", "properties": {"q": {}}}}}
+    strict = strict_objects(schema)
+    assert strict["additionalProperties"] is False
+    props = strict["properties"]
+    assert props["a"]["additionalProperties"] is False
+    assert props["b"]["additionalProperties"] is True  # opened by the schema: kept
+    assert props["c"]["items"]["additionalProperties"] is False
+    assert props["d"]["anyOf"][0]["additionalProperties"] is False
+    assert props["d"]["anyOf"][1] == {"type": "null"}
+    assert "additionalProperties" not in props["e"]  # names no properties: any object, as before
+    assert strict["$defs"]["p"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the request's own schema is not changed
+    assert json.loads(json_schema_grammar("response_format", schema).source) == strict

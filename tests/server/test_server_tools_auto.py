@@ -21,8 +21,8 @@ What keeps these tests honest:
 - "The template rendered the tools" is checked on the text the server tokenized: its
   ``usage.prompt_tokens`` equals the token count of the template rendered with the tools, and
   that text contains the tools' JSON.
-- The degrade-to-text path runs on the embedded SmolLM2, whose template never renders tools:
-  the same steered Hermes text stays ``content`` and the prompt is the same as without tools.
+- A template that renders no tools (the embedded SmolLM2's) is served in ruvllm's own
+  ``reply_or_call`` format instead: tests/server/test_tools_any_model.py.
 """
 
 from __future__ import annotations
@@ -222,19 +222,3 @@ def test_tool_calls_and_results_reach_the_template(tools_server, tools_client):
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"' in rendered
     assert "<tool_response>\nsunny, 21 C\n</tool_response>" in rendered
     assert r.usage.prompt_tokens == len(engine.encode(rendered, add_special=False, parse_special=True))
-
-
-def test_auto_degrades_to_text_where_the_template_renders_no_tools(server, client, model_name):
-    """The embedded SmolLM2's template never renders tools: the model cannot know them, so even
-    text in the Hermes format is content, and the prompt is the one without tools."""
-    template = server.engine.info.chat_template
-    assert detect_parser(template) is None, "the embedded model's template now renders tools"
-    body = dict(model=model_name, messages=MESSAGES, temperature=0, max_tokens=60,
-                extra_body={"guided_regex": hermes_regex()})
-    with_tools = client.chat.completions.create(tools=[WEATHER], tool_choice="auto", **body)
-    without = client.chat.completions.create(**body)
-    choice = with_tools.choices[0]
-    assert choice.finish_reason == "stop" and not choice.message.tool_calls
-    assert "<tool_call>" in choice.message.content
-    _expected(choice.message.content)  # it really is a well-formed Hermes call, left as text
-    assert with_tools.usage.prompt_tokens == without.usage.prompt_tokens

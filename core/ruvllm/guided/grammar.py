@@ -37,14 +37,45 @@ class GrammarSpec:
     source: str
 
 
+#: Keywords whose values are subschemas (one, a list, or a name -> schema map).
+_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames")
+_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def strict_objects(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object that names its properties
+    and does not say otherwise: the strict default of llama.cpp's json-schema-to-grammar and of
+    xgrammar (``strict_mode``). Under JSON Schema's own default (any extra key allowed) a small
+    model fills a tool call's arguments with invented keys until ``max_tokens``."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    if "properties" in out and "additionalProperties" not in out and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _ONE:
+        if key in out:
+            out[key] = strict_objects(out[key])
+    for key in _LIST:
+        if isinstance(out.get(key), list):
+            out[key] = [strict_objects(s) for s in out[key]]
+    for key in _MAP:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {name: strict_objects(s) for name, s in out[key].items()}
+    if isinstance(out.get("additionalProperties"), Mapping):
+        out["additionalProperties"] = strict_objects(out["additionalProperties"])
+    return out
+
+
 def json_schema_grammar(field: str, schema: Any, *, kind: str = "json_schema") -> GrammarSpec:
     """A grammar for JSON matching ``schema`` (a dict), checked by the engine when it compiles:
     llguidance refuses unsupported keywords rather than ignoring them, so that ``strict`` output
-    really validates; xgrammar ignores a few (docs/structured-output.md lists them)."""
+    really validates; xgrammar ignores a few (docs/structured-output.md lists them). Objects are
+    closed unless the schema opens them (:func:`strict_objects`)."""
     if not isinstance(schema, Mapping):
         raise InvalidRequest(field, f"the JSON schema must be an object; got {type(schema).__name__}")
     try:
-        source = json.dumps(schema)
+        source = json.dumps(strict_objects(schema))
     except (TypeError, ValueError) as exc:
         raise InvalidRequest(field, f"is not a usable JSON schema: {exc}") from exc
     return GrammarSpec(field, kind, "json_schema", source)

@@ -8,8 +8,14 @@
   own (``[{"name": ..., "arguments": {...}}]``) whatever the model's native one is.
 - ``auto`` leaves the model free and parses its own format afterwards (Hermes/Qwen
   ``<tool_call>{...}</tool_call>``, Mistral ``[TOOL_CALLS][...]``, Llama 3.1 JSON
-  ``{"name": ..., "parameters": ...}``), found from its chat template. A template that does not
-  render ``tools`` at all gives the model no way to know them: ``auto`` is then plain text.
+  ``{"name": ..., "parameters": ...}``), found from its chat template.
+- A template that does not render ``tools`` (the embedded SmolLM2's) would leave the model
+  unaware of them, and ``auto`` silently plain text. Such a model gets the tools and the calling
+  convention in a system message (:attr:`ToolPlan.instructions`), and under ``auto`` its answer
+  is constrained to one JSON object, a reply or calls: ``{"response": "..."}`` or
+  ``{"tool_calls": [{"name": ..., "arguments": {...}}]}`` (the ``reply_or_call`` format, as
+  llama-server's generic format), with one call per answer unless ``parallel_tool_calls`` is
+  true. The reply streams as it is decoded.
 - ``none`` (or no tools) is plain text.
 
 ``parallel_tool_calls: false`` allows one call: enforced modes have it in their grammar; under
@@ -66,11 +72,14 @@ class ToolPlan:
     rendered: tuple[dict[str, Any], ...] | None = None
     #: Enforced modes: the grammar of the calls.
     grammar: GrammarSpec | None = None
-    #: ``auto``: the model's own format (``hermes``, ``mistral``, ``llama3``, ``generic``).
+    #: ``auto``: the model's own format (``hermes``, ``mistral``, ``llama3``, ``generic``), or
+    #: ``reply_or_call`` where its template renders no tools.
     parser: str | None = None
     #: How many calls one answer may hold (None: any; 1 with ``parallel_tool_calls: false``
     #: and for a named function).
     max_calls: int | None = None
+    #: System text that teaches the tools to a model whose template cannot render them.
+    instructions: str | None = None
 
     @property
     def enforced(self) -> bool:
@@ -107,6 +116,15 @@ def parse_tools(tools: Sequence[Any]) -> tuple[Tool, ...]:
     return tuple(out)
 
 
+#: The format of a model whose chat template renders no tools (see the module docstring).
+REPLY_OR_CALL = "reply_or_call"
+
+
+def tool_format(chat_template: str | None) -> str:
+    """How a model with this template is served tools under ``auto`` (``/v1/models`` says it)."""
+    return detect_parser(chat_template) or REPLY_OR_CALL
+
+
 def detect_parser(chat_template: str | None) -> str | None:
     """The tool-call format the model's template teaches it, or None when it renders no tools."""
     if not chat_template or "tools" not in chat_template:
@@ -118,6 +136,54 @@ def detect_parser(chat_template: str | None) -> str | None:
     if "<|python_tag|>" in chat_template or "ipython" in chat_template:
         return "llama3"
     return "generic"
+
+
+def reply_or_call_schema(tools: Sequence[Tool], *, max_calls: int | None) -> dict[str, Any]:
+    """JSON schema of an ``auto`` answer in the ``reply_or_call`` format."""
+    reply = {"type": "object", "properties": {"response": {"type": "string"}},
+             "required": ["response"], "additionalProperties": False}
+    calls = {"type": "object", "properties": {"tool_calls": calls_schema(tools, max_calls=max_calls)},
+             "required": ["tool_calls"], "additionalProperties": False}
+    return {"anyOf": [reply, calls]}
+
+
+def instructions(tools: Sequence[Tool], mode: str, max_calls: int | None) -> str:
+    """The system text that describes ``tools`` and how to call them, for a template that
+    cannot render them."""
+    listed = json.dumps([{"name": t.name, "description": t.description or "", "parameters": t.parameters}
+                         for t in tools], ensure_ascii=False)
+    call = '{"name": "<tool name>", "arguments": {<arguments>}}'
+    calls = call if max_calls == 1 else f"{call}, ..."
+    if mode == "auto":
+        how = ("Respond in JSON, either with `tool_calls` (a request to call tools) or with `response` "
+               f'(a reply to the user): {{"tool_calls": [{calls}]}} or {{"response": "<your reply>"}}.')
+    else:
+        how = f"Respond by calling a tool, as a JSON list: [{calls}]."
+    return f"You can call these tools:\n{listed}\n{how}"
+
+
+def taught_conversation(messages: Sequence[Mapping[str, Any]], plan: ToolPlan) -> list[dict[str, Any]]:
+    """``messages`` (template dicts) as a model without tool rendering reads them: the plan's
+    instructions in the system message, an assistant's earlier calls as the JSON it answers in,
+    and tool results as user turns naming their call (a template may know no ``tool`` role)."""
+    out = [dict(m) for m in messages]
+    if plan.instructions is None:
+        return out
+    for i, m in enumerate(out):
+        if m.get("tool_calls"):
+            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                     for c in m["tool_calls"]]
+            body = {"tool_calls": calls} if plan.parser == REPLY_OR_CALL else calls
+            text = json.dumps(body, ensure_ascii=False)
+            out[i] = {"role": "assistant", "content": f"{m['content']}\n{text}" if m.get("content") else text}
+        elif m.get("role") == "tool":
+            call = f" {m['tool_call_id']}" if m.get("tool_call_id") else ""
+            out[i] = {"role": "user", "content": f"Result of tool call{call}: {m.get('content') or ''}"}
+    if out and out[0].get("role") == "system":
+        out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{plan.instructions}".lstrip()}
+    else:
+        out.insert(0, {"role": "system", "content": plan.instructions})
+    return out
 
 
 def calls_schema(tools: Sequence[Tool], *, max_calls: int | None) -> dict[str, Any]:
@@ -140,14 +206,23 @@ def plan_tools(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_call
             raise InvalidRequest("tool_choice", "needs tools")
         return ToolPlan("none")
     parsed = parse_tools(tools)
-    parallel = True if parallel_tool_calls is None else bool(parallel_tool_calls)
     rendered = tuple(dict(t) for t in tools)
     choice = "auto" if tool_choice is None else tool_choice
     if choice == "none":
         return ToolPlan("none", parsed, rendered)
+    native = detect_parser(chat_template)
+    # OpenAI's default is parallel calls. A model taught the tools by ruvllm gets one call per
+    # answer unless the request asks for more (llama-server's default): a small model otherwise
+    # repeats the same call until max_tokens.
+    parallel = bool(parallel_tool_calls) if parallel_tool_calls is not None else native is not None
     if choice == "auto":
-        return ToolPlan("auto", parsed, rendered, parser=detect_parser(chat_template),
-                        max_calls=None if parallel else 1)
+        max_calls = None if parallel else 1
+        if native is not None:
+            return ToolPlan("auto", parsed, rendered, parser=native, max_calls=max_calls)
+        schema = reply_or_call_schema(parsed, max_calls=max_calls)
+        return ToolPlan("auto", parsed, None, parser=REPLY_OR_CALL, max_calls=max_calls,
+                        grammar=json_schema_grammar("tools", schema, kind="tool_choice auto (reply_or_call)"),
+                        instructions=instructions(parsed, "auto", max_calls))
     if choice == "required":
         allowed = parsed
         mode = "required"
@@ -165,7 +240,10 @@ def plan_tools(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_call
     max_calls = None if parallel and mode == "required" else 1
     grammar = json_schema_grammar("tools", calls_schema(allowed, max_calls=max_calls),
                                   kind=f"tool_choice {mode}")
-    return ToolPlan(mode, parsed, rendered, grammar=grammar, max_calls=max_calls)
+    if native is not None:
+        return ToolPlan(mode, parsed, rendered, grammar=grammar, max_calls=max_calls)
+    return ToolPlan(mode, parsed, None, grammar=grammar, max_calls=max_calls,
+                    instructions=instructions(allowed, mode, max_calls))
 
 
 def _call(name: Any, arguments: Any) -> ToolCall | None:
@@ -229,6 +307,8 @@ def _split(text: str, plan: ToolPlan) -> tuple[str, list[ToolCall]]:
         values = _json_objects(text)
         calls = _calls_from_values(values[:1], names)
         return ("", calls) if calls else (text, [])
+    if plan.parser == REPLY_OR_CALL:
+        return _reply_or_call(text, names)
     marker = MARKERS.get(plan.parser or "")
     if plan.parser == "hermes":
         start = text.find("<tool_call>")
@@ -249,6 +329,42 @@ def _split(text: str, plan: ToolPlan) -> tuple[str, list[ToolCall]]:
         return text, []
     calls = _calls_from_values(_json_objects(stripped), names)
     return ("", calls) if calls else (text, [])
+
+
+def _reply_or_call(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
+    values = _json_objects(text)
+    value = values[0] if len(values) == 1 and isinstance(values[0], Mapping) else None
+    if value is None:
+        # Cut short by max_tokens (the finish says so): the reply as far as it got, as it was
+        # streamed; a call cut short is no call, and its JSON is not a reply either.
+        return _partial_reply(text), []
+    if isinstance(value.get("response"), str):
+        return value["response"], []
+    return "", _calls_from_values([value.get("tool_calls", [])], names)
+
+
+#: The start of a ``reply_or_call`` reply, and one JSON string character or escape.
+_REPLY_START = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+_STRING_PART = re.compile(r'(?:[^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
+
+
+def streamable(text: str, plan: ToolPlan) -> str:
+    """The content of a choice's output so far that is certain to be its content: what a
+    stream may send. ``split_tool_calls`` of the finished output starts with it."""
+    if plan.parser != REPLY_OR_CALL or plan.enforced:
+        return text[:len(text) - hold_back(text, plan)]
+    return _partial_reply(text)
+
+
+def _partial_reply(text: str) -> str:
+    """The decoded part of a ``reply_or_call`` reply in ``text`` ("" unless it is a reply)."""
+    start = _REPLY_START.match(text)
+    if start is None:  # not (yet) a reply: calls, or the reply's opening still coming
+        return ""
+    raw = _STRING_PART.match(text, start.end()).group(0)
+    if re.search(r"\\ud[89ab][0-9a-fA-F]{2}$", raw, flags=re.I):
+        raw = raw[:-6]  # half of a surrogate pair: wait for the other half
+    return json.loads(f'"{raw}"', strict=False)
 
 
 def hold_back(text: str, plan: ToolPlan) -> int:

@@ -225,7 +225,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
             service = CompletionService(route, settings.limits)
             engine = route.engine
             constraint = chat_constraint(body, engine.info.chat_template)
-            ids = await chat_prompt_ids(engine, body.messages, constraint.tools.rendered)
+            ids = await chat_prompt_ids(engine, body.messages, constraint.tools)
             params = choice_params(body, service, ids)
             procs = await guided_processors(engine, constraint.spec, body.n)
             submission = await service.submit(

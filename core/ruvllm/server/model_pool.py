@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 
 from ruvllm.errors import InvalidRequest, ModelNotFound, Overloaded
+from ruvllm.guided.tools import tool_format
 from ruvllm.server.adapter_control import adapter_control
 from ruvllm.serving import AsyncEngine
 
@@ -367,7 +368,8 @@ class ModelPool:
                                     "state": entry.state.value}
             if engine is not None:
                 card.update(root=engine.info.path or entry.spec.reference or entry.name,
-                            max_model_len=engine.info.context_length, backend=engine.backend_name)
+                            max_model_len=engine.info.context_length, backend=engine.backend_name,
+                            tool_format=tool_format(engine.info.chat_template))
             if entry.state is ModelState.FAILED and entry.error is not None:
                 card["error"] = str(entry.error)
             out.append(card)

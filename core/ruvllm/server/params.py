@@ -17,6 +17,7 @@ import attrs
 
 from ruvllm.chat import render_chat
 from ruvllm.errors import InvalidRequest
+from ruvllm.guided.tools import ToolPlan, taught_conversation
 from ruvllm.server.schemas import (
     MAX_COMPLETION_LOGPROBS,
     ChatCompletionRequest,
@@ -128,12 +129,15 @@ def _template_tool_calls(calls: Any, field: str) -> list[Any]:
 
 
 async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage],
-                          tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
-    """Token ids of ``messages`` (and ``tools``) in the model's own chat template (as
-    ``LLM.chat_prompt``)."""
+                          tools: ToolPlan | None = None) -> list[int]:
+    """Token ids of ``messages`` (and the plan's tools) in the model's own chat template (as
+    ``LLM.chat_prompt``); a template that renders no tools gets them taught in the conversation."""
     st = engine.info.special_tokens
-    text = render_chat(engine.info.chat_template, message_dicts(messages),
-                       bos_token=st.bos_text, eos_token=st.eos_text, tools=tools)
+    dicts = message_dicts(messages)
+    if tools is not None:
+        dicts = taught_conversation(dicts, tools)
+    text = render_chat(engine.info.chat_template, dicts,
+                       bos_token=st.bos_text, eos_token=st.eos_text, tools=tools and tools.rendered)
     return await engine.encode_async(text, add_special=False, parse_special=True)
 
 

@@ -1,9 +1,10 @@
 """Chat completion responses whose output may be tool calls, in OpenAI's shapes.
 
 Wraps the server's :class:`~ruvllm.server.responses.ChatFormatter`: text the model writes
-before a tool call streams as ``content``; text that is (or may be the start of) a tool call is
-held back and, once the choice finishes, sent as ``delta.tool_calls`` (``index``, ``id``,
-``type``, ``function.name``, ``function.arguments``) with ``finish_reason: "tool_calls"``.
+before a tool call streams as ``content`` (in the ``reply_or_call`` format, the reply decoded
+out of its JSON as it comes); text that is (or may be the start of) a tool call is held back
+and, once the choice finishes, sent as ``delta.tool_calls`` (``index``, ``id``, ``type``,
+``function.name``, ``function.arguments``) with ``finish_reason: "tool_calls"``.
 Enforced calls (``required`` / named) never stream content.
 
 With ``logprobs`` a streamed answer reports every token's entry, as the whole answer does: an
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ruvllm.guided.tools import ToolPlan, hold_back, split_tool_calls
+from ruvllm.guided.tools import ToolPlan, split_tool_calls, streamable
 from ruvllm.server.responses import ChatFormatter
 from ruvllm.server.sse import sse_event
 from ruvllm.tokenizer import Tokenizer
@@ -44,12 +45,12 @@ class ToolChatFormatter(ChatFormatter):
             self._entries.setdefault(index, []).append(self._lp_entry(out))
         text = self._text.get(index, "") + out.text
         self._text[index] = text
-        ready = len(text) - hold_back(text, self.plan)
+        ready = streamable(text, self.plan)
         sent = self._sent.get(index, 0)
-        if ready <= sent:
+        if len(ready) <= sent:
             return None
-        self._sent[index] = ready
-        return self._chunk(index, {"content": text[sent:ready]}, None, self._unsent_logprobs(index))
+        self._sent[index] = len(ready)
+        return self._chunk(index, {"content": ready[sent:]}, None, self._unsent_logprobs(index))
 
     def token_event(self, index: int, out: TokenOutput) -> str | None:
         chunk = self.token(index, out)
@@ -60,13 +61,11 @@ class ToolChatFormatter(ChatFormatter):
         content, calls = split_tool_calls(text, self.plan)
         sent = self._sent.get(index, 0)
         delta: dict[str, Any] = {}
+        if len(content) > sent:
+            delta["content"] = content[sent:]
         if calls:
-            if len(content) > sent:
-                delta["content"] = content[sent:]
             delta["tool_calls"] = [c.openai(k) for k, c in enumerate(calls)]
             reason = "tool_calls" if reason == "stop" else reason
-        elif len(text) > sent:
-            delta["content"] = text[sent:]
         return self._chunk(index, delta, reason, self._unsent_logprobs(index))
 
     def complete(self, outcomes, prompt_lengths) -> dict[str, Any]:
@@ -74,8 +73,8 @@ class ToolChatFormatter(ChatFormatter):
         for choice in out["choices"]:
             message = choice["message"]
             content, calls = split_tool_calls(message["content"] or "", self.plan)
+            message["content"] = content or (None if calls else content)
             if calls:
-                message["content"] = content or None
                 message["tool_calls"] = [c.openai() for c in calls]
                 if choice["finish_reason"] == "stop":
                     choice["finish_reason"] = "tool_calls"
