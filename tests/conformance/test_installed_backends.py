@@ -49,9 +49,9 @@ def _run(suite_runner, backend: str, *args: str, kv_reset: bool = True, probe: b
     reason = get_registry().backends[backend].unavailable_reason() if probe else None
     if reason:
         pytest.skip(f"{backend} is unavailable here: {reason}")
-    # The KV-pool tests at a 512-token context: the whole 8,192 of the embedded model would take
+    # The KV-pool tests at a 256-token context: the whole 8,192 of the embedded model would take
     # minutes of prefill per backend (benchmarks/kv_pool.py runs the default server at 3,900).
-    cap = MAX_CONTEXT.get(backend, "512")
+    cap = MAX_CONTEXT.get(backend, "256")
     run = suite_runner("--ruvllm-backend", backend, "--ruvllm-max-context", cap, *args, toys=False)
     bad = {k: o.message for k, o in run.outcomes.items() if o.outcome in ("failed", "error")}
     assert not bad, (bad, run.tail(6000))
@@ -66,9 +66,10 @@ def _run(suite_runner, backend: str, *args: str, kv_reset: bool = True, probe: b
 #: Backends whose whole suite runs only in ``make test-all`` (marked slow), with the classes
 #: ``make test`` runs instead. mistral.rs's whole suite took 428 s of one pytest worker on the
 #: 2-core AVX2 kind (230 s on the AVX-512 kind), which put ``make test`` at 19.5 minutes there.
-#: The KV-pool tests' context per backend where 512 is too slow: mistral.rs prefilled the six
-#: 508-token prompts in 175 s on the AVX2 kind (its prefill runs at ~17 tokens/s there).
-MAX_CONTEXT = {"mistralrs": "256"}
+#: The KV-pool tests' context per backend where 256 is too slow: mistral.rs spent 200 s of its
+#: 353 s subset run on the near-context prompts at 256 on the AVX2 kind (its prefill runs at
+#: ~17 tokens/s there, slower with the logprobs those tests read).
+MAX_CONTEXT = {"mistralrs": "128"}
 SUBSET_IN_MAKE_TEST = {"mistralrs": "TestKvReset or TestBadInput or TestKvPool"}
 
 

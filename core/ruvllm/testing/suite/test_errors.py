@@ -30,7 +30,7 @@ OUT_OF_RANGE: list[tuple[str, Any]] = [
     ("top_p", 1.5),
     ("top_k", -1),
     ("min_p", 2.0),
-    ("max_tokens", 0),
+    ("max_tokens", -1),
     ("max_tokens", -5),
     ("logprobs", 100),
     ("repetition_penalty", 0.0),
