@@ -58,7 +58,8 @@ def test_out_of_range_value_names_field_and_range(field, value, expected_in_mess
         ("temperature", 0.0), ("temperature", 2.0), ("temperature", 1),
         ("top_p", 1.0), ("top_p", 1e-6), ("min_p", 0.0), ("min_p", 1.0),
         ("repetition_penalty", 2.0), ("frequency_penalty", -2.0), ("presence_penalty", 2.0),
-        ("logprobs", 0), ("logprobs", MAX_LOGPROBS), ("seed", 0), ("top_k", 0), ("max_tokens", 0), ("max_tokens", 1),
+        ("logprobs", 0), ("logprobs", MAX_LOGPROBS), ("seed", 0), ("top_k", 0),
+        ("max_tokens", 0), ("max_tokens", 1),
     ],
 )
 def test_boundary_values_are_accepted(field, value):

@@ -183,6 +183,48 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
     "load_lora": ({"lora_name": "terse", "lora_path": "/no/such/adapter"}, 403),
     "unload_lora": ({"lora_name": "terse"}, 403),
     "tokenizer_info": ({}, 200),
+    "messages": ({"model": "default", "messages": CHAT_MESSAGES, "max_tokens": 2, "temperature": 0}, 200),
+    "count_tokens": ({"model": "default", "messages": CHAT_MESSAGES}, 200),
+}
+ANTHROPIC = ("messages", "count_tokens")
+_CONVERSATION_OBJECTS = {
+    "messages[]": ({"messages": [{"role": "user", "content": "Hi", UNKNOWN: 1}]}, f"messages[0].{UNKNOWN}"),
+    "messages[].content[]": ({"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi",
+                                                                          UNKNOWN: 1}]}]},
+                             f"messages[0].content[0].{UNKNOWN}"),
+    "messages[].content[].cache_control": (
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": {
+            "type": "ephemeral", UNKNOWN: 1}}]}]}, f"messages[0].content[0].cache_control.{UNKNOWN}"),
+    "messages[].content[].content[]": (
+        {"messages": [{"role": "user", "content": [{
+            "type": "tool_result", "tool_use_id": "toolu_1",
+            "content": [{"type": "text", "text": "ok", UNKNOWN: 1}]}]}]},
+        f"messages[0].content[0].content[0].{UNKNOWN}"),
+    "messages[].content[].content[].cache_control": (
+        {"messages": [{"role": "user", "content": [{
+            "type": "tool_result", "tool_use_id": "toolu_1",
+            "content": [{"type": "text", "text": "ok",
+                         "cache_control": {"type": "ephemeral", UNKNOWN: 1}}]}]}]},
+        f"messages[0].content[0].content[0].cache_control.{UNKNOWN}"),
+    "system[]": ({"messages": CHAT_MESSAGES, "system": [{"type": "text", "text": "Be brief.", UNKNOWN: 1}]},
+                 f"system[0].{UNKNOWN}"),
+    "system[].cache_control": ({"messages": CHAT_MESSAGES, "system": [
+        {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral", UNKNOWN: 1}}]},
+        f"system[0].cache_control.{UNKNOWN}"),
+    "tools[]": ({"messages": CHAT_MESSAGES, "tools": [{"name": "f", "input_schema": {}, UNKNOWN: 1}]},
+                f"tools[0].{UNKNOWN}"),
+    "tools[].cache_control": ({"messages": CHAT_MESSAGES, "tools": [
+        {"name": "f", "input_schema": {}, "cache_control": {"type": "ephemeral", UNKNOWN: 1}}]},
+        f"tools[0].cache_control.{UNKNOWN}"),
+    "tool_choice": ({"messages": CHAT_MESSAGES, "tool_choice": {"type": "auto", UNKNOWN: 1}},
+                    f"tool_choice.{UNKNOWN}"),
+    "thinking": ({"messages": CHAT_MESSAGES, "thinking": {"type": "disabled", UNKNOWN: 1}},
+                 f"thinking.{UNKNOWN}"),
+    "output_config": ({"messages": CHAT_MESSAGES, "output_config": {UNKNOWN: 1}}, f"output_config.{UNKNOWN}"),
+    "output_config.format": ({"messages": CHAT_MESSAGES, "output_config": {"format": {
+        "type": "json_schema", "schema": {}, UNKNOWN: 1}}}, f"output_config.format.{UNKNOWN}"),
+    "cache_control": ({"messages": CHAT_MESSAGES, "cache_control": {"type": "ephemeral", UNKNOWN: 1}},
+                      f"cache_control.{UNKNOWN}"),
 }
 
 #: A body holding an unknown key inside each nested object, and the param the 400 must name.
@@ -197,6 +239,10 @@ NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
                                  f"stream_options.{UNKNOWN}"),
     ("completions", "stream_options"): ({"prompt": "Hi", "stream": True, "stream_options": {UNKNOWN: True}},
                                         f"stream_options.{UNKNOWN}"),
+    **{(label, where): ({**BASE[label][0], **body}, param) for label in ANTHROPIC
+       for where, (body, param) in _CONVERSATION_OBJECTS.items()},
+    ("messages", "metadata"): ({**BASE["messages"][0], "metadata": {"user_id": "u1", UNKNOWN: 1}},
+                               f"metadata.{UNKNOWN}"),
 }
 
 _ASSISTANT_SAID = {"role": "assistant", "content": "Hello"}
@@ -216,7 +262,40 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
         {"messages": [*CHAT_MESSAGES, {"role": "assistant", "content": None,
                                        "function_call": {"name": "greet", "arguments": "{}"}}]},
         "messages[1].function_call") for label in ("chat", "tokenize")},
+    **{(label, field): ({**BASE[label][0], **body}, field) for label in ANTHROPIC for field, body in (
+        ("thinking.type", {"thinking": {"type": "enabled", "budget_tokens": 1024}}),
+        ("thinking.budget_tokens", {"thinking": {"type": "disabled", "budget_tokens": 1024}}),
+        ("output_config.effort", {"output_config": {"effort": "high"}}))},
 }
+
+def _anthropic_accepted(label: str) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Each accepted field of Anthropic's bodies: the fields a body holds without it, and with it."""
+    cache = {"type": "ephemeral", "ttl": "5m"}
+    block = {"type": "text", "text": "Hello"}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "ok"}]}
+    call = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]}
+    places = {
+        "messages[].content[]": lambda extra: {"messages": [
+            *CHAT_MESSAGES, {"role": "assistant", "content": [{**block, **extra}]}, *CHAT_MESSAGES]},
+        "messages[].content[].content[]": lambda extra: {"messages": [*CHAT_MESSAGES, call, {
+            "role": "user", "content": [{**result, "content": [{"type": "text", "text": "ok", **extra}]}]}]},
+        "system[]": lambda extra: {"system": [{"type": "text", "text": "Be brief.", **extra}]},
+        "tools[]": lambda extra: {"tools": [{"name": "f", "input_schema": {"type": "object"}, **extra}]},
+        "": lambda extra: extra,
+    }
+    for where, build in places.items():
+        dot = f"{where}." if where else ""
+        yield f"{dot}cache_control", build({}), build({"cache_control": {"type": "ephemeral"}})
+        yield f"{dot}cache_control.type", build({}), build({"cache_control": {"type": "ephemeral"}})
+        yield f"{dot}cache_control.ttl", build({"cache_control": {"type": "ephemeral"}}), \
+            build({"cache_control": cache})
+        if where in ("messages[].content[]", "messages[].content[].content[]", "system[]"):
+            yield f"{dot}citations", build({}), build({"citations": []})
+    if label == "messages":
+        yield "metadata", {}, {"metadata": {}}
+        yield "metadata.user_id", {"metadata": {}}, {"metadata": {"user_id": "end-user-7f3a"}}
+        yield "service_tier", {}, {"service_tier": "auto"}
+
 
 _CITED = {**_ASSISTANT_SAID, "annotations": [{"type": "url_citation", "url_citation": {
     "start_index": 0, "end_index": 5, "title": "Greetings", "url": "https://example.com/hello"}}]}
@@ -231,6 +310,8 @@ ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
     ("tokenize", "messages[].annotations"): ({"messages": [*CHAT_MESSAGES, _ASSISTANT_SAID]},
                                              {"messages": [*CHAT_MESSAGES, _CITED]}),
     ("unload_lora", "lora_int_id"): (BASE["unload_lora"][0], {**BASE["unload_lora"][0], "lora_int_id": 3}),
+    **{(label, field): ({**BASE[label][0], **without}, {**BASE[label][0], **with_field})
+       for label in ANTHROPIC for field, without, with_field in _anthropic_accepted(label)},
 }
 
 
@@ -242,8 +323,15 @@ def send(server: RunningServer, label: str, body: dict[str, Any]) -> httpx.Respo
 
 
 def _error(r: httpx.Response) -> dict[str, Any]:
+    """The 400's error, with a ``param``: Anthropic's shape has none, its message starts with
+    the field's path instead."""
     assert r.status_code == 400, (r.status_code, r.text)
-    return r.json()["error"]
+    body = r.json()
+    if body.get("type") == "error":  # Anthropic's shape
+        error = body["error"]
+        assert error["type"] == "invalid_request_error" and set(error) == {"type", "message"}, body
+        return {**error, "param": error["message"].split(":", 1)[0]}
+    return body["error"]
 
 
 def test_every_endpoint_and_nested_object_has_a_request_here(routes):

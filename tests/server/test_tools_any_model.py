@@ -20,7 +20,9 @@ jsonschema = pytest.importorskip("jsonschema")
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    # A bounded city: a sampled string may otherwise run on until max_tokens (measured once in 20).
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
+                   "required": ["city"]}}}
 #: The tool's schema as the server enforces it: no property it does not name.
 ARGUMENTS = {**WEATHER["function"]["parameters"], "additionalProperties": False}
 ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
@@ -61,7 +63,7 @@ def test_required_gives_a_valid_call_every_time(client, model_name):
     for question in ("What is the weather in Oslo?", "Is it raining in Paris right now?"):
         r = client.chat.completions.create(
             model=model_name, messages=[{"role": "user", "content": question}], tools=[WEATHER],
-            tool_choice="required", temperature=0.8, seed=7, n=10, max_tokens=40)
+            tool_choice="required", temperature=0.8, seed=7, n=10, max_tokens=60)
         for choice in r.choices:
             assert choice.finish_reason == "tool_calls", choice
             assert len(choice.message.tool_calls) == 1

@@ -23,9 +23,10 @@ from fastapi.responses import Response
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.feedback import send_feedback
-from ruvllm.guided.request import chat_constraint, completion_constraint
+from ruvllm.guided.request import completion_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.hardware import cpu_info
+from ruvllm.server.chat_run import start_chat
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService
 from ruvllm.server.delivery import answer
 from ruvllm.server.echo import completion_formatter
@@ -40,6 +41,7 @@ from ruvllm.server.errors import install_error_handlers
 from ruvllm.server.feedback import register_feedback
 from ruvllm.server.limits import RequestLimitsMiddleware, authorized
 from ruvllm.server.lora import register_lora_routes
+from ruvllm.server.messages_api import register_messages_routes
 from ruvllm.server.metrics import CONTENT_TYPE, ServerMetrics
 from ruvllm.server.model_pool import ModelEntry, ModelPool
 from ruvllm.server.openapi import install_openapi_limits
@@ -47,7 +49,6 @@ from ruvllm.server.params import (
     Limits,
     chat_prompt_ids,
     completion_prompts,
-    generation_params,
     seeded,
 )
 from ruvllm.server.scheduling import priority_scheduling, submit_options
@@ -58,10 +59,8 @@ from ruvllm.server.schemas import (
     TokenizeRequest,
 )
 from ruvllm.server.tokenizer_info import refuse_unknown_query, tokenizer_info
-from ruvllm.server.tool_responses import chat_formatter
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable
-from ruvllm.types import GenerationParams
 
 
 @attrs.frozen(kw_only=True)
@@ -121,6 +120,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     # every model (a pool's engines share the plugin registry's).
     register_feedback(app, single.feedback if single is not None else send_feedback)
     register_lora_routes(app, pool, allow_runtime=settings.allow_runtime_lora)
+    register_messages_routes(app, pool, settings.limits)
     install_openapi_limits(
         app, settings.limits, single.info.vocab_size if single is not None else None,
         # Adapters loaded at runtime are valid names the published schema cannot know in advance.
@@ -132,13 +132,6 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
         by this server's ``--max-context``."""
         return settings.limits.context_length(e.info.context_length)
 
-    def choice_params(body: ChatCompletionRequest | CompletionRequest, service: CompletionService,
-                      ids: list[int]) -> GenerationParams:
-        """The GenerationParams of ``body``'s choices on prompt ``ids``, refused unless they fit."""
-        params = generation_params(body, limits=settings.limits, room=service.room_after(ids),
-                                   logprobs_supported=service.engine.capabilities.logprobs)
-        service.check_context(ids, params)
-        return params
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, Any]:
@@ -222,19 +215,8 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         async with pool.route(body.model) as route:
-            service = CompletionService(route, settings.limits)
-            engine = route.engine
-            constraint = chat_constraint(body, engine.info.chat_template)
-            ids = await chat_prompt_ids(engine, body.messages, constraint.tools)
-            params = choice_params(body, service, ids)
-            procs = await guided_processors(engine, constraint.spec, body.n)
-            submission = await service.submit(
-                [ChoiceRequest(index=i, prompt_ids=ids, params=seeded(params, i), processors=procs[i])
-                 for i in range(body.n)],
-                id_prefix="chatcmpl", **submit_options(body.priority, body.cache_salt, engine))
-            fmt = chat_formatter(submission.id, route.served_name, engine.tokenizer, params.logprobs,
-                                 constraint.tools)
-            return await answer(submission, fmt, request, body, [len(ids)])
+            run = await start_chat(route, body, settings.limits, id_prefix="chatcmpl")
+            return await answer(run.submission, run.formatter, request, body, [len(run.prompt_ids)])
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -242,7 +224,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
             service = CompletionService(route, settings.limits)
             engine = route.engine
             prompts = await completion_prompts(engine, body.prompt)
-            params = [choice_params(body, service, ids) for ids in prompts]
+            params = [service.choice_params(body, ids) for ids in prompts]
             # Choice index -> its prompt's index: n choices per prompt, prompt after prompt.
             prompt_of = [p for p in range(len(prompts)) for _ in range(body.n)]
             procs = await guided_processors(engine, completion_constraint(body).spec, len(prompt_of))

@@ -27,7 +27,8 @@ from ruvllm.errors import BackendError, RuvllmError
 from ruvllm.generation import check_prompt
 from ruvllm.sampling import LogitsProcessor
 from ruvllm.server.model_pool import Route
-from ruvllm.server.params import Limits
+from ruvllm.server.params import Limits, generation_params
+from ruvllm.server.schemas import ChatCompletionRequest, CompletionRequest
 from ruvllm.serving import AsyncEngine, RequestHandle
 from ruvllm.types import FinishReason, GenerationParams, GenerationResult, TokenOutput
 
@@ -208,6 +209,7 @@ class CompletionService:
     """
 
     def __init__(self, route: Route, limits: Limits):
+        self.limits = limits
         self.engine: AsyncEngine = route.engine
         self.adapter = route.adapter
         #: The model name responses carry (the adapter's, for an adapter).
@@ -227,6 +229,14 @@ class CompletionService:
         server's ``--max-context`` and its reason)."""
         check_prompt(prompt_ids, params, self.context_length, self.engine.info.vocab_size,
                      limit_note=self.limit_note)
+
+    def choice_params(self, body: ChatCompletionRequest | CompletionRequest,
+                      prompt_ids: Sequence[int]) -> GenerationParams:
+        """The GenerationParams of ``body``'s choices on ``prompt_ids``, refused unless they fit."""
+        params = generation_params(body, limits=self.limits, room=self.room_after(prompt_ids),
+                                   logprobs_supported=self.engine.capabilities.logprobs)
+        self.check_context(prompt_ids, params)
+        return params
 
     async def submit(self, choices: Sequence[ChoiceRequest], *, id_prefix: str, priority: int = 0,
                      cache_salt: str | None = None) -> Submission:

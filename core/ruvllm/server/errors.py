@@ -1,12 +1,15 @@
-"""Every failure leaves the server in OpenAI's error shape with the status from ruvllm.errors.
+"""Every failure leaves the server in its API's error shape with the status from ruvllm.errors.
 
 ``{"error": {"message", "type", "param", "code"}}`` is what OpenAI clients parse; the status
 code is what they branch on (the ``openai`` package raises ``BadRequestError`` for 400,
-``AuthenticationError`` for 401...). Nothing answers an error with 200.
+``AuthenticationError`` for 401...). Anthropic's Messages API (``/v1/messages...``) answers in
+Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``, which the ``anthropic``
+package reads (:func:`surface_body`). Nothing answers an error with 200.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from typing import Any
@@ -32,6 +35,34 @@ _STATUS_TYPES = {
 }
 
 
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+#: Paths whose errors take Anthropic's shape.
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+
+
+def surface_body(path: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI-shaped error ``body`` in the shape of the API that ``path`` belongs to."""
+    if path.startswith(ANTHROPIC_PREFIX):
+        error = body["error"]
+        param = error.get("param")
+        message = error["message"]
+        return anthropic_error_body(status, message if not param or message.startswith(param)
+                                    else f"{param}: {message}")
+    return body
+
+
 def error_body(message: str, type_: str, *, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
@@ -54,12 +85,22 @@ def ruvllm_error_body(exc: RuvllmError) -> tuple[int, dict[str, Any], dict[str, 
 
 def _validation_field(err: dict[str, Any]) -> str:
     loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-    # Drop pydantic's union branch labels ("str", "list[int]") so the field reads as the API's.
-    parts = [p for p in loc if not any(ch in p for ch in "[]") and p not in ("str", "int")]
+    # Drop pydantic's union branch labels ("str", "list[int]", a tagged union's "type=text") so
+    # the field reads as the API's.
+    parts = [p for p in loc if not any(ch in p for ch in "[]=") and p not in ("str", "int")]
     field = ""
     for p in parts:
         field += f"[{p}]" if p.isdigit() else (f".{p}" if field else p)
     return field or "body"
+
+
+def _shaped(request: Request, response: JSONResponse) -> JSONResponse:
+    if not request.url.path.startswith(ANTHROPIC_PREFIX):
+        return response
+    body = surface_body(request.url.path, response.status_code, json.loads(response.body))
+    headers = {k: v for k, v in response.headers.items()
+               if k.lower() not in ("content-length", "content-type")}
+    return JSONResponse(body, status_code=response.status_code, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -68,24 +109,30 @@ def install_error_handlers(app: FastAPI) -> None:
         status, body, headers = ruvllm_error_body(exc)
         if status >= 500:
             log.error("request failed: %s", exc)
-        return JSONResponse(body, status_code=status, headers=headers)
+        return _shaped(request, JSONResponse(body, status_code=status, headers=headers))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request body"}
+        # A value that matches no branch of a union (``str | list[Block]``) fails every branch:
+        # the deepest error is the one that names what is wrong (a block's unknown field, its
+        # unknown type), not "Input should be a valid string".
+        first = max(errors, key=lambda e: (e.get("type") == "extra_forbidden", len(e.get("loc", ()))),
+                    default={"loc": (), "msg": "invalid request body"})
         field = _validation_field(first)
         msg = first.get("msg", "invalid value")
         if first.get("type") == "json_invalid":
-            return error_response(400, f"the request body is not valid JSON: {msg}", param="body",
-                                  code="invalid_json")
-        return error_response(400, f"{field}: {msg}", param=field, code="invalid_value")
+            return _shaped(request, error_response(400, f"the request body is not valid JSON: {msg}",
+                                                   param="body", code="invalid_json"))
+        return _shaped(request, error_response(400, f"{field}: {msg}", param=field, code="invalid_value"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+        return _shaped(request, error_response(exc.status_code, str(exc.detail),
+                                               headers=getattr(exc, "headers", None)))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error serving %s", request.url.path)
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+        return _shaped(request, error_response(500, f"internal error: {type(exc).__name__}: {exc}",
+                                               "server_error"))

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ruvllm.server.errors import error_body
+from ruvllm.server.errors import error_body, surface_body
 
 #: Paths anyone may read: liveness probes and the Prometheus scraper. ``/health`` answers an
 #: unauthenticated client with liveness only; its details need the key (see :func:`authorized`).
@@ -32,9 +32,9 @@ def authorized(headers: Mapping[bytes, bytes], api_key: str | None) -> bool:
     return bool(token) and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
-async def _send_error(send, status: int, message: str, type_: str, code: str,
+async def _send_error(send, path: str, status: int, message: str, type_: str, code: str,
                       headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    body = json.dumps(error_body(message, type_, code=code)).encode()
+    body = json.dumps(surface_body(path, status, error_body(message, type_, code=code))).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()), *headers]})
@@ -53,7 +53,8 @@ class RequestLimitsMiddleware:
             return
         headers = dict(scope.get("headers") or ())
         if scope["path"] not in PUBLIC_PATHS and not authorized(headers, self.api_key):
-            await _send_error(send, 401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+            await _send_error(send, scope["path"], 401,
+                              "invalid or missing API key: send 'Authorization: Bearer <key>'",
                               "authentication_error", "invalid_api_key",
                               [(b"www-authenticate", b"Bearer")])
             return
@@ -61,7 +62,8 @@ class RequestLimitsMiddleware:
         too_large = (f"request body is larger than this server's limit of {self.max_body_bytes} bytes "
                      "([server] max_body_bytes)")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await _send_error(send, 413, too_large, "invalid_request_error", "request_too_large")
+            await _send_error(send, scope["path"], 413, too_large, "invalid_request_error",
+                              "request_too_large")
             return
         received = 0
 

@@ -1,0 +1,56 @@
+"""One chat request from its body to a running submission: the part every API surface shares.
+
+OpenAI's ``/v1/chat/completions`` and Anthropic's ``/v1/messages`` differ in their JSON, not in
+what happens to a conversation: the prompt is the model's chat template over the messages (tools
+taught where the template cannot render them), the parameters are checked against the server's
+limits and the model's context, the grammar (tools, structured output) is compiled, and every
+choice is submitted through the :class:`~ruvllm.server.completion_service.CompletionService`.
+A surface translates its body into a :class:`~ruvllm.server.schemas.ChatCompletionRequest` and
+formats what comes back; everything in between is here, once.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ruvllm.guided.request import chat_constraint
+from ruvllm.guided.request import processors as guided_processors
+from ruvllm.server.completion_service import ChoiceRequest, CompletionService, Submission
+from ruvllm.server.model_pool import Route
+from ruvllm.server.params import Limits, chat_prompt_ids, seeded
+from ruvllm.server.responses import ChatFormatter
+from ruvllm.server.scheduling import submit_options
+from ruvllm.server.schemas import ChatCompletionRequest
+from ruvllm.server.tool_responses import chat_formatter
+
+
+@attrs.frozen
+class ChatRun:
+    submission: Submission
+    #: OpenAI's chat shapes of the outputs (tool calls parsed out where the plan expects them).
+    formatter: ChatFormatter
+    prompt_ids: list[int]
+
+
+async def chat_prompt(route: Route, body: ChatCompletionRequest) -> list[int]:
+    """The prompt's token ids, as :func:`start_chat` would run them (count_tokens, tokenize)."""
+    constraint = chat_constraint(body, route.engine.info.chat_template)
+    return await chat_prompt_ids(route.engine, body.messages, constraint.tools)
+
+
+async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, *, id_prefix: str) -> ChatRun:
+    """Check ``body``, submit its choices on ``route`` and return them running (a refusal raises
+    before anything runs)."""
+    service = CompletionService(route, limits)
+    engine = route.engine
+    constraint = chat_constraint(body, engine.info.chat_template)
+    ids = await chat_prompt_ids(engine, body.messages, constraint.tools)
+    params = service.choice_params(body, ids)
+    procs = await guided_processors(engine, constraint.spec, body.n)
+    submission = await service.submit(
+        [ChoiceRequest(index=i, prompt_ids=ids, params=seeded(params, i), processors=procs[i])
+         for i in range(body.n)],
+        id_prefix=id_prefix, **submit_options(body.priority, body.cache_salt, engine))
+    fmt = chat_formatter(submission.id, route.served_name, engine.tokenizer, params.logprobs,
+                         constraint.tools)
+    return ChatRun(submission, fmt, ids)
