@@ -70,7 +70,12 @@ def _run(suite_runner, backend: str, *args: str, kv_reset: bool = True, probe: b
 #: 353 s subset run on the near-context prompts at 256 on the AVX2 kind (its prefill runs at
 #: ~17 tokens/s there, slower with the logprobs those tests read).
 MAX_CONTEXT = {"mistralrs": "128"}
-SUBSET_IN_MAKE_TEST = {"mistralrs": "TestKvReset or TestBadInput or TestKvPool"}
+#: mistral.rs (request-level: it schedules by itself, so TestKvPool only checks its outward
+#: promises) keeps the KV-reset and bad-input classes in ``make test``; mlx (on Linux a CPU
+#: fallback, 231 s for its whole suite) the isolation, reset, bad-input and pool classes. Their
+#: whole suites run in ``make test-all``.
+SUBSET_IN_MAKE_TEST = {"mistralrs": "TestKvReset or TestBadInput",
+                       "mlx": "TestKvReset or TestBadInput or TestKvPool or TestEngine"}
 
 
 def _whole_suite_params() -> list:
@@ -159,9 +164,21 @@ def _bounds_line(run: TwoTierRun) -> str:
     return f"(bounds: margin < {margin}, distance < {distance})"
 
 
+#: Runs only in ``make test-all`` (marked slow): Q8 behind a 4-token window, with its leak proof,
+#: 170 s of ``make test``; the Q4 run is what ``ruvllm serve -o kv_cache=two_tier`` runs.
+SLOW_TWO_TIER = {"q8-cold-everywhere"}
+
+
+def _two_tier_params(rows: list[tuple], ids: list[str] | None = None, at: int = 0) -> list:
+    """``rows`` as params, those of a SLOW_TWO_TIER configuration (``row[at]``) marked slow."""
+    return [pytest.param(*row, id=None if ids is None else ids[k],
+                         marks=[pytest.mark.slow] if row[at] in SLOW_TWO_TIER else [])
+            for k, row in enumerate(rows)]
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.spread
-@pytest.mark.parametrize("name", TWO_TIER_RUNS)
+@pytest.mark.parametrize("name", _two_tier_params([(n,) for n in TWO_TIER_RUNS], list(TWO_TIER_RUNS)))
 def test_candle_like_two_tier_passes_isolation(suite_runner, monkeypatch, name: str) -> None:
     """candle_like with ``kv_cache=two_tier``: KV isolation and reset through the engine,
     judged by the rule's bounds for that cold tier."""
@@ -175,13 +192,13 @@ def test_candle_like_two_tier_passes_isolation(suite_runner, monkeypatch, name: 
 
 @pytest.mark.timeout(900)
 @pytest.mark.spread
-@pytest.mark.parametrize(("mutant", "name", "killer"), [
+@pytest.mark.parametrize(("mutant", "name", "killer"), _two_tier_params([
     # Batched decode attends to padding rows: another sequence's KV (a leak of any executor).
     ("UnmaskedPaddingCandleLikeBackend", "q4-serve-default", "TestEngine::test_isolation_under_concurrency"),
     # A migrated block's cold rows never written: a later read gets another request's KV.
     ("MigrationSkipsWriteBackCandleLikeBackend", "q8-cold-everywhere",
      "TestKvPool::test_demand_beyond_the_pool_completes_every_request"),
-], ids=["unmasked-padding", "migration-skips-write-back"])
+], ["unmasked-padding", "migration-skips-write-back"], at=1))
 def test_candle_like_two_tier_run_fails_a_kv_leak(suite_runner, monkeypatch, mutant: str, name: str,
                                                   killer: str) -> None:
     """The two-tier runs' rules still catch a real leak: the real backend with one bug

@@ -136,13 +136,20 @@ class TestBadInput:
 
     @pytest.mark.parametrize(("field", "value"), OUT_OF_RANGE,
                              ids=[f"{f}={v!r}" for f, v in OUT_OF_RANGE])
-    def test_out_of_range_parameter(self, ruvllm_llm: LLM, reference: GenerationResult,
-                                    field: str, value: Any) -> None:
+    def test_out_of_range_parameter(self, ruvllm_llm: LLM, field: str, value: Any) -> None:
         """InvalidRequest whose ``field`` (and message) names the offending parameter."""
         with pytest.raises(InvalidRequest) as err:
             ruvllm_llm.generate(PROMPT_A, **{"max_tokens": SHORT, field: value})
         assert err.value.field == field
         assert field in str(err.value)
+
+    def test_out_of_range_parameters_leave_the_model_as_it_was(self, ruvllm_llm: LLM,
+                                                               reference: GenerationResult) -> None:
+        """Every refusal above, then one health check (one generation, not one per value: on the
+        slowest backend each check costs seconds)."""
+        for field, value in OUT_OF_RANGE:
+            with pytest.raises(InvalidRequest):
+                ruvllm_llm.generate(PROMPT_A, **{"max_tokens": SHORT, field: value})
         assert_still_healthy(ruvllm_llm, reference)
 
     def test_unknown_backend(self, ruvllm_llm: LLM, ruvllm_model_source: ModelSource,
