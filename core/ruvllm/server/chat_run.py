@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import attrs
 
-from ruvllm.guided.request import chat_constraint
+from ruvllm.guided.request import RequestConstraint, chat_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService, Submission
 from ruvllm.server.model_pool import Route
@@ -34,8 +34,13 @@ class ChatRun:
 
 async def chat_prompt(route: Route, body: ChatCompletionRequest) -> list[int]:
     """The prompt's token ids, as :func:`start_chat` would run them (count_tokens, tokenize)."""
+    return (await _constrained_prompt(route, body))[1]
+
+
+async def _constrained_prompt(route: Route,
+                              body: ChatCompletionRequest) -> tuple[RequestConstraint, list[int]]:
     constraint = chat_constraint(body, route.engine.info.chat_template)
-    return await chat_prompt_ids(route.engine, body.messages, constraint.tools)
+    return constraint, await chat_prompt_ids(route.engine, body.messages, constraint.tools)
 
 
 async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, *, id_prefix: str) -> ChatRun:
@@ -43,8 +48,7 @@ async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, 
     before anything runs)."""
     service = CompletionService(route, limits)
     engine = route.engine
-    constraint = chat_constraint(body, engine.info.chat_template)
-    ids = await chat_prompt_ids(engine, body.messages, constraint.tools)
+    constraint, ids = await _constrained_prompt(route, body)
     params = service.choice_params(body, ids)
     procs = await guided_processors(engine, constraint.spec, body.n)
     submission = await service.submit(

@@ -32,7 +32,7 @@ from ruvllm.server.errors import anthropic_error_body, ruvllm_error_body
 from ruvllm.server.model_pool import ModelPool
 from ruvllm.server.params import Limits
 from ruvllm.server.schemas import ChatCompletionRequest, RequestBody, StrictModel
-from ruvllm.server.sse import SSEResponse
+from ruvllm.server.sse import SSEResponse, named_sse_event
 from ruvllm.types import GenerationResult, TokenOutput
 
 _Text = Annotated[str, Field(min_length=1)]
@@ -258,10 +258,6 @@ def _message(run: ChatRun, model: str, content: list[dict[str, Any]], stop: tupl
             "usage": {"input_tokens": len(run.prompt_ids), "output_tokens": output_tokens}}
 
 
-def _event(name: str, payload: dict[str, Any]) -> str:
-    return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-
 async def _events(run: ChatRun, model: str) -> AsyncIterator[str]:
     """The message as Anthropic's stream: text deltas as the tokens come, then each tool call as
     a ``tool_use`` block with its input in one ``input_json_delta``."""
@@ -274,15 +270,15 @@ async def _events(run: ChatRun, model: str) -> AsyncIterator[str]:
         nonlocal text_open
         out = []
         if not text_open:
-            out.append(_event("content_block_start", {"type": "content_block_start", "index": blocks,
+            out.append(named_sse_event("content_block_start", {"type": "content_block_start", "index": blocks,
                                                       "content_block": {"type": "text", "text": ""}}))
             text_open = True
-        out.append(_event("content_block_delta", {"type": "content_block_delta", "index": blocks,
+        out.append(named_sse_event("content_block_delta", {"type": "content_block_delta", "index": blocks,
                                                   "delta": {"type": "text_delta", "text": delta}}))
         return out
 
     try:
-        yield _event("message_start", {"type": "message_start",
+        yield named_sse_event("message_start", {"type": "message_start",
                                        "message": _message(run, model, [], (None, None), 0)})
         async for batch in batches:
             events: list[str] = []
@@ -297,28 +293,29 @@ async def _events(run: ChatRun, model: str) -> AsyncIterator[str]:
                     if last["delta"].get("content"):
                         events += text(last["delta"]["content"])
                     if text_open:
-                        events.append(_event("content_block_stop", {"type": "content_block_stop",
+                        events.append(named_sse_event("content_block_stop", {"type": "content_block_stop",
                                                                     "index": blocks}))
                         blocks += 1
                     for call in last["delta"].get("tool_calls") or []:
                         use = _tool_use(call)
-                        events.append(_event("content_block_start", {
+                        events.append(named_sse_event("content_block_start", {
                             "type": "content_block_start", "index": blocks,
                             "content_block": {**use, "input": {}}}))
-                        events.append(_event("content_block_delta", {
+                        events.append(named_sse_event("content_block_delta", {
                             "type": "content_block_delta", "index": blocks,
                             "delta": {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}}))
-                        events.append(_event("content_block_stop", {"type": "content_block_stop",
+                        events.append(named_sse_event("content_block_stop", {"type": "content_block_stop",
                                                                     "index": blocks}))
                         blocks += 1
                     reason, sequence = _stop(last["finish_reason"], item)
-                    events.append(_event("message_delta", {
+                    events.append(named_sse_event("message_delta", {
                         "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                         "usage": {"output_tokens": item.usage.completion_tokens}}))
-                    events.append(_event("message_stop", {"type": "message_stop"}))
+                    events.append(named_sse_event("message_stop", {"type": "message_stop"}))
                 else:
                     status, body, _ = ruvllm_error_body(item)
-                    events.append(_event("error", anthropic_error_body(status, body["error"]["message"])))
+                    error = anthropic_error_body(status, body["error"]["message"])
+                    events.append(named_sse_event("error", error))
             if events:
                 yield "".join(events)
             if batch.last:

@@ -25,6 +25,11 @@ def sse_event(payload: dict[str, Any]) -> str:
     return f"data: {_encode(payload)}\n\n"
 
 
+def named_sse_event(name: str, payload: dict[str, Any]) -> str:
+    """An event with an ``event:`` line (Anthropic's stream names every event)."""
+    return f"event: {name}\ndata: {_encode(payload)}\n\n"
+
+
 class SSEResponse(StreamingResponse):
     media_type = "text/event-stream"
 
