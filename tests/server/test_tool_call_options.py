@@ -42,6 +42,10 @@ BOUNDED_WEATHER = {"type": "function", "function": {
                                           "required": ["city"]}}}
 
 
+#: How far one token's logprob may move between two runs of the same request on a busy server.
+BATCH_NUMERICS = 0.5
+
+
 def _streamed(stream) -> tuple[str, list, dict[int, list], str | None, object]:
     """(content, logprob entries, tool-call deltas by index, finish reason, usage) of one choice."""
     content, entries, calls, finish, usage = "", [], {}, None, None
@@ -77,8 +81,16 @@ def test_streamed_enforced_tool_calls_carry_every_tokens_logprobs(client, model_
     if delta.function.arguments == choice.message.tool_calls[0].function.arguments:
         # The same output (greedy; the usual case): the same entries, in the same order.
         assert [e.token for e in entries] == [e.token for e in choice.logprobs.content]
+        # Each entry is its own token's: where the token is among its top_logprobs, the two
+        # values are one computation. Across the two requests the values agree only within batch
+        # numerics: on the AVX2 kind, a request of an earlier test still ending in the same batch
+        # moved them by up to 0.25 (an entry of another position or another distribution, e.g.
+        # after the grammar mask, is off by far more, and its token differs above).
+        for e in entries:
+            top = {t.token: t.logprob for t in e.top_logprobs}
+            assert e.token not in top or top[e.token] == e.logprob
         assert [e.logprob for e in entries] == pytest.approx([e.logprob for e in choice.logprobs.content],
-                                                             abs=1e-3)
+                                                             abs=BATCH_NUMERICS)
 
 
 def _output(k: int, text: str) -> TokenOutput:
