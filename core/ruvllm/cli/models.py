@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ruvllm.cli.app import config_from, main
-from ruvllm.errors import ModelError, ModelNotFound
+from ruvllm.errors import ModelNotFound
+from ruvllm.gguf_file import read_gguf_file
 from ruvllm.hardware import cpu_info
 from ruvllm.models import ModelSource
 from ruvllm.registry import (
@@ -70,36 +71,20 @@ def local_source(ref: str, cache_dir: Path) -> ModelSource | None:
 
 def gguf_facts(path: Path) -> dict[str, Any]:
     """Architecture, parameter count, context, quantization and template from a GGUF header."""
-    import gguf
-    import numpy as np
-
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:  # a truncated or foreign file: say so instead of a traceback
-        raise ModelError(f"{path} is not a readable GGUF file: {exc}") from None
-
-    def field(key: str) -> Any:
-        f = reader.fields.get(key)
-        return f.contents() if f is not None else None
-
-    arch = field("general.architecture") or "unknown"
-    ftype = field("general.file_type")
-    try:
-        quant = gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_") if ftype is not None else None
-    except ValueError:
-        quant = f"file_type {ftype}"
+    f = read_gguf_file(path)  # a truncated or foreign file is a ModelError saying so
+    arch = f.get("general.architecture") or "unknown"
+    tokens = f.get("tokenizer.ggml.tokens")
     return {
         "format": "gguf",
-        "name": field("general.name"),
+        "name": f.get("general.name"),
         "architecture": arch,
-        "parameters": int(sum(int(np.prod(t.shape)) for t in reader.tensors)),
-        "context_length": field(f"{arch}.context_length"),
-        "layers": field(f"{arch}.block_count"),
-        "hidden_size": field(f"{arch}.embedding_length"),
-        "quantization": quant,
-        "vocab_size": len(reader.fields["tokenizer.ggml.tokens"].data)
-        if "tokenizer.ggml.tokens" in reader.fields else None,
-        "chat_template": field("tokenizer.chat_template") is not None,
+        "parameters": f.parameters,
+        "context_length": f.get(f"{arch}.context_length"),
+        "layers": f.get(f"{arch}.block_count"),
+        "hidden_size": f.get(f"{arch}.embedding_length"),
+        "quantization": f.file_type,
+        "vocab_size": len(tokens) if tokens is not None else None,
+        "chat_template": f.get("tokenizer.chat_template") is not None,
     }
 
 

@@ -13,11 +13,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
-import gguf
 import llama_cpp
 import numpy as np
 from ruvllm.backend import LlmBackend, sample_stream
-from ruvllm.errors import ContextLengthExceeded, InvalidRequest, ModelLoadError
+from ruvllm.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelLoadError
+from ruvllm.gguf_file import read_gguf_file
 from ruvllm.hf_tokenizer import HfTokenizer
 from ruvllm.models import ModelSource
 from ruvllm.options import int_range, optional, parse_options, positive_int
@@ -39,13 +39,11 @@ class ExampleOptions:
 def read_tokenizer(model: ModelSource) -> tuple[HfTokenizer, str]:
     """Core's tokenizer and the architecture name, from the GGUF file's metadata."""
     try:
-        reader = gguf.GGUFReader(model.path)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(model.name, f"{model.path} is not a readable GGUF file: {exc}") from None
-    metadata = {key: field.contents() for key, field in reader.fields.items()
-                if key.startswith(("tokenizer.", "general.")) or key.endswith(".vocab_size")}
-    tokenizer = HfTokenizer.from_gguf_metadata(metadata, source=model.name)
-    return tokenizer, str(metadata.get("general.architecture", "unknown"))
+        header = read_gguf_file(model.path)
+    except ModelError as exc:
+        raise ModelLoadError(model.name, str(exc)) from None
+    tokenizer = HfTokenizer.from_gguf_metadata(header.metadata, source=model.name)
+    return tokenizer, str(header.get("general.architecture", "unknown"))
 
 
 class ExampleBackend(LlmBackend):

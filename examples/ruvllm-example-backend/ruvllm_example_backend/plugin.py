@@ -16,5 +16,5 @@ from ruvllm.lazy_backend import LazyBackend
 def ruvllm_register_backends(register: Callable[[LazyBackend], None]) -> None:
     register(LazyBackend(
         "example", "ruvllm_example_backend.backend:ExampleBackend", formats=("gguf",),
-        requires=("llama_cpp", "gguf"), install_hint="pip install llama-cpp-python gguf",
+        requires=("llama_cpp",), install_hint="pip install llama-cpp-python",
     ))

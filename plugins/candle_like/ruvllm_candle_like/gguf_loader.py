@@ -11,13 +11,15 @@ NeoX (half-split) layout in llama.cpp too, so its rows are stored unpermuted.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
-from ruvllm.errors import ModelLoadError
+from ruvllm.errors import ModelError, ModelLoadError
+from ruvllm.gguf_file import GgufFile, read_gguf_file
 from ruvllm.hf_tokenizer import GgufVocab
 
 from ruvllm_candle_like.config import GGUF_ARCHITECTURES, ModelConfig
@@ -99,18 +101,15 @@ class GgufModel:
     architecture: str
     #: Frequency divisors of Llama 3.1-style RoPE scaling (``rope_freqs.weight``), if present.
     rope_freqs: np.ndarray | None
-    path: Path
+    file: GgufFile
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """(Hugging Face name, float32 array) for every weight, q/k rows un-permuted."""
         yield from _read_tensors(self)
-
-
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
 
 
 def read_gguf(path: str | Path) -> GgufModel:
@@ -119,25 +118,25 @@ def read_gguf(path: str | Path) -> GgufModel:
 
     path = Path(path)
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:  # the gguf package raises ValueError/OSError on bad files
-        raise ModelLoadError(str(path), f"not a readable GGUF file: {exc}") from exc
-    arch = _field(reader, "general.architecture")
+        f = read_gguf_file(path)
+    except ModelError as exc:
+        raise ModelLoadError(str(path), str(exc)) from None
+    arch = f.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
             str(path),
             f"GGUF architecture {arch!r} is not supported; candle_like runs "
             f"{', '.join(sorted(GGUF_ARCHITECTURES))}",
         )
-    tokens = _field(reader, "tokenizer.ggml.tokens")
+    tokens = f.get("tokenizer.ggml.tokens")
     if not tokens:
         raise ModelLoadError(str(path), "the GGUF has no tokenizer.ggml.tokens; "
                              "re-convert it with a tokenizer")
 
     def a(key: str, default: Any = None) -> Any:
-        return _field(reader, f"{arch}.{key}", default)
+        return f.get(f"{arch}.{key}", default)
 
-    names = {t.name for t in reader.tensors}
+    by_name = {t.name: t for t in f.tensors}
     n_embd = int(a("embedding_length"))
     n_head = int(a("attention.head_count"))
     scaling = None
@@ -147,11 +146,8 @@ def read_gguf(path: str | Path) -> GgufModel:
     elif stype not in (None, "none"):
         raise ModelLoadError(str(path), f"RoPE scaling type {stype!r} is not supported (linear only)")
     rope_freqs = None
-    if "rope_freqs.weight" in names:
-        t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
-        rope_freqs = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    if (t := by_name.get("rope_freqs.weight")) is not None:
+        rope_freqs = np.array(gguf.quants.dequantize(f.tensor_data(t), t.type), dtype=np.float32)
     cfg = ModelConfig(
         model_type=GGUF_ARCHITECTURES[arch],
         vocab_size=int(a("vocab_size", len(tokens))),
@@ -165,45 +161,41 @@ def read_gguf(path: str | Path) -> GgufModel:
         rope_theta=float(a("rope.freq_base", 10000.0)),
         rope_scaling=scaling,
         max_position_embeddings=int(a("context_length", 2048)),
-        tie_word_embeddings="output.weight" not in names,
-        attention_bias="blk.0.attn_q.bias" in names,
-        bos_token_id=bos,
-        eos_token_id=eos,
+        tie_word_embeddings="output.weight" not in by_name,
+        attention_bias="blk.0.attn_q.bias" in by_name,
+        bos_token_id=f.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=f.get("tokenizer.ggml.eos_token_id"),
     )
-    tok = GgufVocab.from_metadata(
-        {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}, str(path))
-    from collections import Counter
-
-    quant = Counter(t.tensor_type.name for t in reader.tensors if t.name.endswith("_proj.weight")
+    tok = GgufVocab.from_metadata({k: v for k, v in f.metadata.items() if k.startswith("tokenizer.")},
+                                  str(path))
+    quant = Counter(t.type_name for t in f.tensors if t.name.endswith("_proj.weight")
                     or ".attn_" in t.name or ".ffn_" in t.name).most_common(1)
     return GgufModel(
-        config=cfg, tokenizer=tok, name=str(_field(reader, "general.name", path.stem)),
-        quantization=quant[0][0] if quant else "F32", architecture=arch, rope_freqs=rope_freqs,
-        path=path,
+        config=cfg, tokenizer=tok, name=str(f.get("general.name", path.stem)),
+        quantization=quant[0][0] if quant else "F32", architecture=arch, rope_freqs=rope_freqs, file=f,
     )
 
 
 def _read_tensors(model: GgufModel) -> Iterator[tuple[str, np.ndarray]]:
     import gguf
 
-    reader = gguf.GGUFReader(model.path)
     cfg = model.config
     permuted = model.architecture in PERMUTED_ARCHITECTURES
-    for t in reader.tensors:
+    for t in model.file.tensors:
         name = hf_name(t.name)
         if name is None:
             if t.name in _IGNORED:
                 continue
             raise ModelLoadError(str(model.path), f"unexpected tensor {t.name!r} in the GGUF")
         try:
-            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+            arr = gguf.quants.dequantize(model.file.tensor_data(t), t.type)
         except NotImplementedError as exc:
             raise ModelLoadError(
-                str(model.path), f"tensor {t.name} uses {t.tensor_type.name}, which cannot be "
+                str(model.path), f"tensor {t.name} uses {t.type_name}, which cannot be "
                 f"dequantised by the gguf package installed ({exc})"
             ) from None
         # GGUF shapes are reversed (ne0 first); dequantize already returns rows x cols.
-        arr = np.asarray(arr, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
+        arr = np.asarray(arr, dtype=np.float32).reshape(tuple(reversed(t.shape)))
         if permuted and ".self_attn.q_proj." in name:
             arr = unpermute_rows(arr, cfg.num_heads)
         elif permuted and ".self_attn.k_proj." in name:

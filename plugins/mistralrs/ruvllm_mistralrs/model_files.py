@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import attrs
-from ruvllm.errors import ModelLoadError
+from ruvllm.errors import ModelError, ModelLoadError
+from ruvllm.gguf_file import read_gguf_file
 from ruvllm.hf_tokenizer import HfTokenizer
 from ruvllm.models import ModelSource
 from ruvllm.types import ModelInfo, SpecialTokens
@@ -62,27 +62,19 @@ def from_hf_dir_file(path: Path) -> HfTokenizer:
 
 
 def _read_gguf(path: Path) -> ModelFiles:
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    fields: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer.") or key.startswith("general.") or ".context_length" in key:
-            fields[key] = field.contents()
-    arch = fields.get("general.architecture", "unknown")
-    tokenizer = HfTokenizer.from_gguf_metadata(fields, source=str(path))
-    file_type = fields.get("general.file_type")
     try:
-        quant = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else None
-    except ValueError:
-        quant = None
+        f = read_gguf_file(path)
+    except ModelError as exc:
+        raise ModelLoadError(str(path), str(exc)) from None
+    arch = f.get("general.architecture", "unknown")
+    tokenizer = HfTokenizer.from_gguf_metadata(f.metadata, source=str(path))
     return ModelFiles(
         tokenizer=tokenizer, architecture=arch,
-        context_length=int(fields.get(f"{arch}.context_length", 2048)),
-        vocab_size=len(fields["tokenizer.ggml.tokens"]),
+        context_length=int(f.get(f"{arch}.context_length", 2048)),
+        vocab_size=len(f.get("tokenizer.ggml.tokens") or ()),
         chat_template=tokenizer.chat_template,
-        quantization=quant,
-        parameters=sum(int(t.n_elements) for t in reader.tensors),
+        quantization=f.file_type,
+        parameters=f.parameters,
     )
 
 
