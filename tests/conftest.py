@@ -19,6 +19,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(unit))
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """Refuse to run ungrouped: a module's tests split over both workers load its models and
+    servers twice (Ray's app took 36 s per start). pytest-xdist marks a group by a suffix of the
+    test's node id, which pytest 9.2 no longer reads back (constraints.txt pins pytest)."""
+    if node.config.getvalue("dist") == "loadgroup" and not all("@" in i for i in ids):
+        raise pytest.UsageError(
+            f"--dist loadgroup did not group the tests (pytest {pytest.__version__}): pytest-xdist's "
+            "xdist_group suffix is missing from the node ids; install the versions constraints.txt pins")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under ``pytest -n N`` each worker gets its own share of the CPUs.
 
