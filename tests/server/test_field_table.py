@@ -185,6 +185,7 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
     "tokenizer_info": ({}, 200),
     "messages": ({"model": "default", "messages": CHAT_MESSAGES, "max_tokens": 2, "temperature": 0}, 200),
     "count_tokens": ({"model": "default", "messages": CHAT_MESSAGES}, 200),
+    "responses": ({"model": "default", "input": "Say hello.", "max_output_tokens": 2, "temperature": 0}, 200),
 }
 ANTHROPIC = ("messages", "count_tokens")
 _CONVERSATION_OBJECTS = {
@@ -226,6 +227,23 @@ _CONVERSATION_OBJECTS = {
     "cache_control": ({"messages": CHAT_MESSAGES, "cache_control": {"type": "ephemeral", UNKNOWN: 1}},
                       f"cache_control.{UNKNOWN}"),
 }
+_FUNCTION = {"type": "function", "name": "f"}
+_CALLED = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
+_RESPONSES_OBJECTS = {
+    "input[]": ({"input": [{"role": "user", "content": "Hi", UNKNOWN: 1}]}, f"input[0].{UNKNOWN}"),
+    "input[].content[]": ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi",
+                                                                    UNKNOWN: 1}]}]},
+                          f"input[0].content[0].{UNKNOWN}"),
+    "input[].output[]": ({"input": [_CALLED, {"type": "function_call_output", "call_id": "call_1",
+                                              "output": [{"type": "input_text", "text": "ok", UNKNOWN: 1}]}]},
+                         f"input[1].output[0].{UNKNOWN}"),
+    "tools[]": ({"tools": [{**_FUNCTION, UNKNOWN: 1}]}, f"tools[0].{UNKNOWN}"),
+    "tool_choice": ({"tools": [_FUNCTION], "tool_choice": {**_FUNCTION, UNKNOWN: 1}},
+                    f"tool_choice.{UNKNOWN}"),
+    "text": ({"text": {UNKNOWN: 1}}, f"text.{UNKNOWN}"),
+    "text.format": ({"text": {"format": {"type": "text", UNKNOWN: 1}}}, f"text.format.{UNKNOWN}"),
+    "reasoning": ({"reasoning": {UNKNOWN: 1}}, f"reasoning.{UNKNOWN}"),
+}
 
 #: A body holding an unknown key inside each nested object, and the param the 400 must name.
 NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
@@ -243,6 +261,8 @@ NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
        for where, (body, param) in _CONVERSATION_OBJECTS.items()},
     ("messages", "metadata"): ({**BASE["messages"][0], "metadata": {"user_id": "u1", UNKNOWN: 1}},
                                f"metadata.{UNKNOWN}"),
+    **{("responses", where): ({**BASE["responses"][0], **body}, param)
+       for where, (body, param) in _RESPONSES_OBJECTS.items()},
 }
 
 _ASSISTANT_SAID = {"role": "assistant", "content": "Hello"}
@@ -266,6 +286,14 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
         ("thinking.type", {"thinking": {"type": "enabled", "budget_tokens": 1024}}),
         ("thinking.budget_tokens", {"thinking": {"type": "disabled", "budget_tokens": 1024}}),
         ("output_config.effort", {"output_config": {"effort": "high"}}))},
+    **{("responses", field): ({**BASE["responses"][0], **body}, field) for field, body in (
+        ("previous_response_id", {"previous_response_id": "resp-0123"}),
+        ("conversation", {"conversation": "conv_0123"}),
+        ("background", {"background": True}),
+        ("truncation", {"truncation": "auto"}),
+        ("reasoning.effort", {"reasoning": {"effort": "high"}}),
+        ("reasoning.summary", {"reasoning": {"summary": "auto"}}),
+        ("reasoning.generate_summary", {"reasoning": {"generate_summary": "auto"}}))},
 }
 
 def _anthropic_accepted(label: str) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -297,6 +325,29 @@ def _anthropic_accepted(label: str) -> Iterator[tuple[str, dict[str, Any], dict[
         yield "service_tier", {}, {"service_tier": "auto"}
 
 
+def _responses_accepted() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Each accepted field of the Responses body: the fields a body holds without it, and with it."""
+    yield "store", {}, {"store": True}
+    yield "user", {}, {"user": "end-user-7f3a"}
+    yield "safety_identifier", {}, {"safety_identifier": "end-user-7f3a"}
+    yield "prompt_cache_key", {}, {"prompt_cache_key": "tenant-a"}
+
+    def answered(**extra: Any) -> dict[str, Any]:  # an earlier answer sent back as an output item
+        said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello",
+                                                                     **extra.pop("part", {})}], **extra}
+        return {"input": [*CHAT_MESSAGES, said, *CHAT_MESSAGES]}
+
+    yield "input[].id", answered(), answered(id="msg_0123")
+    yield "input[].status", answered(), answered(status="completed")
+    yield "input[].content[].annotations", answered(), answered(part={"annotations": []})
+    yield "input[].content[].logprobs", answered(), answered(part={"logprobs": []})
+    schema = {"type": "json_schema", "name": "greeting",
+              "schema": {"type": "object", "properties": {"greeting": {"type": "string"}}}}
+    yield "text.format.description", {"text": {"format": schema}}, \
+        {"text": {"format": {**schema, "description": "A greeting."}}}
+    yield "text.format.strict", {"text": {"format": schema}}, {"text": {"format": {**schema, "strict": True}}}
+
+
 _CITED = {**_ASSISTANT_SAID, "annotations": [{"type": "url_citation", "url_citation": {
     "start_index": 0, "end_index": 5, "title": "Greetings", "url": "https://example.com/hello"}}]}
 #: Each ``accepted`` field: a body without it and the same body with it; the answers must agree.
@@ -312,6 +363,8 @@ ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
     ("unload_lora", "lora_int_id"): (BASE["unload_lora"][0], {**BASE["unload_lora"][0], "lora_int_id": 3}),
     **{(label, field): ({**BASE[label][0], **without}, {**BASE[label][0], **with_field})
        for label in ANTHROPIC for field, without, with_field in _anthropic_accepted(label)},
+    **{("responses", field): ({**BASE["responses"][0], **without}, {**BASE["responses"][0], **with_field})
+       for field, without, with_field in _responses_accepted()},
 }
 
 
@@ -379,6 +432,10 @@ def _answer(label: str, r: httpx.Response) -> Any:
     data = r.json()
     if label == "embeddings" and r.status_code == 200:
         return data["usage"], np.array([d["embedding"] for d in data["data"]], dtype=np.float64)
+    if label == "responses" and r.status_code == 200:
+        # The answer, not the request's settings echoed around it (they repeat the field sent).
+        output = [{k: v for k, v in item.items() if k != "id"} for item in data["output"]]
+        return data["status"], data["incomplete_details"], output, data["usage"]
     return r.status_code, {k: v for k, v in data.items() if k not in ("id", "created")}
 
 

@@ -51,6 +51,7 @@ from ruvllm.server.params import (
     completion_prompts,
     seeded,
 )
+from ruvllm.server.responses_api import register_responses_routes
 from ruvllm.server.scheduling import priority_scheduling, submit_options
 from ruvllm.server.schemas import (
     ChatCompletionRequest,
@@ -121,6 +122,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     register_feedback(app, single.feedback if single is not None else send_feedback)
     register_lora_routes(app, pool, allow_runtime=settings.allow_runtime_lora)
     register_messages_routes(app, pool, settings.limits)
+    register_responses_routes(app, pool, settings.limits)
     install_openapi_limits(
         app, settings.limits, single.info.vocab_size if single is not None else None,
         # Adapters loaded at runtime are valid names the published schema cannot know in advance.

@@ -1,0 +1,281 @@
+"""OpenAI's Responses API (``POST /v1/responses``) on the same engine, stateless.
+
+A thin surface, as :mod:`ruvllm.server.messages_api` is for Anthropic's API: the body is checked
+here in the Responses API's terms (``input`` items, ``instructions``, flat function tools,
+``text.format``, ``max_output_tokens``), translated into the chat request every surface runs
+(:mod:`ruvllm.server.chat_run`: the same template, limits, grammar, tool plan, sampler), and the
+outputs are written back as a ``response`` object or as its stream of typed events
+(:mod:`ruvllm.server.responses_output`). A refusal raised by the shared chat path names the
+Responses field, not the chat one (``max_output_tokens``, ``text.format.schema``, ``input[3]``).
+
+The server keeps no state, like Ollama's: nothing is stored whatever ``store`` says (the answer
+echoes ``store: false``), so what needs a stored response is refused by name
+(``previous_response_id``, ``conversation``, ``background``, ``item_reference`` items) and
+``GET``/``DELETE /v1/responses/{id}`` answer 404 saying why. Also refused: built-in (hosted)
+tools and their items, image/file/audio parts (text models), reasoning effort or summaries (no
+reasoning for these models), ``truncation: "auto"`` (a prompt that does not fit is a 400, never
+cut). Accepted without effect, each for a reason: ``user`` and ``safety_identifier`` (no
+per-user state), ``prompt_cache_key`` (the prefix cache is automatic), the ids, statuses,
+annotations and logprobs of replayed output items. docs/server.md's Request fields table lists
+every field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+
+from ruvllm.errors import InvalidRequest
+from ruvllm.guided.tools import REPLY_OR_CALL, tool_format
+from ruvllm.server.chat_run import start_chat
+from ruvllm.server.model_pool import ModelPool
+from ruvllm.server.params import Limits
+from ruvllm.server.responses_output import Envelope, response_events, whole_response
+from ruvllm.server.responses_schema import (
+    LOGPROBS_INCLUDE,
+    NOTHING_TO_INCLUDE,
+    FunctionCallItem,
+    FunctionChoice,
+    JsonSchemaFormat,
+    MessageItem,
+    Reasoning,
+    RefusalPart,
+    ResponsesRequest,
+    TextConfig,
+)
+from ruvllm.server.schemas import ChatCompletionRequest
+from ruvllm.server.sse import SSEResponse
+
+
+def _refuse_stateful(body: ResponsesRequest) -> None:
+    stateless = "this server stores no responses or conversations (stateless, as Ollama's)"
+    if body.previous_response_id is not None:
+        raise InvalidRequest("previous_response_id", f"{stateless}; send the earlier input and "
+                             "response.output items again in input instead")
+    if body.conversation is not None:
+        raise InvalidRequest("conversation", f"{stateless}; send the conversation's items in input")
+    if body.background:
+        raise InvalidRequest("background", f"{stateless}, so a background response could never be "
+                             "fetched; leave it out (or false) and stream instead")
+    if body.truncation == "auto":
+        raise InvalidRequest("truncation", "ruvllm never drops part of the input: a prompt that does "
+                             "not fit is a 400; leave it out or set it to disabled")
+
+
+def _refuse_reasoning(reasoning: Reasoning | None) -> None:
+    if reasoning is None:
+        return
+    if reasoning.effort not in (None, "none"):
+        raise InvalidRequest("reasoning.effort", "this model does not reason (it has no reasoning parser), "
+                             "so it has no effort to set; leave it out or set it to none")
+    for field in ("summary", "generate_summary"):
+        if getattr(reasoning, field) is not None:
+            raise InvalidRequest(f"reasoning.{field}", "this model does not reason, so there is no "
+                                 "reasoning to summarise; leave it out")
+
+
+def _logprobs(body: ResponsesRequest) -> bool:
+    """Whether ``include`` asks for the answer's logprobs; its other values are refused by name."""
+    asked = False
+    for i, value in enumerate(body.include or []):
+        if value == LOGPROBS_INCLUDE:
+            asked = True
+        elif value != NOTHING_TO_INCLUDE:
+            raise InvalidRequest(f"include[{i}]", f"{value!r} is output of a built-in tool or an image "
+                                 f"input, which ruvllm does not serve; it can include {LOGPROBS_INCLUDE!r}")
+    if body.top_logprobs is not None and not asked:
+        raise InvalidRequest("top_logprobs", f"needs include: [{LOGPROBS_INCLUDE!r}] (the logprobs it adds "
+                             "alternatives to)")
+    return asked
+
+
+def _text(content: str | list[Any]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.refusal if isinstance(p, RefusalPart) else p.text for p in content)
+
+
+def _messages(body: ResponsesRequest) -> tuple[list[dict[str, Any]], list[str]]:
+    """The conversation as chat messages, and the Responses field each came from.
+
+    ``developer`` turns are system turns (chat templates know no developer role); a model's
+    ``function_call`` items join the assistant turn they follow (text, then its calls, as the
+    model answered), and each ``function_call_output`` is a tool message."""
+    out: list[dict[str, Any]] = []
+    origins: list[str] = []
+
+    def add(message: dict[str, Any], origin: str) -> None:
+        out.append(message)
+        origins.append(origin)
+
+    if body.instructions:
+        add({"role": "system", "content": body.instructions}, "instructions")
+    if isinstance(body.input, str):
+        add({"role": "user", "content": body.input}, "input")
+        return out, origins
+    for i, item in enumerate(body.input):
+        at = f"input[{i}]"
+        if isinstance(item, MessageItem):
+            role = "system" if item.role == "developer" else item.role
+            add({"role": role, "content": _text(item.content)}, at)
+        elif isinstance(item, FunctionCallItem):
+            try:
+                json.loads(item.arguments or "{}")
+            except json.JSONDecodeError as exc:
+                raise InvalidRequest(f"{at}.arguments", f"is not valid JSON ({exc.msg} at character "
+                                     f"{exc.pos}); send the arguments the response gave") from None
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                add({"role": "assistant", "content": None, "tool_calls": [call]}, at)
+        else:
+            add({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)}, at)
+    return out, origins
+
+
+def _tool_fields(body: ResponsesRequest) -> dict[str, Any]:
+    fields: dict[str, Any] = {"parallel_tool_calls": body.parallel_tool_calls}
+    if body.tools:
+        fields["tools"] = [{"type": "function", "function": {
+            "name": t.name, "description": t.description,
+            **({"parameters": t.parameters} if t.parameters is not None else {})}} for t in body.tools]
+    choice = body.tool_choice
+    if isinstance(choice, FunctionChoice):
+        fields["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    elif choice is not None:
+        fields["tool_choice"] = choice
+    return fields
+
+
+def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
+    fmt = text.format if text is not None else None
+    if isinstance(fmt, JsonSchemaFormat):
+        return {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.schema_}}
+    return {"type": fmt.type} if fmt is not None else None
+
+
+#: Chat's field names -> the Responses API's, for refusals the shared chat path raises.
+_RENAMES = ((re.compile(r"^max_tokens"), "max_output_tokens"),
+            (re.compile(r"^response_format(\.json_schema)?"), "text.format"),
+            (re.compile(r"^tools\[(\d+)\]\.function"), r"tools[\1]"),
+            (re.compile(r"^tool_choice\.function"), "tool_choice"),
+            (re.compile(r"^logprobs"), "include"),
+            (re.compile(r"^prompt$"), "input"))
+_MAX_TOKENS = re.compile(r"\bmax_tokens\b")
+
+
+@attrs.frozen
+class Translation:
+    """A Responses body as the chat request it asks for."""
+
+    chat: ChatCompletionRequest
+    #: The Responses field each chat message came from (``instructions``, ``input[3]``).
+    origins: list[str]
+
+    def field(self, chat_field: str) -> str:
+        """The Responses field that ``chat_field`` (a chat request's) stands for."""
+        message = re.match(r"^messages\[(\d+)\]", chat_field)
+        if message:
+            return self.origins[int(message[1])]
+        for pattern, name in _RENAMES:
+            renamed, n = pattern.subn(name, chat_field)
+            if n:
+                return renamed
+        return chat_field
+
+    @contextlib.contextmanager
+    def in_responses_terms(self) -> Iterator[None]:
+        """Re-raise the chat path's refusals naming this API's fields (the error keeps its class,
+        so a context overflow is still ``context_length_exceeded``)."""
+        try:
+            yield
+        except InvalidRequest as exc:
+            field = self.field(exc.field)
+            reason = _MAX_TOKENS.sub("max_output_tokens", str(exc).removeprefix(f"{exc.field}: "))
+            exc.field = field
+            exc.args = (f"{field}: {reason}",)
+            raise
+
+
+def translate(body: ResponsesRequest) -> Translation:
+    """The chat request that ``body`` asks for (what every surface runs), with what cannot be
+    honoured refused by name."""
+    _refuse_stateful(body)
+    _refuse_reasoning(body.reasoning)
+    logprobs = _logprobs(body)
+    messages, origins = _messages(body)
+    fields = {"model": body.model, "messages": messages, "max_tokens": body.max_output_tokens,
+              "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed, "top_k": body.top_k,
+              "min_p": body.min_p, "repetition_penalty": body.repetition_penalty, "logprobs": logprobs,
+              "top_logprobs": body.top_logprobs, "response_format": _response_format(body.text),
+              **_tool_fields(body)}
+    # The ranges of ResponsesRequest are chat's, so every body that parsed is a valid chat request.
+    return Translation(ChatCompletionRequest(**fields), origins)
+
+
+def check_strict(body: ResponsesRequest, chat_template: str | None) -> None:
+    """Refuse ``strict: true`` where ruvllm would not constrain the calls: under ``auto`` a model
+    whose template renders tools writes calls in its own format, which is parsed, not enforced
+    (on a model served the ``reply_or_call`` format, and under ``required`` or a named function,
+    a grammar keeps the arguments to ``parameters``)."""
+    if body.tool_choice not in (None, "auto") or tool_format(chat_template) == REPLY_OR_CALL:
+        return
+    for i, tool in enumerate(body.tools or []):
+        if tool.strict:
+            raise InvalidRequest(f"tools[{i}].strict", "under tool_choice auto this model writes calls in "
+                                 "its own format, which ruvllm parses without constraining the arguments; "
+                                 "set strict to false, or tool_choice to required or a function")
+
+
+def parallel_calls(body: ResponsesRequest, chat_template: str | None) -> bool:
+    """Whether one answer may hold several calls: the request's say, else ruvllm's default (one
+    call for a model taught the tools by ruvllm, as guided/tools.py explains)."""
+    if body.parallel_tool_calls is not None:
+        return body.parallel_tool_calls
+    return tool_format(chat_template) != REPLY_OR_CALL
+
+
+def _not_stored(response_id: str) -> HTTPException:
+    return HTTPException(404, f"no response {response_id!r} is stored here: ruvllm's Responses API is "
+                         "stateless (store is accepted, nothing is kept); keep the response you were sent "
+                         "and send its output items back as input")
+
+
+def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> None:
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        translation = translate(body)
+        async with pool.route(body.model) as route:
+            template = route.engine.info.chat_template
+            check_strict(body, template)
+            with translation.in_responses_terms():
+                run = await start_chat(route, translation.chat, limits, id_prefix="resp")
+            envelope = Envelope.of(body, run.submission.id, route.served_name,
+                                   parallel_tool_calls=parallel_calls(body, template))
+            if body.stream:
+                return SSEResponse(response_events(run, envelope), on_close=run.submission.cancel)
+            outcomes = await run.submission.results(request.is_disconnected)
+            if outcomes is None:
+                return Response(status_code=499)  # the client is gone
+            return JSONResponse(whole_response(run, envelope, outcomes))
+
+    @app.post("/v1/responses/input_tokens")
+    async def input_tokens() -> None:
+        raise HTTPException(404, "POST /v1/responses/input_tokens is not served; count a conversation's "
+                            "tokens with POST /tokenize and its messages")
+
+    @app.get("/v1/responses/{response_id}")
+    @app.delete("/v1/responses/{response_id}")
+    @app.post("/v1/responses/{response_id}/cancel")
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def stored_response(response_id: str) -> None:
+        raise _not_stored(response_id)
