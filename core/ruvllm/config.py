@@ -16,6 +16,7 @@ api_key = ""              # or RUVLLM_API_KEY; empty = no authentication
 max_body_bytes = 1048576  # larger request bodies get 413
 max_tokens_limit = 4096   # largest max_tokens a request may ask for
 max_n = 16                # largest `n` (choices per request)
+reasoning_format = "auto" # thinking (<think>...</think>) apart from the answer: auto, deepseek, none
 lora_adapters = {}        # LoRA adapters served by name: {name = "/path/to/peft-dir"}
 allow_runtime_lora = false  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
 load_wait = 30            # seconds a request waits for its model to load, then 503 + Retry-After
@@ -44,6 +45,7 @@ from typing import Any
 import attrs
 
 from ruvllm.errors import ConfigError
+from ruvllm.reasoning import REASONING_FORMATS
 
 try:
     import tomllib
@@ -67,6 +69,9 @@ class ServerConfig:
     max_body_bytes: int = attrs.field(default=1 << 20, validator=attrs.validators.ge(1))
     max_tokens_limit: int = attrs.field(default=4096, validator=attrs.validators.ge(1))
     max_n: int = attrs.field(default=16, validator=attrs.validators.ge(1))
+    #: Where thinking goes (ruvllm.reasoning.REASONING_FORMATS): ``auto`` apart from the answer
+    #: for models whose chat template writes think tags.
+    reasoning_format: str = attrs.field(default="auto", validator=attrs.validators.in_(REASONING_FORMATS))
     #: LoRA adapters of the served model: name -> PEFT directory.
     lora_adapters: Mapping[str, str] = attrs.field(factory=dict, converter=lambda v: _adapters(v, "[server]"))
     allow_runtime_lora: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))

@@ -6,6 +6,7 @@ import click
 
 from ruvllm.cli.app import backend_option, config_from, main, options_option
 from ruvllm.config import parse_option
+from ruvllm.reasoning import REASONING_FORMATS
 from ruvllm.scaleout.cli import run_scale_out, scale_out_options, scale_out_requested
 
 
@@ -23,6 +24,9 @@ from ruvllm.scaleout.cli import run_scale_out, scale_out_options, scale_out_requ
               help="Cap on prompt + max_tokens of one request (default: the model's).")
 @click.option("--max-tokens-limit", type=int, help="Largest max_tokens a request may ask for (default 4096).")
 @click.option("--max-body-bytes", type=int, help="Largest request body; bigger ones get 413 (default 1 MiB).")
+@click.option("--reasoning-format", type=click.Choice(REASONING_FORMATS),
+              help="A chat answer's <think>...</think> as reasoning_content apart from its content: auto "
+                   "(default: where the model's chat template writes think tags), deepseek (always), none.")
 @click.option("--engine-option", "-e", "engine_opts", multiple=True, metavar="KEY=VALUE",
               help="ServingEngine option, e.g. -e max_batch_tokens=1024 (repeatable; see docs/engine.md).")
 @click.option("--log-level", default="info", show_default=True,
@@ -39,15 +43,17 @@ from ruvllm.scaleout.cli import run_scale_out, scale_out_options, scale_out_requ
 def serve(ctx: click.Context, model: str | None, backend: str | None, options: tuple[str, ...],
           host: str | None, port: int | None, api_key: str | None, served_model_name: str | None,
           max_concurrent: int | None, max_context: int | None, max_tokens_limit: int | None,
-          max_body_bytes: int | None, engine_opts: tuple[str, ...], log_level: str,
-          extra_models: tuple[str, ...], lora: tuple[str, ...], allow_runtime_lora: bool | None) -> None:
+          max_body_bytes: int | None, reasoning_format: str | None, engine_opts: tuple[str, ...],
+          log_level: str, extra_models: tuple[str, ...], lora: tuple[str, ...],
+          allow_runtime_lora: bool | None) -> None:
     """Serve MODEL (default: the embedded model) over an OpenAI-compatible HTTP API."""
     from ruvllm.server.runner import serve as run_server
     from ruvllm.server.runner import with_cli_models, with_lora_flags, with_server_overrides
 
     config = config_from(ctx, backend=backend, model=model, options=options)
     config = with_server_overrides(config, host=host, port=port, api_key=api_key,
-                                   max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes)
+                                   max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes,
+                                   reasoning_format=reasoning_format)
     config = with_cli_models(with_lora_flags(config, lora, allow_runtime_lora), model, extra_models)
     overrides = dict(parse_option(o) for o in engine_opts)
     if max_concurrent is not None:

@@ -15,6 +15,7 @@ import attrs
 
 from ruvllm.guided.request import RequestConstraint, chat_constraint
 from ruvllm.guided.request import processors as guided_processors
+from ruvllm.reasoning import Reasoning, reasoning_for
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService, Submission
 from ruvllm.server.model_pool import Route
 from ruvllm.server.params import Limits, chat_prompt_ids, seeded
@@ -56,5 +57,16 @@ async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, 
          for i in range(body.n)],
         id_prefix=id_prefix, **submit_options(body.priority, body.cache_salt, engine))
     fmt = chat_formatter(submission.id, route.served_name, engine.tokenizer, params.logprobs,
-                         constraint.tools)
+                         constraint.tools, _reasoning(route, limits, ids))
     return ChatRun(submission, fmt, ids)
+
+
+#: Prompt tokens read back to see whether the template left a thinking block open: the tag and
+#: the newline around it, with room to spare.
+_PROMPT_TAIL_TOKENS = 16
+
+
+def _reasoning(route: Route, limits: Limits, ids: list[int]) -> Reasoning | None:
+    engine = route.engine
+    tail = engine.tokenizer.decode(ids[-_PROMPT_TAIL_TOKENS:], skip_special=False)
+    return reasoning_for(limits.reasoning_format, engine.info.chat_template, tail)

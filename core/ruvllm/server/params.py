@@ -37,6 +37,9 @@ class Limits:
     max_n: int = 16
     #: Cap on prompt + max_tokens of one request, below the model's context (None = the model's).
     max_context: int | None = None
+    #: Where a chat answer's thinking goes (``[server] reasoning_format``): every API surface
+    #: runs its chats with these limits, so the rule travels with them.
+    reasoning_format: str = "auto"
 
     def context_length(self, model_context: int) -> int:
         return min(model_context, self.max_context) if self.max_context else model_context

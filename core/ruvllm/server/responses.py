@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from json.encoder import encode_basestring
 from typing import Any, Protocol
 
+from ruvllm.reasoning import Reasoning, ReasoningSplitter
 from ruvllm.server.sse import sse_event
 from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import GenerationResult, TokenOutput
@@ -104,8 +105,32 @@ class _Base(abc.ABC):
 
 
 class ChatFormatter(_Base):
+    """With ``reasoning``, each choice's thinking goes out as ``reasoning_content`` (vLLM's and
+    llama-server's field), apart from ``content``."""
+
     object_name = "chat.completion"
     chunk_name = "chat.completion.chunk"
+
+    def __init__(self, *args: Any, reasoning: Reasoning | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.reasoning = reasoning
+        self._splitters: dict[int, ReasoningSplitter] = {}
+
+    def _split(self, index: int, text: str | None) -> tuple[str, str]:
+        """``(thinking, answer)`` of the next text of choice ``index``; None: its end."""
+        if self.reasoning is None:
+            return "", text or ""
+        splitter = self._splitters.get(index)
+        if splitter is None:
+            splitter = self._splitters[index] = self.reasoning.splitter()
+        return splitter.flush() if text is None else splitter.feed(text)
+
+    @staticmethod
+    def _delta(thinking: str, answer: str) -> dict[str, Any]:
+        delta = {"reasoning_content": thinking} if thinking else {}
+        if answer or not thinking:
+            delta["content"] = answer
+        return delta
 
     def _lp_entry(self, out: TokenOutput) -> dict[str, Any]:
         text = self._token_text(out)
@@ -126,14 +151,30 @@ class ChatFormatter(_Base):
 
     def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
         has_lp = self._reports_lp(out)
-        if not out.text and not has_lp:
+        thinking, text = self._split(index, out.text)
+        if not text and not thinking and not has_lp:
             return None
-        if not has_lp:
-            return self._text_chunk(index, out.text)
-        return self._chunk(index, {"content": out.text}, None, {"content": [self._lp_entry(out)]})
+        return self._chunk(index, self._delta(thinking, text), None,
+                           {"content": [self._lp_entry(out)]} if has_lp else None)
+
+    def token_event(self, index: int, out: TokenOutput) -> str | None:
+        if self.reasoning is not None:
+            chunk = self.token(index, out)
+            return None if chunk is None else sse_event(chunk)
+        return super().token_event(index, out)
 
     def finish(self, index: int, reason: str) -> dict[str, Any]:
-        return self._chunk(index, {}, reason)
+        thinking, text = self._split(index, None)
+        return self._chunk(index, self._delta(thinking, text) if thinking or text else {}, reason)
+
+    def _message(self, text: str) -> dict[str, Any]:
+        if self.reasoning is None:
+            return {"role": "assistant", "content": text}
+        thinking, answer = self.reasoning.split(text)
+        message = {"role": "assistant", "content": answer}
+        if thinking is not None:
+            message["reasoning_content"] = thinking
+        return message
 
     def complete(self, outcomes, prompt_lengths) -> dict[str, Any]:
         choices = []
@@ -141,7 +182,7 @@ class ChatFormatter(_Base):
             lp = None
             if self.logprobs is not None:
                 lp = {"content": [self._lp_entry(o) for o in outputs if self._reports_lp(o)]}
-            choices.append({"index": index, "message": {"role": "assistant", "content": result.text},
+            choices.append({"index": index, "message": self._message(result.text),
                             "logprobs": lp, "finish_reason": result.finish_reason.value})
         out = self._envelope(self.object_name, choices)
         out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for _, r in outcomes))

@@ -43,7 +43,7 @@ def settings_for(config: Config, engine: AsyncEngine | None, *, served_name: str
     return ServerSettings(model_name=name, aliases=aliases, api_key=srv.api_key or None,
                           max_body_bytes=srv.max_body_bytes,
                           limits=Limits(max_tokens=srv.max_tokens_limit, max_n=srv.max_n,
-                                                max_context=max_context),
+                                        max_context=max_context, reasoning_format=srv.reasoning_format),
                           lora_adapters=dict(srv.lora_adapters), allow_runtime_lora=srv.allow_runtime_lora)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from ruvllm.guided.tools import ToolPlan, split_tool_calls, streamable
+from ruvllm.reasoning import Reasoning
 from ruvllm.server.responses import ChatFormatter
 from ruvllm.server.sse import sse_event
 from ruvllm.tokenizer import Tokenizer
@@ -43,24 +44,26 @@ class ToolChatFormatter(ChatFormatter):
     def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
         if self._reports_lp(out):
             self._entries.setdefault(index, []).append(self._lp_entry(out))
-        text = self._text.get(index, "") + out.text
+        thinking, answer = self._split(index, out.text)
+        text = self._text.get(index, "") + answer
         self._text[index] = text
         ready = streamable(text, self.plan)
         sent = self._sent.get(index, 0)
-        if len(ready) <= sent:
+        if len(ready) <= sent and not thinking:
             return None
-        self._sent[index] = len(ready)
-        return self._chunk(index, {"content": ready[sent:]}, None, self._unsent_logprobs(index))
+        self._sent[index] = max(sent, len(ready))
+        return self._chunk(index, self._delta(thinking, ready[sent:]), None, self._unsent_logprobs(index))
 
     def token_event(self, index: int, out: TokenOutput) -> str | None:
         chunk = self.token(index, out)
         return None if chunk is None else sse_event(chunk)
 
     def finish(self, index: int, reason: str) -> dict[str, Any]:
-        text = self._text.get(index, "")
+        thinking, answer = self._split(index, None)
+        text = self._text.get(index, "") + answer
         content, calls = split_tool_calls(text, self.plan)
         sent = self._sent.get(index, 0)
-        delta: dict[str, Any] = {}
+        delta: dict[str, Any] = {"reasoning_content": thinking} if thinking else {}
         if len(content) > sent:
             delta["content"] = content[sent:]
         if calls:
@@ -82,9 +85,10 @@ class ToolChatFormatter(ChatFormatter):
 
 
 def chat_formatter(response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None,
-                   plan: ToolPlan) -> ChatFormatter:
+                   plan: ToolPlan, reasoning: Reasoning | None = None) -> ChatFormatter:
     """The formatter of one chat request: tool calls are read out of the output only where the
-    plan expects them (enforced calls, or ``auto`` with a format the model's template teaches)."""
+    plan expects them (enforced calls, or ``auto`` with a format the model's template teaches),
+    and from the answer only, after the thinking (``reasoning``) is split off."""
     if plan.parses_output:
-        return ToolChatFormatter(response_id, model, tokenizer, logprobs, plan=plan)
-    return ChatFormatter(response_id, model, tokenizer, logprobs)
+        return ToolChatFormatter(response_id, model, tokenizer, logprobs, plan=plan, reasoning=reasoning)
+    return ChatFormatter(response_id, model, tokenizer, logprobs, reasoning=reasoning)
