@@ -14,12 +14,11 @@ from __future__ import annotations
 import re
 import uuid
 
-import attrs
 import pytest
 from ruvllm.chat import render_chat
 from ruvllm.reasoning import Reasoning, reasoning_for
 from server_helpers import API_KEY, RunningServer, start_server
-from test_server_tools_auto import _tiny_module
+from test_server_tools_auto import write_tiny_chat_model
 
 openai = pytest.importorskip("openai")
 
@@ -40,16 +39,8 @@ THINK_THEN_ANSWER = r"<think>\n[a-z ]{4,24}\n</think>\n\n[A-Za-z]{2,20}"
 
 @pytest.fixture(scope="module")
 def thinking_server(tmp_path_factory) -> RunningServer:
-    pytest.importorskip("ruvllm_candle_like")
-    from ruvllm.hf_tokenizer import HfTokenizer
-    from ruvllm_candle_like.writers import save_hf
-
-    tiny = _tiny_module()
-    vocab = tiny.tiny_tokenizer()
-    cfg = attrs.evolve(tiny.tiny_config("qwen2", len(vocab.tokens)), max_position_embeddings=512)
-    tokenizer = HfTokenizer.from_gguf_vocab(vocab, vocab_size=cfg.vocab_size)
-    model_dir = save_hf(tmp_path_factory.mktemp("think-model") / "tiny-qwen2-think", cfg,
-                        tiny.tiny_weights(cfg, seed=1), tokenizer, chat_template=THINK_TEMPLATE)
+    model_dir = write_tiny_chat_model(tmp_path_factory.mktemp("think-model") / "tiny-qwen2-think",
+                                      THINK_TEMPLATE, context=512, seed=1)
     running = start_server(backend="candle_like", model=str(model_dir), server={"max_tokens_limit": 128})
     yield running
     running.stop()

@@ -100,21 +100,28 @@ def _tiny_module():
     return module
 
 
-def write_tools_model(root: Path) -> Path:
-    """A random 2-layer Qwen2 HF directory whose chat template supports tools."""
+def write_tiny_chat_model(path: Path, chat_template: str, *, added_tokens: tuple[str, ...] = (),
+                          context: int = 1024, seed: int = 0) -> Path:
+    """A random 2-layer Qwen2 HF directory with ``chat_template`` and ``added_tokens`` (added,
+    non-special tokens, as Qwen2.5 has its tool-call tags)."""
     pytest.importorskip("ruvllm_candle_like")
     from ruvllm.hf_tokenizer import USER_DEFINED, HfTokenizer
     from ruvllm_candle_like.writers import save_hf
 
     tiny = _tiny_module()
     vocab = tiny.tiny_tokenizer()
-    vocab = attrs.evolve(vocab, tokens=[*vocab.tokens, "<tool_call>", "</tool_call>"],
-                         token_types=[*vocab.token_types, USER_DEFINED, USER_DEFINED])
-    # The byte-level vocabulary spends a token per character: room for the tools system prompt.
-    cfg = attrs.evolve(tiny.tiny_config("qwen2", len(vocab.tokens)), max_position_embeddings=1024)
-    return save_hf(root / "tiny-qwen2-tools", cfg, tiny.tiny_weights(cfg, seed=0),
-                   HfTokenizer.from_gguf_vocab(vocab, vocab_size=cfg.vocab_size),
-                   chat_template=QWEN_TOOLS_TEMPLATE)
+    vocab = attrs.evolve(vocab, tokens=[*vocab.tokens, *added_tokens],
+                         token_types=[*vocab.token_types, *(USER_DEFINED for _ in added_tokens)])
+    cfg = attrs.evolve(tiny.tiny_config("qwen2", len(vocab.tokens)), max_position_embeddings=context)
+    return save_hf(path, cfg, tiny.tiny_weights(cfg, seed=seed),
+                   HfTokenizer.from_gguf_vocab(vocab, vocab_size=cfg.vocab_size), chat_template=chat_template)
+
+
+def write_tools_model(root: Path) -> Path:
+    """A random Qwen2 whose chat template supports tools. The byte-level vocabulary spends a
+    token per character: 1024 positions make room for the tools system prompt."""
+    return write_tiny_chat_model(root / "tiny-qwen2-tools", QWEN_TOOLS_TEMPLATE,
+                                 added_tokens=("<tool_call>", "</tool_call>"))
 
 
 @pytest.fixture(scope="module")
