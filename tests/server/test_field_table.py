@@ -237,6 +237,9 @@ _RESPONSES_OBJECTS = {
     "input[].output[]": ({"input": [_CALLED, {"type": "function_call_output", "call_id": "call_1",
                                               "output": [{"type": "input_text", "text": "ok", UNKNOWN: 1}]}]},
                          f"input[1].output[0].{UNKNOWN}"),
+    "input[].summary[]": ({"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "Hm.",
+                                                                        UNKNOWN: 1}]}]},
+                          f"input[0].summary[0].{UNKNOWN}"),
     "tools[]": ({"tools": [{**_FUNCTION, UNKNOWN: 1}]}, f"tools[0].{UNKNOWN}"),
     "tool_choice": ({"tools": [_FUNCTION], "tool_choice": {**_FUNCTION, UNKNOWN: 1}},
                     f"tool_choice.{UNKNOWN}"),
@@ -319,6 +322,13 @@ def _anthropic_accepted(label: str) -> Iterator[tuple[str, dict[str, Any], dict[
             build({"cache_control": cache})
         if where in ("messages[].content[]", "messages[].content[].content[]", "system[]"):
             yield f"{dot}citations", build({}), build({"citations": []})
+    said = {"role": "assistant", "content": [block]}
+    thought = {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "A greeting.", "signature": ""},
+        {"type": "redacted_thinking", "data": "EuYBCkQYAiJA"}, block]}
+    for field in ("thinking", "signature", "data"):  # an earlier answer's thinking, dropped
+        yield f"messages[].content[].{field}", {"messages": [*CHAT_MESSAGES, said, *CHAT_MESSAGES]}, \
+            {"messages": [*CHAT_MESSAGES, thought, *CHAT_MESSAGES]}
     if label == "messages":
         yield "metadata", {}, {"metadata": {}}
         yield "metadata.user_id", {"metadata": {}}, {"metadata": {"user_id": "end-user-7f3a"}}
@@ -341,6 +351,14 @@ def _responses_accepted() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]
     yield "input[].status", answered(), answered(status="completed")
     yield "input[].content[].annotations", answered(), answered(part={"annotations": []})
     yield "input[].content[].logprobs", answered(), answered(part={"logprobs": []})
+    # An earlier answer's reasoning item, dropped.
+    summary = [{"type": "summary_text", "text": "A greeting."}]
+    reasoned = answered()
+    reasoned["input"].insert(1, {"type": "reasoning", "id": "rs_0123", "summary": summary,
+                                 "encrypted_content": "gAAAAABo", "content": [
+                                     {"type": "reasoning_text", "text": "A greeting."}]})
+    for field in ("summary", "summary[].type", "summary[].text", "encrypted_content"):
+        yield f"input[].{field}", answered(), reasoned
     schema = {"type": "json_schema", "name": "greeting",
               "schema": {"type": "object", "properties": {"greeting": {"type": "string"}}}}
     yield "text.format.description", {"text": {"format": schema}}, \

@@ -1,4 +1,6 @@
-"""A reasoning model's ``<think>...</think>`` comes back as ``reasoning_content``, apart from ``content``.
+"""A reasoning model's ``<think>...</think>`` comes back as ``reasoning_content``, apart from ``content``,
+and as each other API surface returns thinking (Anthropic's ``thinking`` blocks, the Responses
+API's ``reasoning`` item), through each one's official client.
 
 The model is a tiny RANDOM Qwen2 written at test time (as in test_server_tools_auto) whose chat
 template writes think tags, so ``reasoning_format = "auto"`` (the default) splits its answers.
@@ -7,6 +9,10 @@ thinking block and an answer WHOSE LETTERS THE MODEL CHOOSES. The expected split
 the model's raw text, which /v1/completions returns for the same rendered prompt and regex
 (greedy; a ``cache_salt`` per request so both run the same full prefill), so nothing is
 hard-coded and the test fails if the split, the whole message, or the stream is wrong.
+
+The other surfaces take no ``guided_regex``: the ``steered`` fixture gives the chat request each
+one translates its body into the same ``guided_regex`` and a fresh ``cache_salt``, as ``_chat``
+sends them, so that the same greedy request must give the same thinking and answer everywhere.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from server_helpers import API_KEY, RunningServer, start_server
 from test_server_tools_auto import write_tiny_chat_model
 
 openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
 
 #: After Qwen3's template: earlier answers are rendered without their thinking, and a new turn
 #: starts on the assistant's line (the model opens the block itself).
@@ -57,14 +64,18 @@ def _chat(client, **kw):
         extra_body={"guided_regex": THINK_THEN_ANSWER, "cache_salt": uuid.uuid4().hex}, **kw)
 
 
-def _raw(client, engine) -> str:
-    """What the model writes for the same prompt tokens, unsplit."""
+def _raw_choice(client, engine):
+    """What the model writes for the same prompt tokens, unsplit, with each token's offset."""
     st = engine.info.special_tokens
     prompt = render_chat(engine.info.chat_template, MESSAGES, bos_token=st.bos_text, eos_token=st.eos_text)
     ids = engine.encode(prompt, add_special=False, parse_special=True)
     return client.completions.create(
-        model=client.models.list().data[0].id, prompt=ids, temperature=0, max_tokens=100,
-        extra_body={"guided_regex": THINK_THEN_ANSWER, "cache_salt": uuid.uuid4().hex}).choices[0].text
+        model=client.models.list().data[0].id, prompt=ids, temperature=0, max_tokens=100, logprobs=0,
+        extra_body={"guided_regex": THINK_THEN_ANSWER, "cache_salt": uuid.uuid4().hex}).choices[0]
+
+
+def _raw(client, engine) -> str:
+    return _raw_choice(client, engine).text
 
 
 def test_thinking_comes_back_apart_from_the_answer(thinking_server, client):
@@ -100,3 +111,179 @@ def test_which_models_are_split() -> None:
     assert reasoning_for("auto", "{{ messages }}", "x") is None  # SmolLM2's kind: no tags, all answer
     assert reasoning_for("none", think_template, "x") is None
     assert reasoning_for("deepseek", None, "x") == Reasoning(opened=False)
+
+
+# --- the other API surfaces ---------------------------------------------------------------------
+
+MAX_TOKENS = 100  # as _chat: the regex's longest answer fits, so every surface runs it whole
+
+
+@pytest.fixture
+def steered(monkeypatch):
+    """Every surface's chat request steered as ``_chat`` steers chat completions."""
+    from ruvllm.server import chat_run, messages_api, responses_api
+
+    start_chat = chat_run.start_chat
+
+    async def steered_start(route, body, limits, **kw):
+        steering = {"guided_regex": THINK_THEN_ANSWER, "cache_salt": uuid.uuid4().hex}
+        return await start_chat(route, body.model_copy(update=steering), limits, **kw)
+
+    for module in (messages_api, responses_api):
+        monkeypatch.setattr(module, "start_chat", steered_start)
+
+
+@pytest.fixture(scope="module")
+def expected(client):
+    """The chat completion's split of the steered greedy answer."""
+    message = _chat(client).choices[0].message
+    assert message.reasoning_content and message.content
+    return message
+
+
+@pytest.fixture(scope="module")
+def claude(thinking_server):
+    return anthropic.Anthropic(base_url=thinking_server.url, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def _message(claude, client, **kw):
+    return claude.messages.create(model=client.models.list().data[0].id, max_tokens=MAX_TOKENS,
+                                  messages=MESSAGES, extra_body={"temperature": 0}, **kw)
+
+
+def test_anthropic_thinking_blocks(steered, claude, client, expected):
+    message = _message(claude, client)
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.content[0].thinking == expected.reasoning_content and message.content[0].signature == ""
+    assert message.content[1].text == expected.content
+    # A budget that cannot bind is accepted; disabled drops the thinking (the model still thinks).
+    budgeted = _message(claude, client, thinking={"type": "enabled", "budget_tokens": MAX_TOKENS})
+    assert budgeted.content == message.content
+    disabled = _message(claude, client, thinking={"type": "disabled"})
+    assert [(b.type, b.text) for b in disabled.content] == [("text", expected.content)]
+    assert disabled.usage.output_tokens == message.usage.output_tokens
+
+
+def _blocks(message) -> list[dict]:
+    return [b.model_dump(include={"type", "thinking", "signature", "text"}) for b in message.content]
+
+
+def test_anthropic_streamed_thinking_adds_up(steered, claude, client, expected):
+    starts, deltas = [], {"thinking_delta": "", "text_delta": "", "signature_delta": ""}
+    with claude.messages.stream(model=client.models.list().data[0].id, max_tokens=MAX_TOKENS,
+                                messages=MESSAGES, extra_body={"temperature": 0}) as stream:
+        for event in stream:
+            if event.type == "content_block_start":
+                starts.append(event.content_block.type)
+            elif event.type == "content_block_delta":
+                delta = event.delta
+                deltas[delta.type] += getattr(delta, {"thinking_delta": "thinking", "text_delta": "text",
+                                                      "signature_delta": "signature"}[delta.type])
+        final = stream.get_final_message()
+    assert starts == ["thinking", "text"]
+    assert deltas == {"thinking_delta": expected.reasoning_content, "text_delta": expected.content,
+                      "signature_delta": ""}
+    assert _blocks(final) == _blocks(_message(claude, client))
+
+
+def test_anthropic_thinking_requests_a_thinking_model_cannot_honour(claude, client):
+    with pytest.raises(anthropic.BadRequestError) as err:
+        _message(claude, client, thinking={"type": "enabled", "budget_tokens": MAX_TOKENS - 1})
+    assert err.value.body["error"]["message"].startswith("thinking.budget_tokens"), err.value.body
+    with pytest.raises(anthropic.BadRequestError) as err:
+        _message(claude, client, thinking={"type": "adaptive", "budget_tokens": MAX_TOKENS})
+    assert err.value.body["error"]["message"].startswith("thinking.budget_tokens"), err.value.body
+
+
+def test_anthropic_earlier_thinking_is_dropped(claude, client):
+    model = client.models.list().data[0].id
+    said = {"type": "text", "text": "Four."}
+    thought = {"type": "thinking", "thinking": "two and two", "signature": ""}
+    turns = ([said], [thought, {"type": "redacted_thinking", "data": "x"}, said])
+    counts = [claude.messages.count_tokens(model=model, messages=[
+        *MESSAGES, {"role": "assistant", "content": turn}, *MESSAGES]).input_tokens for turn in turns]
+    assert counts[0] == counts[1]
+
+
+def _responses(client, **kw):
+    return client.responses.create(model=client.models.list().data[0].id, input=MESSAGES,
+                                   max_output_tokens=MAX_TOKENS, temperature=0, **kw)
+
+
+def _reasoning_tokens(client, engine) -> int:
+    """The tokens the model wrote before its answer began, read off the raw text's offsets."""
+    raw = _raw_choice(client, engine)
+    answer_at = raw.text.index("</think>") + len("</think>\n\n")
+    offsets = raw.logprobs.text_offset
+    ends = [*offsets[1:], len(raw.text)]
+    return sum(end <= answer_at for end in ends)
+
+
+def test_responses_reasoning_item(steered, thinking_server, client, expected):
+    response = _responses(client)
+    assert [o.type for o in response.output] == ["reasoning", "message"]
+    reasoning = response.output[0]
+    assert reasoning.id.startswith("rs_") and reasoning.summary == []
+    assert [(c.type, c.text) for c in reasoning.content] == [("reasoning_text", expected.reasoning_content)]
+    assert response.output_text == expected.content
+    assert response.usage.output_tokens_details.reasoning_tokens == \
+        _reasoning_tokens(client, thinking_server.engine)
+    # effort none leaves the reasoning out of the answer; replayed reasoning items are dropped.
+    plain = _responses(client, reasoning={"effort": "none"})
+    assert [o.type for o in plain.output] == ["message"] and plain.output_text == expected.content
+    assert plain.usage == response.usage
+
+
+def _items(response) -> list[tuple]:
+    return [(o.type, o.status, [(c.type, c.text) for c in o.content]) for o in response.output]
+
+
+def test_responses_streamed_reasoning_adds_up(steered, client, expected):
+    kinds, thinking, text = [], "", ""
+    with client.responses.stream(model=client.models.list().data[0].id, input=MESSAGES,
+                                 max_output_tokens=MAX_TOKENS, temperature=0) as events:
+        for event in events:
+            kinds.append(event.type)
+            if event.type == "response.reasoning_text.delta":
+                assert event.output_index == 0 and event.item_id.startswith("rs_")
+                thinking += event.delta
+            elif event.type == "response.output_text.delta":
+                assert event.output_index == 1
+                text += event.delta
+        final = events.get_final_response()
+    assert (thinking, text) == (expected.reasoning_content, expected.content)
+    deltas = {"response.reasoning_text.delta", "response.output_text.delta"}
+    order = [k for i, k in enumerate(kinds) if k not in deltas or kinds[i - 1] != k]
+    assert order == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed"]
+    whole = _responses(client)
+    assert _items(final) == _items(whole)
+    assert final.usage == whole.usage
+
+
+def test_responses_reasoning_requests_a_thinking_model_cannot_honour(client):
+    for reasoning, param in (({"effort": "high"}, "reasoning.effort"),
+                             ({"summary": "auto"}, "reasoning.summary")):
+        with pytest.raises(openai.BadRequestError) as err:
+            _responses(client, reasoning=reasoning)
+        assert err.value.body["param"] == param, err.value.body
+
+
+def test_responses_earlier_reasoning_is_dropped(steered, client, expected):
+    replayed = [*MESSAGES, {"type": "reasoning", "id": "rs_1", "summary": [],
+                            "content": [{"type": "reasoning_text", "text": "two and two"}]},
+                {"role": "assistant", "content": "Four."}, *MESSAGES]
+    plain = [*MESSAGES, {"role": "assistant", "content": "Four."}, *MESSAGES]
+    answers = [_responses_input(client, items) for items in (plain, replayed)]
+    assert answers[0] == answers[1]
+
+
+def _responses_input(client, items):
+    response = client.responses.create(model=client.models.list().data[0].id, input=items,
+                                       max_output_tokens=MAX_TOKENS, temperature=0)
+    return [o.model_dump(exclude={"id"}) for o in response.output], response.usage

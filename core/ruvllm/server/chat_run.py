@@ -66,6 +66,13 @@ async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, 
 _PROMPT_TAIL_TOKENS = 16
 
 
+def thinks(route: Route, limits: Limits) -> bool:
+    """Whether the route's model thinks: its answers are split into thinking and answer (the
+    server's ``reasoning_format`` and the model's chat template decide, not the request). The
+    surfaces ask it before anything runs, to refuse what only a thinking model can honour."""
+    return reasoning_for(limits.reasoning_format, route.engine.info.chat_template, "") is not None
+
+
 def _reasoning(route: Route, limits: Limits, ids: list[int]) -> Reasoning | None:
     engine = route.engine
     tail = engine.tokenizer.decode(ids[-_PROMPT_TAIL_TOKENS:], skip_special=False)

@@ -7,13 +7,23 @@ outputs are written back as a ``message`` or as Anthropic's stream of named even
 (``message_start``, ``content_block_start`` / ``_delta`` / ``_stop``, ``message_delta``,
 ``message_stop``). Tool calls become ``tool_use`` blocks and a ``tool_result`` block a tool turn.
 
+A model that thinks (:func:`ruvllm.server.chat_run.thinks`: its chat template writes think
+tags, or ``--reasoning-format deepseek``) answers with a ``thinking`` block (``signature`` empty:
+nothing here is signed) before its text, streamed as ``thinking_delta`` events and a
+``signature_delta``. Its thinking is the template's and the model's to decide, so ``thinking``
+only says whether it is returned: left out, ``adaptive`` or ``enabled``, it is; ``disabled``
+drops it from the answer (as Anthropic returns none; its tokens still count in
+``output_tokens``). A thinking budget cannot be enforced here, so ``budget_tokens`` is accepted
+only where it cannot bind (at least ``max_tokens``). Thinking blocks of earlier answers sent
+back are accepted and dropped on every model, as thinking templates drop earlier thinking.
+
 What cannot be honoured is refused by name, in Anthropic's error shape (ruvllm.server.errors):
-images and documents (ruvllm serves text models), extended ``thinking`` with a budget and
-``output_config.effort`` (no reasoning for these models). Accepted without effect, each for a
-reason: ``cache_control`` (the engine caches every prompt's prefix by itself),
-``metadata.user_id`` (as OpenAI's ``user``), ``service_tier`` (one tier). ``temperature``,
-``top_p`` and ``top_k``, which the current ``anthropic`` SDK no longer types but older clients
-send, are honoured; ``output_config.format`` is structured output.
+images and documents (ruvllm serves text models), ``thinking`` enabled or with a budget on a
+model that does not think, a budget below ``max_tokens``, ``output_config.effort`` (no effort
+can be set). Accepted without effect, each for a reason: ``cache_control`` (the engine caches
+every prompt's prefix by itself), ``metadata.user_id`` (as OpenAI's ``user``), ``service_tier``
+(one tier). ``temperature``, ``top_p`` and ``top_k``, which the current ``anthropic`` SDK no
+longer types but older clients send, are honoured; ``output_config.format`` is structured output.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Discriminator, Field, Tag, ValidationError
 
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.chat_run import ChatRun, chat_prompt, start_chat
+from ruvllm.server.chat_run import ChatRun, chat_prompt, start_chat, thinks
 from ruvllm.server.errors import anthropic_error_body, ruvllm_error_body
 from ruvllm.server.model_pool import ModelPool
 from ruvllm.server.params import Limits
@@ -69,11 +79,30 @@ class ToolResultBlock(StrictModel):
     cache_control: CacheControl | None = None
 
 
-#: A block of another kind (``image``, ``document``, ``thinking``...) is a 400 naming its
-#: ``type``: ruvllm serves text models, and a block it cannot render is never dropped.
-#: The tags say ``type=...``, so that error paths can leave them out (ruvllm.server.errors).
+class ThinkingBlock(StrictModel):
+    """An earlier answer's thinking, sent back: accepted and dropped (thinking templates render
+    earlier answers without their thinking, and Anthropic strips it from context too)."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
+class RedactedThinkingBlock(StrictModel):
+    """An earlier answer's thinking as Anthropic encrypts it: accepted and dropped, as thinking."""
+
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+#: A block of another kind (``image``, ``document``...) is a 400 naming its ``type``: ruvllm
+#: serves text models, and a block it cannot render is never dropped (earlier thinking is dropped
+#: because no model renders it). The tags say ``type=...``, so that error paths can leave them
+#: out (ruvllm.server.errors).
 Block = Annotated[Annotated[TextBlock, Tag("type=text")] | Annotated[ToolUseBlock, Tag("type=tool_use")]
-                  | Annotated[ToolResultBlock, Tag("type=tool_result")],
+                  | Annotated[ToolResultBlock, Tag("type=tool_result")]
+                  | Annotated[ThinkingBlock, Tag("type=thinking")]
+                  | Annotated[RedactedThinkingBlock, Tag("type=redacted_thinking")],
                   Discriminator(lambda v: f"type={v.get('type') if isinstance(v, dict) else v.type}")]
 
 
@@ -97,8 +126,8 @@ class ToolChoice(StrictModel):
 
 
 class Thinking(StrictModel):
-    """``disabled`` and ``adaptive`` (the model decides; these models never think) are served;
-    ``enabled`` asks for a thinking budget, which is refused."""
+    """Whether a thinking model's thinking is returned (:func:`thinking_shown`); on a model that
+    does not think, ``disabled`` and ``adaptive`` (the model decides) are what it does."""
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = None
@@ -110,7 +139,7 @@ class OutputFormat(StrictModel):
 
 
 class OutputConfig(StrictModel):
-    #: Reasoning effort: refused when set (these models have none to set).
+    #: Reasoning effort: refused when set (no model here has an effort to set).
     effort: str | None = None
     #: Structured output: the answer is JSON matching the schema (as ``response_format``).
     format: OutputFormat | None = None
@@ -168,6 +197,9 @@ def _chat_messages(body: _Conversation) -> list[dict[str, Any]]:
             at = f"messages[{i}].content[{j}]"
             if isinstance(block, TextBlock):
                 texts.append(block.text)
+            elif isinstance(block, ThinkingBlock | RedactedThinkingBlock):
+                if m.role != "assistant":
+                    raise InvalidRequest(f"{at}.type", f"a {block.type} block belongs to an assistant turn")
             elif isinstance(block, ToolUseBlock):
                 if m.role != "assistant":
                     raise InvalidRequest(f"{at}.type", "a tool_use block belongs to an assistant turn")
@@ -187,13 +219,34 @@ def _chat_messages(body: _Conversation) -> list[dict[str, Any]]:
     return out
 
 
+def thinking_shown(body: _Conversation, model_thinks: bool) -> bool:
+    """Whether the answer carries the model's thinking (``thinking`` left out, ``adaptive`` or
+    ``enabled`` on a model that thinks); what cannot be honoured is refused by name."""
+    thinking = body.thinking
+    if thinking is None:
+        return model_thinks
+    if not model_thinks:
+        if thinking.type == "enabled":
+            raise InvalidRequest("thinking.type", "this model does not think (its chat template writes no "
+                                 "think tags, or the server runs --reasoning-format none); leave thinking "
+                                 "out or set it to disabled or adaptive")
+        if thinking.budget_tokens is not None:
+            raise InvalidRequest("thinking.budget_tokens", "this model does not think, so it has no "
+                                 "thinking budget; leave budget_tokens out")
+        return False
+    budget = thinking.budget_tokens
+    if budget is not None and thinking.type != "enabled":
+        raise InvalidRequest("thinking.budget_tokens", f"only applies to type enabled, not {thinking.type}")
+    max_tokens = getattr(body, "max_tokens", None)
+    if budget is not None and max_tokens is not None and budget < max_tokens:
+        raise InvalidRequest("thinking.budget_tokens", "ruvllm cannot stop a model's thinking at a budget "
+                             "(the chat template and the model decide how long it thinks, within max_tokens "
+                             f"with the answer); a budget of at least max_tokens ({max_tokens}), which "
+                             "cannot bind, is accepted, or send thinking adaptive or leave it out")
+    return thinking.type != "disabled"
+
+
 def _tool_fields(body: _Conversation) -> dict[str, Any]:
-    if body.thinking is not None and body.thinking.type == "enabled":
-        raise InvalidRequest("thinking.type", "extended thinking is not served for this model (it has no "
-                             "reasoning parser); leave thinking out or set it to disabled or adaptive")
-    if body.thinking is not None and body.thinking.budget_tokens is not None:
-        raise InvalidRequest("thinking.budget_tokens", "this model does not think, so it has no thinking "
-                             "budget; leave budget_tokens out")
     if not body.tools:
         if body.tool_choice is not None and body.tool_choice.type != "none":
             raise InvalidRequest("tool_choice", "needs tools")
@@ -221,8 +274,8 @@ def chat_request(body: MessagesRequest | CountTokensRequest) -> ChatCompletionRe
     fields: dict[str, Any] = {"model": body.model, "messages": _chat_messages(body), **_tool_fields(body)}
     config = body.output_config
     if config is not None and config.effort is not None:
-        raise InvalidRequest("output_config.effort",
-                             "this model has no reasoning effort to set; leave it out")
+        raise InvalidRequest("output_config.effort", "ruvllm cannot set a model's reasoning effort (a "
+                             "thinking model thinks as its chat template has it); leave it out")
     if config is not None and config.format is not None:
         fields["response_format"] = {"type": "json_schema",
                                      "json_schema": {"name": "output", "schema": config.format.schema_}}
@@ -258,55 +311,86 @@ def _message(run: ChatRun, model: str, content: list[dict[str, Any]], stop: tupl
             "usage": {"input_tokens": len(run.prompt_ids), "output_tokens": output_tokens}}
 
 
-async def _events(run: ChatRun, model: str) -> AsyncIterator[str]:
-    """The message as Anthropic's stream: text deltas as the tokens come, then each tool call as
-    a ``tool_use`` block with its input in one ``input_json_delta``."""
-    fmt = run.formatter
-    blocks = 0
-    text_open = False
-    batches = run.submission.stream()
+class _Blocks:
+    """The content blocks of one streamed message, opened and closed in order: the thinking, the
+    text, then each tool call."""
 
-    def text(delta: str) -> list[str]:
-        nonlocal text_open
+    def __init__(self) -> None:
+        self.index = 0
+        #: The kind of the block open now (``thinking``, ``text``), or None.
+        self.open: str | None = None
+
+    def _event(self, kind: str, **fields: Any) -> str:
+        return named_sse_event(kind, {"type": kind, **fields})
+
+    def close(self) -> list[str]:
+        if self.open is None:
+            return []
         out = []
-        if not text_open:
-            out.append(named_sse_event("content_block_start", {"type": "content_block_start", "index": blocks,
-                                                      "content_block": {"type": "text", "text": ""}}))
-            text_open = True
-        out.append(named_sse_event("content_block_delta", {"type": "content_block_delta", "index": blocks,
-                                                  "delta": {"type": "text_delta", "text": delta}}))
+        if self.open == "thinking":  # nothing here is signed; Anthropic sends the signature last
+            out.append(self._event("content_block_delta", index=self.index,
+                                   delta={"type": "signature_delta", "signature": ""}))
+        out.append(self._event("content_block_stop", index=self.index))
+        self.index += 1
+        self.open = None
         return out
 
+    def delta(self, kind: str, text: str) -> list[str]:
+        """``text`` added to the block of ``kind`` (``thinking`` or ``text``), opening it."""
+        out = []
+        if self.open != kind:
+            out += self.close()
+            block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" \
+                else {"type": "text", "text": ""}
+            out.append(self._event("content_block_start", index=self.index, content_block=block))
+            self.open = kind
+        delta = {"type": "thinking_delta", "thinking": text} if kind == "thinking" \
+            else {"type": "text_delta", "text": text}
+        out.append(self._event("content_block_delta", index=self.index, delta=delta))
+        return out
+
+    def chunk(self, delta: dict[str, Any], thinking: bool) -> list[str]:
+        """The events of one chat delta: its thinking (when shown), then its text."""
+        out = []
+        if thinking and delta.get("reasoning_content"):
+            out += self.delta("thinking", delta["reasoning_content"])
+        if delta.get("content"):
+            out += self.delta("text", delta["content"])
+        return out
+
+    def tool_use(self, use: dict[str, Any]) -> list[str]:
+        """A tool call as a whole block, its input in one ``input_json_delta``."""
+        out = self.close()
+        out += [self._event("content_block_start", index=self.index, content_block={**use, "input": {}}),
+                self._event("content_block_delta", index=self.index, delta={
+                    "type": "input_json_delta", "partial_json": json.dumps(use["input"])}),
+                self._event("content_block_stop", index=self.index)]
+        self.index += 1
+        return out
+
+
+async def _events(run: ChatRun, model: str, thinking: bool) -> AsyncIterator[str]:
+    """The message as Anthropic's stream: thinking (when ``thinking``) and text deltas as the
+    tokens come, then each tool call as a ``tool_use`` block."""
+    fmt = run.formatter
+    blocks = _Blocks()
+    batches = run.submission.stream()
     try:
         yield named_sse_event("message_start", {"type": "message_start",
-                                       "message": _message(run, model, [], (None, None), 0)})
+                                                "message": _message(run, model, [], (None, None), 0)})
         async for batch in batches:
             events: list[str] = []
             for _, item in batch.items:
                 if isinstance(item, TokenOutput):
                     chunk = fmt.token(0, item)
-                    delta = chunk["choices"][0]["delta"].get("content") if chunk else None
-                    if delta:
-                        events += text(delta)
+                    if chunk:
+                        events += blocks.chunk(chunk["choices"][0]["delta"], thinking)
                 elif isinstance(item, GenerationResult):
                     last = fmt.finish(0, item.finish_reason.value)["choices"][0]
-                    if last["delta"].get("content"):
-                        events += text(last["delta"]["content"])
-                    if text_open:
-                        events.append(named_sse_event("content_block_stop", {"type": "content_block_stop",
-                                                                    "index": blocks}))
-                        blocks += 1
+                    events += blocks.chunk(last["delta"], thinking)
+                    events += blocks.close()
                     for call in last["delta"].get("tool_calls") or []:
-                        use = _tool_use(call)
-                        events.append(named_sse_event("content_block_start", {
-                            "type": "content_block_start", "index": blocks,
-                            "content_block": {**use, "input": {}}}))
-                        events.append(named_sse_event("content_block_delta", {
-                            "type": "content_block_delta", "index": blocks,
-                            "delta": {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}}))
-                        events.append(named_sse_event("content_block_stop", {"type": "content_block_stop",
-                                                                    "index": blocks}))
-                        blocks += 1
+                        events += blocks.tool_use(_tool_use(call))
                     reason, sequence = _stop(last["finish_reason"], item)
                     events.append(named_sse_event("message_delta", {
                         "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
@@ -329,15 +413,19 @@ def register_messages_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> N
     async def messages(body: MessagesRequest, request: Request) -> Response:
         chat = chat_request(body)
         async with pool.route(body.model) as route:
+            shown = thinking_shown(body, thinks(route, limits))
             run = await start_chat(route, chat, limits, id_prefix="msg")
             if body.stream:
-                return SSEResponse(_events(run, route.served_name), on_close=run.submission.cancel)
+                return SSEResponse(_events(run, route.served_name, shown), on_close=run.submission.cancel)
             outcomes = await run.submission.results(request.is_disconnected)
             if outcomes is None:
                 return Response(status_code=499)  # the client is gone
             whole = run.formatter.complete(outcomes, [len(run.prompt_ids)])["choices"][0]
             message = whole["message"]
-            content = [{"type": "text", "text": message["content"]}] if message["content"] else []
+            thought = message.get("reasoning_content") if shown else None
+            content = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
+            if message["content"]:
+                content.append({"type": "text", "text": message["content"]})
             content += [_tool_use(c) for c in message.get("tool_calls") or []]
             result = outcomes[0][1]
             stop = _stop(whole["finish_reason"], result)
@@ -346,5 +434,7 @@ def register_messages_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> N
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest) -> dict[str, int]:
+        chat = chat_request(body)
         async with pool.route(body.model) as route:
-            return {"input_tokens": len(await chat_prompt(route, chat_request(body)))}
+            thinking_shown(body, thinks(route, limits))
+            return {"input_tokens": len(await chat_prompt(route, chat))}

@@ -12,12 +12,18 @@ The server keeps no state, like Ollama's: nothing is stored whatever ``store`` s
 echoes ``store: false``), so what needs a stored response is refused by name
 (``previous_response_id``, ``conversation``, ``background``, ``item_reference`` items) and
 ``GET``/``DELETE /v1/responses/{id}`` answer 404 saying why. Also refused: built-in (hosted)
-tools and their items, image/file/audio parts (text models), reasoning effort or summaries (no
-reasoning for these models), ``truncation: "auto"`` (a prompt that does not fit is a 400, never
-cut). Accepted without effect, each for a reason: ``user`` and ``safety_identifier`` (no
+tools and their items, image/file/audio parts (text models), a reasoning effort other than
+``none`` and summaries (a thinking model thinks as its chat template has it, and its reasoning is
+returned whole, not summarised), ``truncation: "auto"`` (a prompt that does not fit is a 400,
+never cut). Accepted without effect, each for a reason: ``user`` and ``safety_identifier`` (no
 per-user state), ``prompt_cache_key`` (the prefix cache is automatic), the ids, statuses,
-annotations and logprobs of replayed output items. docs/server.md's Request fields table lists
-every field.
+annotations and logprobs of replayed output items, and replayed ``reasoning`` items (dropped on
+every model, as thinking templates drop earlier thinking). docs/server.md's Request fields table
+lists every field.
+
+A model that thinks (:func:`ruvllm.server.chat_run.thinks`) answers with a ``reasoning`` item
+before its message (responses_output); ``reasoning.effort: "none"`` drops it from the answer (the
+model still thinks as its template has it; ``output_tokens_details.reasoning_tokens`` counts it).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.guided.tools import REPLY_OR_CALL, tool_format
-from ruvllm.server.chat_run import start_chat
+from ruvllm.server.chat_run import start_chat, thinks
 from ruvllm.server.model_pool import ModelPool
 from ruvllm.server.params import Limits
 from ruvllm.server.responses_output import Envelope, response_events, whole_response
@@ -46,6 +52,7 @@ from ruvllm.server.responses_schema import (
     JsonSchemaFormat,
     MessageItem,
     Reasoning,
+    ReasoningItem,
     RefusalPart,
     ResponsesRequest,
     TextConfig,
@@ -69,16 +76,22 @@ def _refuse_stateful(body: ResponsesRequest) -> None:
                              "not fit is a 400; leave it out or set it to disabled")
 
 
-def _refuse_reasoning(reasoning: Reasoning | None) -> None:
-    if reasoning is None:
-        return
-    if reasoning.effort not in (None, "none"):
-        raise InvalidRequest("reasoning.effort", "this model does not reason (it has no reasoning parser), "
-                             "so it has no effort to set; leave it out or set it to none")
+def reasoning_shown(reasoning: Reasoning | None, model_thinks: bool) -> bool:
+    """Whether the answer carries a thinking model's reasoning (as a ``reasoning`` item): unless
+    ``effort`` is ``none``. What cannot be honoured is refused by name."""
+    effort = reasoning.effort if reasoning is not None else None
+    if effort not in (None, "none"):
+        why = ("a thinking model thinks as its chat template has it, and ruvllm cannot set how much; leave "
+               "it out (the reasoning is returned) or set it to none (it is left out of the answer)"
+               if model_thinks else "this model does not think (its chat template writes no think tags, "
+               "or the server runs --reasoning-format none), so it has no effort to set; leave it out or "
+               "set it to none")
+        raise InvalidRequest("reasoning.effort", why)
     for field in ("summary", "generate_summary"):
-        if getattr(reasoning, field) is not None:
-            raise InvalidRequest(f"reasoning.{field}", "this model does not reason, so there is no "
-                                 "reasoning to summarise; leave it out")
+        if reasoning is not None and getattr(reasoning, field) is not None:
+            raise InvalidRequest(f"reasoning.{field}", "ruvllm does not summarise reasoning: a thinking "
+                                 "model's reasoning is returned whole, as reasoning_text; leave it out")
+    return model_thinks and effort is None
 
 
 def _logprobs(body: ResponsesRequest) -> bool:
@@ -137,8 +150,13 @@ def _messages(body: ResponsesRequest) -> tuple[list[dict[str, Any]], list[str]]:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 add({"role": "assistant", "content": None, "tool_calls": [call]}, at)
+        elif isinstance(item, ReasoningItem):
+            continue  # an earlier answer's thinking: templates render earlier answers without it
         else:
             add({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)}, at)
+    if not out:
+        raise InvalidRequest("input", "holds only reasoning items, which are dropped (earlier thinking is "
+                             "not rendered); send the conversation's messages")
     return out, origins
 
 
@@ -210,7 +228,6 @@ def translate(body: ResponsesRequest) -> Translation:
     """The chat request that ``body`` asks for (what every surface runs), with what cannot be
     honoured refused by name."""
     _refuse_stateful(body)
-    _refuse_reasoning(body.reasoning)
     logprobs = _logprobs(body)
     messages, origins = _messages(body)
     fields = {"model": body.model, "messages": messages, "max_tokens": body.max_output_tokens,
@@ -257,10 +274,11 @@ def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> 
         async with pool.route(body.model) as route:
             template = route.engine.info.chat_template
             check_strict(body, template)
+            shown = reasoning_shown(body.reasoning, thinks(route, limits))
             with translation.in_responses_terms():
                 run = await start_chat(route, translation.chat, limits, id_prefix="resp")
             envelope = Envelope.of(body, run.submission.id, route.served_name,
-                                   parallel_tool_calls=parallel_calls(body, template))
+                                   parallel_tool_calls=parallel_calls(body, template), shows_reasoning=shown)
             if body.stream:
                 return SSEResponse(response_events(run, envelope), on_close=run.submission.cancel)
             outcomes = await run.submission.results(request.is_disconnected)

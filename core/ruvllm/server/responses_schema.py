@@ -84,9 +84,34 @@ class FunctionCallOutputItem(StrictModel):
     status: _Status | None = None
 
 
+class SummaryText(StrictModel):
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningText(StrictModel):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(StrictModel):
+    """An earlier answer's reasoning, sent back: accepted and dropped on every model (thinking
+    templates render earlier answers without their thinking; a model that does not think has no
+    place for it)."""
+
+    type: Literal["reasoning"]
+    summary: list[SummaryText]
+    content: list[ReasoningText] | None = None
+    #: Encrypted reasoning (OpenAI's, for ``store: false``): ruvllm never writes any.
+    encrypted_content: str | None = None
+    id: str | None = None
+    status: _Status | None = None
+
+
 Item = Annotated[Annotated[MessageItem, Tag("type=message")]
                  | Annotated[FunctionCallItem, Tag("type=function_call")]
-                 | Annotated[FunctionCallOutputItem, Tag("type=function_call_output")],
+                 | Annotated[FunctionCallOutputItem, Tag("type=function_call_output")]
+                 | Annotated[ReasoningItem, Tag("type=reasoning")],
                  Discriminator(lambda v: _tag(v, "message"))]
 
 
@@ -142,24 +167,25 @@ class TextConfig(StrictModel):
 
 
 class Reasoning(StrictModel):
-    """Served only as "no reasoning": these models have none to set or summarise."""
+    """No effort can be set and nothing is summarised: a thinking model thinks as its chat
+    template has it, and its reasoning comes back whole (responses_api.reasoning_shown)."""
 
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
-#: ``include`` values: the one that adds output (logprobs), and the one that asks for what these
-#: models never produce (encrypted reasoning, which Codex-style clients send with ``store: false``).
+#: ``include`` values: the one that adds output (logprobs), and the one that asks for what ruvllm
+#: never produces (encrypted reasoning, which Codex-style clients send with ``store: false``).
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 NOTHING_TO_INCLUDE = "reasoning.encrypted_content"
 _ITEM_REFUSALS = {
-    "reasoning": "reasoning items come from reasoning models, and these models do not reason; leave them out",
     "item_reference": "refers to a stored item, and this server stores nothing (stateless); send the item "
                       "itself",
 }
 _PART_TYPES = {"message": ("content", {"input_text", "output_text", "refusal"}),
-               "function_call_output": ("output", {"input_text"})}
+               "function_call_output": ("output", {"input_text"}),
+               "reasoning": ("content", {"reasoning_text"})}
 
 
 def _other_type(value: Any, *served: str) -> bool:
@@ -185,7 +211,7 @@ def _refuse_unserved(data: Any) -> Any:
                              "built-in tools)")
     items = data.get("input")
     for i, item in enumerate(items if isinstance(items, list) else []):
-        if _other_type(item, "message", "function_call", "function_call_output"):
+        if _other_type(item, "message", "function_call", "function_call_output", "reasoning"):
             kind = item["type"]
             raise InvalidRequest(f"input[{i}].type", f"{kind!r} items are not served: " + _ITEM_REFUSALS.get(
                 kind, "they belong to built-in tools, which ruvllm does not run"))
