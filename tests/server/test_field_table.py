@@ -185,6 +185,12 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
     "tokenizer_info": ({}, 200),
     "messages": ({"model": "default", "messages": CHAT_MESSAGES, "max_tokens": 2, "temperature": 0}, 200),
     "count_tokens": ({"model": "default", "messages": CHAT_MESSAGES}, 200),
+    **{label: ({"model": "default", "stream": False, "options": {"num_predict": 2, "temperature": 0}, **body},
+               200) for label, body in (("ollama_chat", {"messages": CHAT_MESSAGES}),
+                                        ("ollama_generate", {"prompt": "Hi"}))},
+    "ollama_show": ({"model": "default"}, 200),
+    "ollama_embed": ({"model": "default", "input": "The cat sat on the mat."}, 200),
+    "ollama_embeddings": ({"model": "default", "prompt": "The cat sat on the mat."}, 200),
     "responses": ({"model": "default", "input": "Say hello.", "max_output_tokens": 2, "temperature": 0}, 200),
 }
 ANTHROPIC = ("messages", "count_tokens")
@@ -247,6 +253,22 @@ _RESPONSES_OBJECTS = {
     "text.format": ({"text": {"format": {"type": "text", UNKNOWN: 1}}}, f"text.format.{UNKNOWN}"),
     "reasoning": ({"reasoning": {UNKNOWN: 1}}, f"reasoning.{UNKNOWN}"),
 }
+OLLAMA = ("ollama_chat", "ollama_generate")
+_OLLAMA_CALL = {"function": {"name": "f", "arguments": {}}}
+_OLLAMA_OBJECTS = {
+    "messages[]": ({"messages": [{"role": "user", "content": "Hi", UNKNOWN: 1}]}, f"messages[0].{UNKNOWN}"),
+    "messages[].tool_calls[]": (
+        {"messages": [*CHAT_MESSAGES, {"role": "assistant", "tool_calls": [{**_OLLAMA_CALL, UNKNOWN: 1}]}]},
+        f"messages[1].tool_calls[0].{UNKNOWN}"),
+    "messages[].tool_calls[].function": (
+        {"messages": [*CHAT_MESSAGES, {"role": "assistant", "tool_calls": [
+            {"function": {**_OLLAMA_CALL["function"], UNKNOWN: 1}}]}]},
+        f"messages[1].tool_calls[0].function.{UNKNOWN}"),
+    "tools[]": ({"tools": [{"type": "function", "function": {"name": "f"}, UNKNOWN: 1}]},
+                f"tools[0].{UNKNOWN}"),
+    "tools[].function": ({"tools": [{"type": "function", "function": {"name": "f", UNKNOWN: 1}}]},
+                         f"tools[0].function.{UNKNOWN}"),
+}
 
 #: A body holding an unknown key inside each nested object, and the param the 400 must name.
 NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
@@ -264,6 +286,10 @@ NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
        for where, (body, param) in _CONVERSATION_OBJECTS.items()},
     ("messages", "metadata"): ({**BASE["messages"][0], "metadata": {"user_id": "u1", UNKNOWN: 1}},
                                f"metadata.{UNKNOWN}"),
+    **{("ollama_chat", where): ({**BASE["ollama_chat"][0], **body}, param)
+       for where, (body, param) in _OLLAMA_OBJECTS.items()},
+    **{(label, "options"): ({**BASE[label][0], "options": {UNKNOWN: 1}}, f"options.{UNKNOWN}")
+       for label in OLLAMA},
     **{("responses", where): ({**BASE["responses"][0], **body}, param)
        for where, (body, param) in _RESPONSES_OBJECTS.items()},
 }
@@ -297,6 +323,21 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
         ("reasoning.effort", {"reasoning": {"effort": "high"}}),
         ("reasoning.summary", {"reasoning": {"summary": "auto"}}),
         ("reasoning.generate_summary", {"reasoning": {"generate_summary": "auto"}}))},
+    **{(label, f"options.{name}"): ({**BASE[label][0], "options": {**BASE[label][0]["options"], **options}},
+                                    f"options.{name}")
+       for label in OLLAMA for name, options in (
+           ("repeat_last_n", {"repeat_last_n": 64, "repeat_penalty": 1.1}),
+           ("penalize_newline", {"penalize_newline": False, "presence_penalty": 0.5}),
+           ("tfs_z", {"tfs_z": 0.5}), ("typical_p", {"typical_p": 0.7}), ("mirostat", {"mirostat": 2}))},
+    ("ollama_chat", "messages[].images"): (
+        {**BASE["ollama_chat"][0],
+         "messages": [{"role": "user", "content": "What is this?", "images": ["iVBORw0K"]}]},
+        "messages[0].images"),
+    **{("ollama_generate", field): ({**BASE["ollama_generate"][0], field: value}, field) for field, value in (
+        ("images", ["iVBORw0K"]), ("suffix", "    return y"), ("template", "{{ .Prompt }}"))},
+    **{(label, "options"): ({**BASE[label][0], "options": {"num_ctx": 8}}, "options.num_ctx")
+       for label in ("ollama_embed", "ollama_embeddings")},
+    ("ollama_embed", "dimensions"): ({**BASE["ollama_embed"][0], "dimensions": 8}, "dimensions"),
 }
 
 def _anthropic_accepted(label: str) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -366,6 +407,35 @@ def _responses_accepted() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]
     yield "text.format.strict", {"text": {"format": schema}}, {"text": {"format": {**schema, "strict": True}}}
 
 
+#: Ollama's options that say how its runner loads and runs a model, with a value each.
+_OLLAMA_RUNNER = {"numa": False, "num_batch": 64, "num_gpu": 0, "main_gpu": 0, "low_vram": True,
+                  "f16_kv": True, "logits_all": False, "vocab_only": False, "use_mmap": True,
+                  "use_mlock": False, "embedding_only": False, "num_thread": 1, "num_keep": 4,
+                  "mirostat_tau": 5.0, "mirostat_eta": 0.1}
+
+
+def _ollama_accepted(label: str) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Each accepted field of Ollama's bodies: the fields a body holds without it, and with it."""
+    base = BASE[label][0]
+    if label in OLLAMA:
+        for name, value in _OLLAMA_RUNNER.items():
+            yield f"options.{name}", base, {**base, "options": {**base["options"], name: value}}
+    if label == "ollama_chat":
+        said = {"role": "assistant", "content": "Hello"}
+        yield "messages[].thinking", {"messages": [*CHAT_MESSAGES, said, *CHAT_MESSAGES]}, \
+            {"messages": [*CHAT_MESSAGES, {**said, "thinking": "A greeting."}, *CHAT_MESSAGES]}
+        call = {**said, "tool_calls": [_OLLAMA_CALL]}
+        indexed = {**said, "tool_calls": [{"function": {**_OLLAMA_CALL["function"], "index": 0}}]}
+        yield ("messages[].tool_calls[].function.index", {"messages": [*CHAT_MESSAGES, call, *CHAT_MESSAGES]},
+               {"messages": [*CHAT_MESSAGES, indexed, *CHAT_MESSAGES]})
+    if label != "ollama_show":
+        yield "keep_alive", {}, {"keep_alive": "5m"}
+    else:
+        yield "verbose", {}, {"verbose": True}
+    if label == "ollama_embed":
+        yield "truncate", {}, {"truncate": False}
+
+
 _CITED = {**_ASSISTANT_SAID, "annotations": [{"type": "url_citation", "url_citation": {
     "start_index": 0, "end_index": 5, "title": "Greetings", "url": "https://example.com/hello"}}]}
 #: Each ``accepted`` field: a body without it and the same body with it; the answers must agree.
@@ -383,6 +453,9 @@ ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
        for label in ANTHROPIC for field, without, with_field in _anthropic_accepted(label)},
     **{("responses", field): ({**BASE["responses"][0], **without}, {**BASE["responses"][0], **with_field})
        for field, without, with_field in _responses_accepted()},
+    **{(label, field): ({**BASE[label][0], **without}, {**BASE[label][0], **with_field})
+       for label in (*OLLAMA, "ollama_show", "ollama_embed", "ollama_embeddings")
+       for field, without, with_field in _ollama_accepted(label)},
 }
 
 
@@ -398,6 +471,8 @@ def _error(r: httpx.Response) -> dict[str, Any]:
     the field's path instead."""
     assert r.status_code == 400, (r.status_code, r.text)
     body = r.json()
+    if isinstance(body.get("error"), str):  # Ollama's shape
+        return {"message": body["error"], "param": body["error"].split(":", 1)[0]}
     if body.get("type") == "error":  # Anthropic's shape
         error = body["error"]
         assert error["type"] == "invalid_request_error" and set(error) == {"type", "message"}, body
@@ -450,6 +525,10 @@ def _answer(label: str, r: httpx.Response) -> Any:
     data = r.json()
     if label == "embeddings" and r.status_code == 200:
         return data["usage"], np.array([d["embedding"] for d in data["data"]], dtype=np.float64)
+    if label in ("ollama_embed", "ollama_embeddings") and r.status_code == 200:
+        return data.get("prompt_eval_count"), np.array(data.get("embeddings") or [data["embedding"]])
+    if label.startswith("ollama_") and r.status_code == 200:  # without the answer's timestamp and timings
+        return {k: v for k, v in data.items() if k != "created_at" and not k.endswith("_duration")}
     if label == "responses" and r.status_code == 200:
         # The answer, not the request's settings echoed around it (they repeat the field sent).
         output = [{k: v for k, v in item.items() if k != "id"} for item in data["output"]]
@@ -463,7 +542,7 @@ def test_an_accepted_field_leaves_the_answer_as_it_is(server, key):
     without, with_field = (send(server, label, body) for body in ACCEPTED[key])
     assert without.status_code == with_field.status_code == BASE[label][1], with_field.text
     a, b = _answer(label, without), _answer(label, with_field)
-    if label == "embeddings":
+    if label in ("embeddings", "ollama_embed", "ollama_embeddings"):
         assert a[0] == b[0]
         assert float(np.sum(a[1] * b[1])) > 0.9999  # unit vectors: cosine; the kernels' rounding aside
     else:

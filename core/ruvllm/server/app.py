@@ -44,6 +44,7 @@ from ruvllm.server.lora import register_lora_routes
 from ruvllm.server.messages_api import register_messages_routes
 from ruvllm.server.metrics import CONTENT_TYPE, ServerMetrics
 from ruvllm.server.model_pool import ModelEntry, ModelPool
+from ruvllm.server.ollama_api import register_ollama_routes
 from ruvllm.server.openapi import install_openapi_limits
 from ruvllm.server.params import (
     Limits,
@@ -121,6 +122,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     # every model (a pool's engines share the plugin registry's).
     register_feedback(app, single.feedback if single is not None else send_feedback)
     register_lora_routes(app, pool, allow_runtime=settings.allow_runtime_lora)
+    register_ollama_routes(app, pool, settings.limits)
     register_messages_routes(app, pool, settings.limits)
     register_responses_routes(app, pool, settings.limits)
     install_openapi_limits(

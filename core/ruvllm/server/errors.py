@@ -4,7 +4,8 @@
 code is what they branch on (the ``openai`` package raises ``BadRequestError`` for 400,
 ``AuthenticationError`` for 401...). Anthropic's Messages API (``/v1/messages...``) answers in
 Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``, which the ``anthropic``
-package reads (:func:`surface_body`). Nothing answers an error with 200.
+package reads, and Ollama's API (``/api/...``) in Ollama's, ``{"error": "..."}``
+(:func:`surface_body`). Nothing answers an error with 200.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ _ANTHROPIC_TYPES = {
 }
 #: Paths whose errors take Anthropic's shape.
 ANTHROPIC_PREFIX = "/v1/messages"
+#: Paths whose errors take Ollama's shape, ``{"error": "<message>"}`` (what its clients raise).
+OLLAMA_PREFIX = "/api/"
 
 
 def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
@@ -53,14 +56,17 @@ def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
 
 
 def surface_body(path: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI-shaped error ``body`` in the shape of the API that ``path`` belongs to."""
-    if path.startswith(ANTHROPIC_PREFIX):
-        error = body["error"]
-        param = error.get("param")
-        message = error["message"]
-        return anthropic_error_body(status, message if not param or message.startswith(param)
-                                    else f"{param}: {message}")
-    return body
+    """An OpenAI-shaped error ``body`` in the shape of the API that ``path`` belongs to; those
+    shapes have no ``param``, so their message starts with the field's path."""
+    if not path.startswith((ANTHROPIC_PREFIX, OLLAMA_PREFIX)):
+        return body
+    error = body["error"]
+    param = error.get("param")
+    message = error["message"]
+    message = message if not param or message.startswith(param) else f"{param}: {message}"
+    if path.startswith(OLLAMA_PREFIX):
+        return {"error": message}
+    return anthropic_error_body(status, message)
 
 
 def error_body(message: str, type_: str, *, param: str | None = None, code: str | None = None) -> dict:
@@ -95,7 +101,7 @@ def _validation_field(err: dict[str, Any]) -> str:
 
 
 def _shaped(request: Request, response: JSONResponse) -> JSONResponse:
-    if not request.url.path.startswith(ANTHROPIC_PREFIX):
+    if not request.url.path.startswith((ANTHROPIC_PREFIX, OLLAMA_PREFIX)):
         return response
     body = surface_body(request.url.path, response.status_code, json.loads(response.body))
     headers = {k: v for k, v in response.headers.items()
