@@ -1,6 +1,6 @@
 """A reasoning model's ``<think>...</think>`` comes back as ``reasoning_content``, apart from ``content``,
 and as each other API surface returns thinking (Anthropic's ``thinking`` blocks, the Responses
-API's ``reasoning`` item), through each one's official client.
+API's ``reasoning`` item, Ollama's ``thinking``), through each one's official client.
 
 The model is a tiny RANDOM Qwen2 written at test time (as in test_server_tools_auto) whose chat
 template writes think tags, so ``reasoning_format = "auto"`` (the default) splits its answers.
@@ -11,8 +11,9 @@ the model's raw text, which /v1/completions returns for the same rendered prompt
 hard-coded and the test fails if the split, the whole message, or the stream is wrong.
 
 The other surfaces take no ``guided_regex``: the ``steered`` fixture gives the chat request each
-one translates its body into the same ``guided_regex`` and a fresh ``cache_salt``, as ``_chat``
-sends them, so that the same greedy request must give the same thinking and answer everywhere.
+one translates its body into (Ollama's ``/api/generate``: its completion) the same
+``guided_regex`` and a fresh ``cache_salt``, as ``_chat`` sends them, so that the same greedy
+request must give the same thinking and answer everywhere.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from test_server_tools_auto import write_tiny_chat_model
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
+ollama = pytest.importorskip("ollama")
 
 #: After Qwen3's template: earlier answers are rendered without their thinking, and a new turn
 #: starts on the assistant's line (the model opens the block itself).
@@ -120,8 +122,9 @@ MAX_TOKENS = 100  # as _chat: the regex's longest answer fits, so every surface 
 
 @pytest.fixture
 def steered(monkeypatch):
-    """Every surface's chat request steered as ``_chat`` steers chat completions."""
-    from ruvllm.server import chat_run, messages_api, responses_api
+    """Every surface's request steered as ``_chat`` steers chat completions."""
+    from ruvllm.server import chat_run, messages_api, ollama_api, responses_api
+    from ruvllm.server.completion_service import CompletionService
 
     start_chat = chat_run.start_chat
 
@@ -129,8 +132,18 @@ def steered(monkeypatch):
         steering = {"guided_regex": THINK_THEN_ANSWER, "cache_salt": uuid.uuid4().hex}
         return await start_chat(route, body.model_copy(update=steering), limits, **kw)
 
-    for module in (messages_api, responses_api):
+    for module in (messages_api, responses_api, ollama_api):
         monkeypatch.setattr(module, "start_chat", steered_start)
+    # /api/generate runs a completion: the regex on it, and a salt on its submission.
+    constraint = ollama_api.completion_constraint
+    monkeypatch.setattr(ollama_api, "completion_constraint",
+                        lambda body: constraint(body.model_copy(update={"guided_regex": THINK_THEN_ANSWER})))
+    submit = CompletionService.submit
+
+    async def salted_submit(self, choices, **kw):
+        return await submit(self, choices, **{**kw, "cache_salt": kw.get("cache_salt") or uuid.uuid4().hex})
+
+    monkeypatch.setattr(CompletionService, "submit", salted_submit)
 
 
 @pytest.fixture(scope="module")
@@ -287,3 +300,31 @@ def _responses_input(client, items):
     response = client.responses.create(model=client.models.list().data[0].id, input=items,
                                        max_output_tokens=MAX_TOKENS, temperature=0)
     return [o.model_dump(exclude={"id"}) for o in response.output], response.usage
+
+
+@pytest.fixture(scope="module")
+def llama(thinking_server):
+    return ollama.Client(host=thinking_server.url, headers={"Authorization": f"Bearer {API_KEY}"},
+                         timeout=120)
+
+
+def _ollama(llama, kind: str, **kw):
+    model = llama.list().models[0].model
+    ask = {"messages": MESSAGES} if kind == "chat" else {"prompt": MESSAGES[0]["content"]}
+    options = {"temperature": 0, "num_predict": MAX_TOKENS}
+    return getattr(llama, kind)(model=model, options=options, **ask, **kw)
+
+
+@pytest.mark.parametrize("kind", ["chat", "generate"])
+def test_ollama_thinking(steered, llama, expected, kind):
+    def split(part) -> tuple[str | None, str]:
+        said = part.message if kind == "chat" else part
+        return (said.thinking, said.content if kind == "chat" else said.response)
+
+    assert split(_ollama(llama, kind, think=True)) == (expected.reasoning_content, expected.content)
+    assert split(_ollama(llama, kind, think=False)) == (None, expected.content)
+    parts = [split(p) for p in _ollama(llama, kind, stream=True)]  # think left out: as true
+    assert ("".join(t or "" for t, _ in parts), "".join(a for _, a in parts)) == \
+        (expected.reasoning_content, expected.content)
+    kinds = ["thinking" if t else "answer" for t, a in parts if t or a]
+    assert kinds == sorted(kinds, key=["thinking", "answer"].index)

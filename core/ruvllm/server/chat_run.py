@@ -57,7 +57,7 @@ async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, 
          for i in range(body.n)],
         id_prefix=id_prefix, **submit_options(body.priority, body.cache_salt, engine))
     fmt = chat_formatter(submission.id, route.served_name, engine.tokenizer, params.logprobs,
-                         constraint.tools, _reasoning(route, limits, ids))
+                         constraint.tools, prompt_reasoning(route, limits, ids))
     return ChatRun(submission, fmt, ids)
 
 
@@ -73,7 +73,10 @@ def thinks(route: Route, limits: Limits) -> bool:
     return reasoning_for(limits.reasoning_format, route.engine.info.chat_template, "") is not None
 
 
-def _reasoning(route: Route, limits: Limits, ids: list[int]) -> Reasoning | None:
+def prompt_reasoning(route: Route, limits: Limits, ids: list[int]) -> Reasoning | None:
+    """The split of the outputs of a templated prompt (``ids``) on the route's model: None where the
+    model does not think, else whether the prompt left the thinking block open (chat, and
+    Ollama's ``/api/generate``)."""
     engine = route.engine
     tail = engine.tokenizer.decode(ids[-_PROMPT_TAIL_TOKENS:], skip_special=False)
     return reasoning_for(limits.reasoning_format, engine.info.chat_template, tail)

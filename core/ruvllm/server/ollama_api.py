@@ -32,8 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from ruvllm.errors import ContextLengthExceeded, InvalidRequest
 from ruvllm.guided.request import completion_constraint
 from ruvllm.guided.request import processors as guided_processors
-from ruvllm.reasoning import Reasoning, reasoning_for
-from ruvllm.server.chat_run import start_chat, thinks
+from ruvllm.server.chat_run import prompt_reasoning, start_chat, thinks
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService, Submission
 from ruvllm.server.embeddings import check_dimensions, input_ids, split_inputs
 from ruvllm.server.model_pool import ModelPool, Route
@@ -247,16 +246,6 @@ async def _generate_ids(route: Route, body: OllamaGenerateRequest) -> list[int]:
     return [*context, *await chat_prompt_ids(engine, [*turn, ChatMessage(role="user", content=body.prompt)])]
 
 
-#: Prompt tokens read back to see whether the template left a thinking block open (chat_run's).
-_PROMPT_TAIL_TOKENS = 16
-
-
-def _reasoning(route: Route, limits: Limits, ids: list[int]) -> Reasoning | None:
-    """A templated prompt's split of thinking and answer, as chat_run makes a chat's."""
-    tail = route.engine.tokenizer.decode(ids[-_PROMPT_TAIL_TOKENS:], skip_special=False)
-    return reasoning_for(limits.reasoning_format, route.engine.info.chat_template, tail)
-
-
 @contextlib.asynccontextmanager
 async def _route(pool: ModelPool, model: str) -> AsyncIterator[tuple[Route, int]]:
     """The request's route, and the nanoseconds its model took to be ready (Ollama's load_duration)."""
@@ -328,7 +317,7 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
                     [ChoiceRequest(index=0, prompt_ids=ids, params=params, processors=procs[0])],
                     id_prefix="ollama")
             formatter = ChatFormatter(submission.id, route.served_name, engine.tokenizer, logprobs,
-                                      reasoning=None if body.raw else _reasoning(route, limits, ids))
+                                      reasoning=None if body.raw else prompt_reasoning(route, limits, ids))
             exchange = _Exchange(submission=submission, formatter=formatter, prompt_ids=ids, model=body.model,
                                  chat=False, started=started, load=load, context=not body.raw,
                                  thinking=body.think is not False)
