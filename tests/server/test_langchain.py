@@ -2,9 +2,10 @@
 
 The issue that filed this: ``bind_tools(...)`` answered 200 with plain text and no tool call,
 because SmolLM2's chat template renders no tools. Here ``bind_tools`` gets real tool calls
-(``reply_or_call`` teaching, guided/tools.py), an agent loop runs a tool result back to a
-final answer, streamed tool-call chunks add up to the call, and ``with_structured_output``
-returns the schema's object by LangChain's schema methods.
+(``reply_or_call`` teaching, guided/tools.py): 20 of 20 sampled answers are valid calls under
+``tool_choice`` required, and each of 20 under auto is a valid call or a plain reply; an agent
+loop runs a tool result back to a final answer, streamed tool-call chunks add up to the call,
+and ``with_structured_output`` returns the schema's object by LangChain's schema methods.
 """
 
 from __future__ import annotations
@@ -13,16 +14,31 @@ import pytest
 from server_helpers import API_KEY
 
 pytest.importorskip("langchain_openai")
-from langchain_core.messages import AIMessageChunk, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableParallel
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
 
-@tool
+class WeatherArgs(BaseModel):
+    # A bounded city: a sampled string may otherwise run on until max_tokens.
+    city: str = Field(max_length=24, description="The city")
+
+
+@tool(args_schema=WeatherArgs)
 def get_weather(city: str) -> str:
     """Current weather in a city."""
     return f"It is sunny and 21 degrees in {city}."
+
+
+QUESTIONS = ("What is the weather in Oslo?", "Is it raining in Paris right now?")
+
+
+def _sampled(runnable, question, seeds: range) -> list:
+    """One answer per seed, requested together (LangChain runs the branches in threads)."""
+    branches = RunnableParallel({str(k): runnable.bind(seed=k) for k in seeds})
+    return list(branches.invoke(question).values())
 
 
 class Capital(BaseModel):
@@ -44,6 +60,36 @@ def test_bind_tools_gets_tool_calls_from_a_model_whose_template_renders_none(llm
     assert call["name"] == "get_weather" and set(call["args"]) == {"city"}
     assert isinstance(call["args"]["city"], str) and call["args"]["city"]
     assert answer.response_metadata["finish_reason"] == "tool_calls"
+
+
+def test_bind_tools_required_gives_a_valid_call_20_of_20(llm):
+    bound = llm.bind_tools([get_weather], tool_choice="any").bind(temperature=0.8)
+    answers = [a for q in QUESTIONS for a in _sampled(bound, q, range(10))]
+    assert len(answers) == 20
+    for answer in answers:
+        (call,) = answer.tool_calls
+        assert not answer.invalid_tool_calls and call["name"] == "get_weather"
+        WeatherArgs.model_validate(call["args"], strict=True)
+        assert set(call["args"]) == {"city"}
+
+
+def test_bind_tools_auto_gives_a_call_or_a_reply_never_a_malformed_one(llm):
+    """Sampled answers to the question (the model usually calls) and to the turn after the tool's
+    result (it usually replies): each a valid call or a plain reply, 20 in all."""
+    question = HumanMessage(QUESTIONS[0])
+    call = {"name": "get_weather", "args": {"city": "Oslo"}, "id": "call_1", "type": "tool_call"}
+    answered = [question, AIMessage("", tool_calls=[call]),
+                ToolMessage(get_weather.invoke(call["args"]), tool_call_id="call_1")]
+    bound = llm.bind_tools([get_weather]).bind(temperature=0.8)
+    answers = _sampled(bound, [question], range(10)) + _sampled(bound, answered, range(10))
+    for answer in answers:
+        assert not answer.invalid_tool_calls, answer
+        if answer.tool_calls:
+            for c in answer.tool_calls:
+                assert c["name"] == "get_weather"
+                WeatherArgs.model_validate(c["args"], strict=True)
+        else:
+            assert answer.content and not answer.content.lstrip().startswith("{"), answer
 
 
 def test_an_agent_loop_runs_the_tool_and_answers_from_its_result(llm):
