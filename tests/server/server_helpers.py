@@ -48,7 +48,10 @@ class RunningServer:
 
 def start_server(*, api_key: str | None = API_KEY, engine_options: dict | None = None,
                  server: dict | None = None, backend: str = "llamacpp",
-                 model: str = "default", max_context: int | None = None) -> RunningServer:
+                 model: str = "default", max_context: int | None = None,
+                 reloadable: bool = False) -> RunningServer:
+    """A real server on a free port. ``reloadable``: a request's ``keep_alive`` may unload its
+    model, as under ``ruvllm serve`` (off by default: tests hold the engine they started)."""
     import uvicorn
     from ruvllm.server.runner import load_engine, settings_for
 
@@ -58,7 +61,10 @@ def start_server(*, api_key: str | None = API_KEY, engine_options: dict | None =
     engine = load_engine(config.with_engine(engine_options))
     from ruvllm.server.app import create_app
 
-    app = create_app(engine, settings_for(config, engine, max_context=max_context))
+    settings = settings_for(config, engine, max_context=max_context)
+    if reloadable:
+        settings = attrs.evolve(settings, reload=lambda: load_engine(config))
+    app = create_app(engine, settings)
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                         timeout_graceful_shutdown=2))

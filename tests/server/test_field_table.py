@@ -428,9 +428,7 @@ def _ollama_accepted(label: str) -> Iterator[tuple[str, dict[str, Any], dict[str
         indexed = {**said, "tool_calls": [{"function": {**_OLLAMA_CALL["function"], "index": 0}}]}
         yield ("messages[].tool_calls[].function.index", {"messages": [*CHAT_MESSAGES, call, *CHAT_MESSAGES]},
                {"messages": [*CHAT_MESSAGES, indexed, *CHAT_MESSAGES]})
-    if label != "ollama_show":
-        yield "keep_alive", {}, {"keep_alive": "5m"}
-    else:
+    if label == "ollama_show":
         yield "verbose", {}, {"verbose": True}
     if label == "ollama_embed":
         yield "truncate", {}, {"truncate": False}

@@ -11,7 +11,9 @@ embeddings, a reasoning model's ``thinking`` apart from its answer, and errors i
 
 from __future__ import annotations
 
+import datetime
 import json
+import time
 
 import httpx
 import numpy as np
@@ -171,9 +173,48 @@ def test_an_empty_prompt_loads_the_model(server, llama, model_name):
     for path, body in (("/api/generate", {}), ("/api/chat", {"messages": []})):
         r = httpx.post(server.url + path, json={"model": model_name, **body}, headers=AUTH, timeout=60)
         assert r.status_code == 200 and r.json()["done_reason"] == "load", r.text
-    with pytest.raises(ollama.ResponseError) as err:  # keep_alive 0: unload, which is not done here
+    # keep_alive 0 asks for an unload: this test server's engine was handed in loaded and cannot
+    # be loaded again (as a Ray replica set), so it is refused by name (a served one: below).
+    with pytest.raises(ollama.ResponseError) as err:
         llama.generate(model=model_name, keep_alive=0)
     assert err.value.status_code == 400 and err.value.error.startswith("keep_alive: ")
+
+
+@pytest.fixture(scope="module")
+def reloadable():
+    """A server whose model a request may unload and the next one loads again (ruvllm serve's)."""
+    running = start_server(reloadable=True)
+    yield running, ollama.Client(host=running.url, headers=AUTH, timeout=120)
+    running.stop()
+
+
+def _expires_in(client) -> float | None:
+    """Seconds until the one loaded model unloads (None: never); raises if none is loaded."""
+    (model,) = client.ps().models
+    if model.expires_at is None:
+        return None
+    return (model.expires_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+
+
+def test_keep_alive_holds_for_the_model_from_the_request_on(reloadable):
+    running, client = reloadable
+    model = running.engine.info.name
+    client.generate(model=model, prompt="Hi", options=greedy(2), keep_alive="2s")
+    assert 0 < _expires_in(client) <= 2.0
+    deadline = time.monotonic() + 10
+    while client.ps().models:  # the reaper unloads it once idle for 2 s
+        assert time.monotonic() < deadline, "not unloaded within 10 s of a 2 s keep_alive"
+        time.sleep(0.2)
+    again = client.generate(model=model, prompt="Hi", options=greedy(2), keep_alive=-1)
+    assert again.done and again.load_duration > 100_000  # ns: it was loaded again for this request
+    assert _expires_in(client) is None  # negative: stays loaded
+    client.generate(model=model, prompt="Hi", options=greedy(2))  # left out: the configured (never)
+    assert _expires_in(client) is None
+    unloaded = httpx.post(running.url + "/api/generate", json={"model": model, "keep_alive": 0}, headers=AUTH,
+                          timeout=60)
+    assert unloaded.status_code == 200 and unloaded.json()["done_reason"] == "unload"
+    assert client.ps().models == []
+    assert client.chat(model=model, messages=ASK, options=greedy(3)).eval_count == 3  # back on demand
 
 
 def test_the_models_are_listed_shown_and_running(server, llama, model_name):

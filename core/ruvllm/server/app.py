@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -78,14 +79,25 @@ class ServerSettings:
     lora_adapters: dict[str, str] = attrs.field(factory=dict)
     #: ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` answer (else 403).
     allow_runtime_lora: bool = False
+    #: Loads the single engine again after a request's ``keep_alive`` unloaded it (Ollama's API);
+    #: None: it is never unloaded (e.g. a Ray replica set, which is not this process's to reload).
+    reload: Callable[[], AsyncEngine] | None = None
 
 
 def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> FastAPI:
     """The FastAPI app; it owns ``engine`` (or every engine of the pool) and shuts it down when the
     server stops. With a pool, ``settings.model_name`` names its first model."""
     pool = engine if isinstance(engine, ModelPool) else ModelPool.single(
-        engine, settings.model_name, settings.aliases, adapters=settings.lora_adapters)
+        engine, settings.model_name, settings.aliases, adapters=settings.lora_adapters,
+        reload=settings.reload)
     single = None if isinstance(engine, ModelPool) else engine
+
+    def single_feedback(request_id: str, score: float) -> None:
+        """To the engine loaded now (a reload makes a new one; an unloaded model's old engine
+        still says its requests are gone)."""
+        assert single is not None
+        (pool.default.engine or single).feedback(request_id, score)
+
     server_metrics = ServerMetrics()
 
     def metrics_attach(entry: ModelEntry) -> None:
@@ -120,7 +132,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     install_error_handlers(app)
     # POST /v1/feedback (SONA): request ids are unique in the process, so one hook relay serves
     # every model (a pool's engines share the plugin registry's).
-    register_feedback(app, single.feedback if single is not None else send_feedback)
+    register_feedback(app, single_feedback if single is not None else send_feedback)
     register_lora_routes(app, pool, allow_runtime=settings.allow_runtime_lora)
     register_ollama_routes(app, pool, settings.limits)
     register_messages_routes(app, pool, settings.limits)

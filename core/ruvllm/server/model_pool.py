@@ -10,9 +10,12 @@ keeps serving the other models. A request that arrives while its model loads wai
 ``load_wait`` seconds, then gets 503 with ``Retry-After`` (:class:`~ruvllm.errors.Overloaded`):
 a client that retries is served once the model is up, and nothing crashes. An entry with a
 ``keep_alive`` is unloaded once it has been idle that long (no request in a handler, none running
-or waiting in its engine). With a ``memory_budget``, loading a model that would pass it first
-unloads idle models, least recently used first; when every loaded model is busy the request
-gets 503 rather than an out-of-memory process.
+or waiting in its engine). A request may set its model's keep_alive, as Ollama's ``keep_alive``
+does: it holds from that request on (``0``: unload once idle; None: never), and a request that
+says nothing puts the configured one back. A model handed in already loaded, with no way to load
+it again, is never unloaded, and a request asking for that is refused. With a ``memory_budget``,
+loading a model that would pass it first unloads idle models, least recently used first; when
+every loaded model is busy the request gets 503 rather than an out-of-memory process.
 """
 
 from __future__ import annotations
@@ -63,6 +66,15 @@ class ModelSpec:
     adapters: Mapping[str, str] = attrs.field(factory=dict)
     #: What ``/v1/models`` shows as its root (the model reference); the loaded path once known.
     reference: str | None = None
+    #: Whether ``loader`` can load it again after an unload (an engine handed in already loaded
+    #: cannot be: such a model is never unloaded).
+    reloadable: bool = True
+
+
+class KeepAlive(enum.Enum):
+    """A request that says nothing about keep_alive: its model's configured one applies."""
+
+    CONFIGURED = "configured"
 
 
 @attrs.define(eq=False)
@@ -80,6 +92,9 @@ class ModelEntry:
     #: Adapters on the loaded engine now: name -> path (configured ones, then runtime ones).
     adapters: dict[str, str] = attrs.field(factory=dict)
     task: asyncio.Task | None = None
+    #: Seconds idle before it is unloaded (None: never): the last request's, else the configured.
+    keep_alive: float | None = attrs.field(
+        default=attrs.Factory(lambda self: self.spec.keep_alive, takes_self=True))
 
     @property
     def name(self) -> str:
@@ -127,11 +142,13 @@ class ModelPool:
 
     @classmethod
     def single(cls, engine: AsyncEngine, name: str, aliases: Iterable[str] = (), *,
-               adapters: Mapping[str, str] | None = None) -> ModelPool:
-        """A pool of one engine that is already loaded and stays loaded (plain ``ruvllm serve``);
-        its ``adapters`` are loaded by :meth:`start`."""
-        pool = cls([ModelSpec(name=name, aliases=tuple(aliases), loader=lambda: engine,
-                              adapters=dict(adapters or {}))])
+               adapters: Mapping[str, str] | None = None,
+               reload: Callable[[], AsyncEngine] | None = None) -> ModelPool:
+        """A pool of one engine that is already loaded (plain ``ruvllm serve``); its ``adapters``
+        are loaded by :meth:`start`. With ``reload`` a request's keep_alive may unload it (the next
+        request loads it again), else it stays loaded."""
+        pool = cls([ModelSpec(name=name, aliases=tuple(aliases), loader=reload or (lambda: engine),
+                              adapters=dict(adapters or {}), reloadable=reload is not None)])
         entry = pool.default
         entry.engine, entry.state, entry.last_used = engine, ModelState.LOADED, pool._clock()
         return pool
@@ -193,10 +210,16 @@ class ModelPool:
     # ------------------------------------------------------------------ requests
 
     @contextlib.asynccontextmanager
-    async def route(self, name: str | None) -> AsyncIterator[Route]:
+    async def route(self, name: str | None,
+                    keep_alive: float | KeepAlive | None = KeepAlive.CONFIGURED) -> AsyncIterator[Route]:
         """The route of a request naming ``name``, held for the request's handler: its model is not
-        unloaded meanwhile (the engine's own running count covers streams after the handler)."""
+        unloaded meanwhile (the engine's own running count covers streams after the handler).
+        ``keep_alive`` (seconds, None: never unload) holds for the model from this request on."""
         entry, adapter = self.entry_for(name)
+        if keep_alive is not KeepAlive.CONFIGURED and keep_alive is not None and not entry.spec.reloadable:
+            raise InvalidRequest("keep_alive", f"model {entry.name!r} was handed to this server already "
+                                 "loaded and cannot be loaded again, so it is never unloaded; leave "
+                                 "keep_alive out or make it negative (keep loaded)")
         engine = await self.engine_of(entry)
         if adapter is not None and adapter not in entry.adapters:
             raise ModelNotFound(f"adapter {adapter!r} of model {entry.name!r} is not loaded (it was "
@@ -208,6 +231,7 @@ class ModelPool:
         finally:
             entry.leases -= 1
             entry.last_used = self._clock()
+            entry.keep_alive = entry.spec.keep_alive if keep_alive is KeepAlive.CONFIGURED else keep_alive
 
     async def engine_of(self, entry: ModelEntry) -> AsyncEngine:
         """``entry``'s engine, loading it if needed; 503 + Retry-After if it is not up within
@@ -313,7 +337,7 @@ class ModelPool:
         now = self._clock()
         done = []
         for entry in list(self.entries.values()):
-            keep = entry.spec.keep_alive
+            keep = entry.keep_alive
             if keep is None or entry.state is not ModelState.LOADED:
                 continue
             if not self._idle(entry):
@@ -324,9 +348,11 @@ class ModelPool:
                 done.append(entry.name)
         return done
 
-    def reap_interval(self) -> float | None:
-        keeps = [e.spec.keep_alive for e in self.entries.values() if e.spec.keep_alive is not None]
-        return min(max(min(keeps) / 4, 0.05), 5.0) if keeps else None
+    def reap_interval(self) -> float:
+        """A quarter of the shortest keep_alive (so an idle model goes within 25 % of it), between
+        50 ms and 5 s: a request may set one at any time."""
+        keeps = [e.keep_alive for e in self.entries.values() if e.keep_alive is not None]
+        return min(max(min(keeps) / 4, 0.05), 5.0) if keeps else 5.0
 
     async def start(self) -> None:
         """Preload what asks for it and start the keep_alive reaper (the app's lifespan calls it)."""
@@ -335,13 +361,11 @@ class ModelPool:
                 await self._load_adapters(entry, entry.engine)  # a failure stops the server's start
             elif entry.spec.preload and entry.state is not ModelState.LOADED:
                 self._start_load(entry)
-        interval = self.reap_interval()
-        if interval is not None:
-            self._reaper = asyncio.ensure_future(self._reap_periodically(interval))
+        self._reaper = asyncio.ensure_future(self._reap_periodically())
 
-    async def _reap_periodically(self, interval: float) -> None:
+    async def _reap_periodically(self) -> None:
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.reap_interval())
             try:
                 await self.reap()
             except Exception:  # one failed shutdown must not stop the others

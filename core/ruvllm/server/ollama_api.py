@@ -48,7 +48,7 @@ from ruvllm.server.ollama_schemas import (
     check_generate,
     check_think,
     format_schema,
-    is_zero,
+    keep_alive_seconds,
     refuse_embedding_options,
     sampling_fields,
     top_logprobs,
@@ -247,24 +247,28 @@ async def _generate_ids(route: Route, body: OllamaGenerateRequest) -> list[int]:
 
 
 @contextlib.asynccontextmanager
-async def _route(pool: ModelPool, model: str) -> AsyncIterator[tuple[Route, int]]:
-    """The request's route, and the nanoseconds its model took to be ready (Ollama's load_duration)."""
+async def _route(pool: ModelPool, model: str,
+                 keep_alive: float | str | None = None) -> AsyncIterator[tuple[Route, int]]:
+    """The request's route, and the nanoseconds its model took to be ready (Ollama's load_duration).
+    ``keep_alive`` holds for the model from this request on, as in Ollama (the pool's reaper
+    unloads it once idle that long)."""
     began = time.monotonic_ns()
-    async with pool.route(pool_name(pool, model)) as route:
+    async with pool.route(pool_name(pool, model), keep_alive_seconds(keep_alive)) as route:
         yield route, time.monotonic_ns() - began
 
 
-def _loaded(model: str, *, chat: bool) -> dict[str, Any]:
-    """Ollama's answer to an empty prompt or conversation: the model is loaded, nothing is generated."""
+async def _load_or_unload(pool: ModelPool, model: str, keep_alive: float | str | None, *,
+                          chat: bool) -> dict[str, Any]:
+    """Ollama's answer to an empty prompt or conversation: the model is loaded and nothing is
+    generated, or with ``keep_alive`` 0 it is unloaded (once no other request is using it)."""
+    async with _route(pool, model, keep_alive):
+        pass
+    unload = keep_alive_seconds(keep_alive) == 0
+    if unload:
+        await pool.reap()
     said = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
-    return {"model": model, "created_at": _now(), **said, "done": True, "done_reason": "load"}
-
-
-def _refuse_unload(keep_alive: float | str | None) -> None:
-    if is_zero(keep_alive):
-        raise InvalidRequest("keep_alive", "0 with nothing to generate asks to unload the model, which this "
-                             "server does not do on a client's request: models are shared, and the pool "
-                             "unloads one idle for its configured keep_alive")
+    return {"model": model, "created_at": _now(), **said, "done": True,
+            "done_reason": "unload" if unload else "load"}
 
 
 def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> None:
@@ -275,12 +279,10 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
     async def chat(body: OllamaChatRequest, request: Request) -> Response:
         started = time.monotonic_ns()
         if not body.messages:
-            _refuse_unload(body.keep_alive)
-            async with _route(pool, body.model):
-                return JSONResponse(_loaded(body.model, chat=True))
+            return JSONResponse(await _load_or_unload(pool, body.model, body.keep_alive, chat=True))
         with _in_ollama_terms("messages"):
             chat_body = chat_request(body)
-        async with _route(pool, body.model) as (route, load):
+        async with _route(pool, body.model, body.keep_alive) as (route, load):
             check_think(body.think, thinks(route, limits))
             num_ctx = _num_ctx(body.options)
             with _in_ollama_terms("messages", num_ctx):
@@ -295,12 +297,10 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
         started = time.monotonic_ns()
         check_generate(body)
         if not body.prompt:
-            _refuse_unload(body.keep_alive)
-            async with _route(pool, body.model):
-                return JSONResponse(_loaded(body.model, chat=False))
+            return JSONResponse(await _load_or_unload(pool, body.model, body.keep_alive, chat=False))
         logprobs = top_logprobs(body)
         sampling = {**sampling_fields(body.options), "guided_json": format_schema(body.format)}
-        async with _route(pool, body.model) as (route, load):
+        async with _route(pool, body.model, body.keep_alive) as (route, load):
             engine = route.engine
             check_think(body.think, not body.raw and thinks(route, limits))
             if logprobs is not None and not engine.capabilities.logprobs:
@@ -336,9 +336,10 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
         async with _route(pool, body.model) as (route, _):
             return catalogue.show(route)
 
-    async def vectors_of(model: str, inputs: list[str | list[int]]) -> tuple[list[list[int]], Any, int]:
+    async def vectors_of(model: str, inputs: list[str | list[int]],
+                         keep_alive: float | str | None) -> tuple[list[list[int]], Any, int]:
         """The inputs' token ids, their vectors (as /v1/embeddings') and the model's load time."""
-        async with _route(pool, model) as (route, load):
+        async with _route(pool, model, keep_alive) as (route, load):
             engine = route.engine
             if not engine.capabilities.embeddings:
                 raise InvalidRequest("model", f"{route.entry!r} is served by backend "
@@ -354,7 +355,7 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
         check_dimensions(body.dimensions)
         # Ollama answers an empty input with no vectors (having loaded the model).
         inputs = split_inputs(body.input) if body.input not in ("", []) else []
-        ids, vectors, load = await vectors_of(body.model, inputs)
+        ids, vectors, load = await vectors_of(body.model, inputs, body.keep_alive)
         return {"model": body.model, "embeddings": [v.tolist() for v in vectors],
                 "total_duration": time.monotonic_ns() - started, "load_duration": load,
                 "prompt_eval_count": sum(len(x) for x in ids)}
@@ -364,7 +365,8 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
         """Ollama's older endpoint: one prompt, one vector (normalised here, as /api/embed's)."""
         refuse_embedding_options(body.options)
         with _in_ollama_terms("prompt"):
-            _, vectors, _ = await vectors_of(body.model, [body.prompt] if body.prompt else [])
+            inputs = [body.prompt] if body.prompt else []
+            _, vectors, _ = await vectors_of(body.model, inputs, body.keep_alive)
         return {"embedding": vectors[0].tolist() if body.prompt else []}
 
     @app.get("/api/version")

@@ -106,7 +106,7 @@ class Catalogue:
             if entry.state is not ModelState.LOADED or entry.engine is None:
                 continue
             model = self.details(entry.name, entry)
-            keep = entry.spec.keep_alive
+            keep = entry.keep_alive
             # The pool's clock is time.monotonic: an idle model is unloaded keep_alive after its last use.
             left = None if keep is None else max(0.0, entry.last_used + keep - time.monotonic())
             model.update(

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.server.model_pool import KeepAlive as PoolKeepAlive
 from ruvllm.server.schemas import ChatCompletionRequest, RequestBody, StrictModel
 from ruvllm.types import MAX_LOGPROBS
 
@@ -257,13 +258,21 @@ def refuse_embedding_options(options: dict[str, Any] | None) -> None:
                              "depend on sampling, and the context is the server's); leave options out")
 
 
-def is_zero(keep_alive: float | str | None) -> bool:
-    """Whether ``keep_alive`` says "unload now" (``0``, ``"0"``, ``"0s"``...)."""
+_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(keep_alive: float | str | None) -> float | PoolKeepAlive | None:
+    """Ollama's ``keep_alive`` as the model pool takes it: left out, the model's configured one;
+    negative, stay loaded (None); else seconds (a number, or a Go duration such as "1h30m")."""
     if keep_alive is None:
-        return False
+        return PoolKeepAlive.CONFIGURED
     if isinstance(keep_alive, str):
-        return not any(float(n) for n in re.findall(r"\d+(?:\.\d*)?|\.\d+", keep_alive))
-    return keep_alive == 0
+        parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", keep_alive)
+        seconds = sum(float(n) * _SECONDS[unit] for n, unit in parts)
+        seconds = -seconds if keep_alive.startswith("-") else seconds
+    else:
+        seconds = float(keep_alive)
+    return None if seconds < 0 else seconds
 
 
 def chat_request(body: OllamaChatRequest) -> ChatCompletionRequest:

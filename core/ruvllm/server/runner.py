@@ -137,6 +137,8 @@ def serve(config: Config, *, served_name: str | None = None, log_level: str = "i
     else:
         engine = load_engine(config)
         settings = settings_for(config, engine, served_name=served_name, max_context=max_context)
+        # A client's keep_alive (Ollama's API) may unload it; the next request loads it again.
+        settings = attrs.evolve(settings, reload=lambda: load_engine(config))
         app = create_app(engine, settings)
         banner = startup_banner(engine, settings)
     if srv.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
