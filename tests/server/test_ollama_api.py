@@ -180,6 +180,13 @@ def test_an_empty_prompt_loads_the_model(server, llama, model_name):
     assert err.value.status_code == 400 and err.value.error.startswith("keep_alive: ")
 
 
+def test_the_root_says_ollama_is_running_to_anyone(server):
+    """Ollama's CLI and other clients probe ``HEAD /`` first; they send no API key."""
+    assert httpx.head(server.url + "/", timeout=10).status_code == 200
+    r = httpx.get(server.url + "/", timeout=10)
+    assert r.status_code == 200 and r.text == "Ollama is running"
+
+
 @pytest.fixture(scope="module")
 def reloadable():
     """A server whose model a request may unload and the next one loads again (ruvllm serve's)."""

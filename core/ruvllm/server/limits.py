@@ -14,9 +14,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ruvllm.server.errors import error_body, surface_body
 
-#: Paths anyone may read: liveness probes and the Prometheus scraper. ``/health`` answers an
-#: unauthenticated client with liveness only; its details need the key (see :func:`authorized`).
-PUBLIC_PATHS = ("/health", "/metrics")
+#: Paths anyone may read: liveness probes (``/`` is Ollama's, "Ollama is running") and the
+#: Prometheus scraper. ``/health`` answers an unauthenticated client with liveness only; its
+#: details need the key (see :func:`authorized`).
+PUBLIC_PATHS = ("/", "/health", "/metrics")
 
 
 def authorized(headers: Mapping[bytes, bytes], api_key: str | None) -> bool:

@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ruvllm.errors import ContextLengthExceeded, InvalidRequest
 from ruvllm.guided.request import completion_constraint
@@ -372,3 +372,9 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
     @app.get("/api/version")
     async def version() -> dict[str, str]:
         return {"version": OLLAMA_VERSION}
+
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    async def running() -> PlainTextResponse:
+        """What Ollama answers at its root: its own CLI (``OLLAMA_HOST=... ollama run``) and other
+        clients probe ``HEAD /`` before anything else."""
+        return PlainTextResponse("Ollama is running")
