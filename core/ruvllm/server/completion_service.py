@@ -164,6 +164,22 @@ class Submission:
             await source.aclose()
             self.cancel()
 
+    async def writes(self, render: Callable[[Arrival], list[str]], *,
+                     first: str = "") -> AsyncGenerator[str, None]:
+        """The stream of a one-choice answer as the text its API surface sends: ``first`` at
+        once, then what ``render`` makes of each arrival (a token, the result, or the failure),
+        a batch's text in one write. Closing it closes the stream (which cancels the choice)."""
+        batches = self.stream()
+        try:
+            if first:
+                yield first
+            async for batch in batches:
+                text = "".join(part for _, item in batch.items for part in render(item))
+                if text:
+                    yield text
+        finally:
+            await batches.aclose()
+
     async def _arrivals(self) -> AsyncGenerator[list[tuple[_Running, object]], None]:
         """Lists of ``(choice, TokenOutput | GenerationResult | Exception)`` as they arrive.
 

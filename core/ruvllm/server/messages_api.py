@@ -38,6 +38,7 @@ from pydantic import Discriminator, Field, Tag, ValidationError
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.server.chat_run import ChatRun, chat_prompt, start_chat, thinks
+from ruvllm.server.completion_service import Arrival
 from ruvllm.server.errors import anthropic_error_body, ruvllm_error_body
 from ruvllm.server.model_pool import ModelPool
 from ruvllm.server.params import Limits
@@ -369,43 +370,32 @@ class _Blocks:
         return out
 
 
-async def _events(run: ChatRun, model: str, thinking: bool) -> AsyncIterator[str]:
+def _events(run: ChatRun, model: str, thinking: bool) -> AsyncIterator[str]:
     """The message as Anthropic's stream: thinking (when ``thinking``) and text deltas as the
     tokens come, then each tool call as a ``tool_use`` block."""
     fmt = run.formatter
     blocks = _Blocks()
-    batches = run.submission.stream()
-    try:
-        yield named_sse_event("message_start", {"type": "message_start",
-                                                "message": _message(run, model, [], (None, None), 0)})
-        async for batch in batches:
-            events: list[str] = []
-            for _, item in batch.items:
-                if isinstance(item, TokenOutput):
-                    chunk = fmt.token(0, item)
-                    if chunk:
-                        events += blocks.chunk(chunk["choices"][0]["delta"], thinking)
-                elif isinstance(item, GenerationResult):
-                    last = fmt.finish(0, item.finish_reason.value)["choices"][0]
-                    events += blocks.chunk(last["delta"], thinking)
-                    events += blocks.close()
-                    for call in last["delta"].get("tool_calls") or []:
-                        events += blocks.tool_use(_tool_use(call))
-                    reason, sequence = _stop(last["finish_reason"], item)
-                    events.append(named_sse_event("message_delta", {
-                        "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                        "usage": {"output_tokens": item.usage.completion_tokens}}))
-                    events.append(named_sse_event("message_stop", {"type": "message_stop"}))
-                else:
-                    status, body, _ = ruvllm_error_body(item)
-                    error = anthropic_error_body(status, body["error"]["message"])
-                    events.append(named_sse_event("error", error))
-            if events:
-                yield "".join(events)
-            if batch.last:
-                break
-    finally:
-        await batches.aclose()
+
+    def render(item: Arrival) -> list[str]:
+        if isinstance(item, TokenOutput):
+            chunk = fmt.token(0, item)
+            return blocks.chunk(chunk["choices"][0]["delta"], thinking) if chunk else []
+        if isinstance(item, GenerationResult):
+            last = fmt.finish(0, item.finish_reason.value)["choices"][0]
+            events = blocks.chunk(last["delta"], thinking) + blocks.close()
+            for call in last["delta"].get("tool_calls") or []:
+                events += blocks.tool_use(_tool_use(call))
+            reason, sequence = _stop(last["finish_reason"], item)
+            events.append(named_sse_event("message_delta", {
+                "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": {"output_tokens": item.usage.completion_tokens}}))
+            events.append(named_sse_event("message_stop", {"type": "message_stop"}))
+            return events
+        status, body, _ = ruvllm_error_body(item)
+        return [named_sse_event("error", anthropic_error_body(status, body["error"]["message"]))]
+
+    return run.submission.writes(render, first=named_sse_event(
+        "message_start", {"type": "message_start", "message": _message(run, model, [], (None, None), 0)}))
 
 
 def register_messages_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> None:

@@ -33,7 +33,7 @@ from ruvllm.errors import ContextLengthExceeded, InvalidRequest
 from ruvllm.guided.request import completion_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.server.chat_run import prompt_reasoning, start_chat, thinks
-from ruvllm.server.completion_service import ChoiceRequest, CompletionService, Submission
+from ruvllm.server.completion_service import Arrival, ChoiceRequest, CompletionService, Submission
 from ruvllm.server.embeddings import check_dimensions, input_ids, split_inputs
 from ruvllm.server.model_pool import ModelPool, Route
 from ruvllm.server.ollama_models import Catalogue, iso_time, pool_name
@@ -192,32 +192,22 @@ class _Exchange:
                    eval_count=usage.completion_tokens, eval_duration=_ns(timings.decode))
         return out
 
-    async def lines(self) -> AsyncIterator[str]:
+    def lines(self) -> AsyncIterator[str]:
         """The stream: an object per token that has text (or thinking), the tool calls (chat)
-        once the answer is complete, then the final object; a failure after the start is an ``{"error": ...}``
-        line (the status was sent long ago), which Ollama's clients raise."""
-        batches = self.submission.stream()
-        try:
-            async for batch in batches:
-                lines = []
-                for _, item in batch.items:
-                    if isinstance(item, TokenOutput):
-                        chunk = self.formatter.token(0, item)
-                        if chunk is not None and self._says(chunk["choices"][0]):
-                            lines.append(_line(self.piece(chunk["choices"][0])))
-                    elif isinstance(item, GenerationResult):
-                        last = self.formatter.finish(0, item.finish_reason.value)["choices"][0]
-                        if self._says(last):
-                            lines.append(_line(self.piece(last)))
-                        lines.append(_line(self.final({"finish_reason": last["finish_reason"]}, item)))
-                    else:
-                        lines.append(_line({"error": str(item)}))
-                if lines:
-                    yield "".join(lines)
-                if batch.last:
-                    break
-        finally:
-            await batches.aclose()
+        once the answer is complete, then the final object; a failure after the start is an
+        ``{"error": ...}`` line (the status was sent long ago), which Ollama's clients raise."""
+        return self.submission.writes(self._lines_of)
+
+    def _lines_of(self, item: Arrival) -> list[str]:
+        if isinstance(item, TokenOutput):
+            chunk = self.formatter.token(0, item)
+            return [_line(self.piece(chunk["choices"][0]))] \
+                if chunk is not None and self._says(chunk["choices"][0]) else []
+        if isinstance(item, GenerationResult):
+            last = self.formatter.finish(0, item.finish_reason.value)["choices"][0]
+            said = [_line(self.piece(last))] if self._says(last) else []
+            return [*said, _line(self.final({"finish_reason": last["finish_reason"]}, item))]
+        return [_line({"error": str(item)})]
 
     async def answer(self, stream: bool, request: Request) -> Response:
         """The NDJSON stream, or the whole answer as one object (499 when the client left first)."""

@@ -33,7 +33,7 @@ import attrs
 from ruvllm.errors import RuvllmError
 from ruvllm.reasoning import Reasoning
 from ruvllm.server.chat_run import ChatRun
-from ruvllm.server.completion_service import Outcome
+from ruvllm.server.completion_service import Arrival, Outcome
 from ruvllm.server.errors import ruvllm_error_body
 from ruvllm.server.responses import ChatFormatter
 from ruvllm.server.responses_schema import FunctionChoice, ResponsesRequest
@@ -308,24 +308,15 @@ class _Events:
                 self.event("response.failed", response=failed)]
 
 
-async def response_events(run: ChatRun, envelope: Envelope) -> AsyncIterator[str]:
+def response_events(run: ChatRun, envelope: Envelope) -> AsyncIterator[str]:
     """The SSE body of a streamed response; the events ready together share one write."""
     events = _Events(envelope, len(run.prompt_ids), run.formatter.reasoning)
-    batches = run.submission.stream()
-    try:
-        yield events.opening()
-        async for batch in batches:
-            out: list[str] = []
-            for _, item in batch.items:
-                if isinstance(item, TokenOutput):
-                    out += events.token(run.formatter, item)
-                elif isinstance(item, GenerationResult):
-                    out += events.finish(run.formatter, item)
-                else:
-                    out += events.failure(item)
-            if out:
-                yield "".join(out)
-            if batch.last:
-                break
-    finally:
-        await batches.aclose()
+
+    def render(item: Arrival) -> list[str]:
+        if isinstance(item, TokenOutput):
+            return events.token(run.formatter, item)
+        if isinstance(item, GenerationResult):
+            return events.finish(run.formatter, item)
+        return events.failure(item)
+
+    return run.submission.writes(render, first=events.opening())
