@@ -54,34 +54,35 @@ Part = Annotated[Annotated[InputText, Tag("type=input_text")] | Annotated[Output
                  | Annotated[RefusalPart, Tag("type=refusal")], Discriminator(_tag)]
 
 
-class MessageItem(StrictModel):
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[Part]
-    #: An earlier output item's id and status: accepted, unused (nothing is looked up by id).
+class _InputItem(StrictModel):
+    """An item of ``input``; one the server answered earlier comes back with its id and status:
+    accepted, unused (nothing is looked up by id)."""
+
     id: str | None = None
     status: _Status | None = None
 
 
-class FunctionCallItem(StrictModel):
+class MessageItem(_InputItem):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[Part]
+
+
+class FunctionCallItem(_InputItem):
     """A call the model made earlier (an output item sent back): the assistant's tool call."""
 
     type: Literal["function_call"]
     call_id: _Text
     name: _Text
     arguments: str
-    id: str | None = None
-    status: _Status | None = None
 
 
-class FunctionCallOutputItem(StrictModel):
+class FunctionCallOutputItem(_InputItem):
     """The result of a call, rendered as the tool's answer to it."""
 
     type: Literal["function_call_output"]
     call_id: _Text
     output: str | list[InputText]
-    id: str | None = None
-    status: _Status | None = None
 
 
 class SummaryText(StrictModel):
@@ -94,7 +95,7 @@ class ReasoningText(StrictModel):
     text: str
 
 
-class ReasoningItem(StrictModel):
+class ReasoningItem(_InputItem):
     """An earlier answer's reasoning, sent back: accepted and dropped on every model (thinking
     templates render earlier answers without their thinking; a model that does not think has no
     place for it)."""
@@ -104,8 +105,6 @@ class ReasoningItem(StrictModel):
     content: list[ReasoningText] | None = None
     #: Encrypted reasoning (OpenAI's, for ``store: false``): ruvllm never writes any.
     encrypted_content: str | None = None
-    id: str | None = None
-    status: _Status | None = None
 
 
 Item = Annotated[Annotated[MessageItem, Tag("type=message")]
