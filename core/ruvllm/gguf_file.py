@@ -10,6 +10,7 @@ arrays with ``numpy.frombuffer``) in about 0.2 s. Tensor data stays memory-mappe
 
 from __future__ import annotations
 
+import functools
 import mmap
 import struct
 from pathlib import Path
@@ -83,6 +84,11 @@ class GgufFile:
         except ValueError:
             return f"file_type {ftype}"
 
+    @functools.cached_property
+    def _data(self) -> np.memmap:
+        """The whole file, mapped once for every tensor read (pages load as they are touched)."""
+        return np.memmap(self.path, mode="r")
+
     def tensor_data(self, tensor: GgufTensor) -> np.ndarray:
         """The tensor's stored values, memory-mapped, as ``GGUFReader`` gives them to
         ``gguf.quants.dequantize``: elements for plain types, rows of block bytes otherwise."""
@@ -90,7 +96,7 @@ class GgufFile:
         from gguf.quants import quant_shape_to_byte_shape
 
         rows_first = tuple(reversed(tensor.shape))
-        data = np.memmap(self.path, mode="r")
+        data = self._data
         if tensor.type in _PLAIN:
             dtype = np.dtype(_PLAIN[tensor.type])
             return data[tensor.offset:tensor.offset + tensor.n_elements * dtype.itemsize] \
