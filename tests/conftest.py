@@ -39,6 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
     (18 min of CPU). Child processes (conformance runs, servers) inherit the share. Set before
     any engine is imported: those pools size themselves once.
     """
+    _skip_unused_plugins_in_children()
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if not worker or workers < 2 or not hasattr(os, "sched_setaffinity"):
@@ -46,6 +47,14 @@ def pytest_configure(config: pytest.Config) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) >= workers:
         os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) % workers::workers])
+
+
+def _skip_unused_plugins_in_children() -> None:
+    """Child pytests (conformance runs in pytester directories, outside this project's ini) skip
+    langsmith's plugin too, as addopts in pyproject.toml does here: 3 s of every start-up."""
+    opts = os.environ.get("PYTEST_ADDOPTS", "")
+    if "no:langsmith_plugin" not in opts:
+        os.environ["PYTEST_ADDOPTS"] = f"{opts} -p no:langsmith_plugin".strip()
 
 
 @pytest.fixture

@@ -49,8 +49,10 @@ def suite_runner(toy_env: pytest.Pytester):
         report = toy_env.path / "report.xml"
         report.unlink(missing_ok=True)
         plugin = ("-p", "register_toys") if toys else ()
+        # The suite uses no hypothesis: its plugin would add a second to every child's start.
         result = toy_env.runpytest_subprocess(
-            *plugin, "-p", "no:cacheprovider", "--pyargs", "ruvllm.testing.suite",
+            *plugin, "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+            "--pyargs", "ruvllm.testing.suite",
             "-rs", f"--junitxml={report}", *args, timeout=CHILD_TIMEOUT,
         )
         return SuiteRun(result, read_junit(report) if report.exists() else {})

@@ -1,10 +1,11 @@
 """Mutation proof: the conformance suite kills every bug of ``llamacpp_mutants.py``.
 
 Each mutant is the REAL llama.cpp backend (``ruvllm_llamacpp``) with one bug injected. Each test
-here runs the suite on one mutant in a child pytest (``--ruvllm-backend
-llamacpp_mutants:ClassName``), selecting only the test(s) expected to kill it, and asserts they
-FAIL, by name. The test id names the mutant and its killer; the terminal summary (conftest.py)
-prints the mutation score. That the same tests pass on the unmutated backend is proven by
+here runs the suite on one mutant (``--ruvllm-backend llamacpp_mutants:ClassName``), selecting
+only the test(s) expected to kill it, and asserts they FAIL, by name. Mutants that need the same
+child arguments run in one child pytest, each under its own backend id with its own model. The
+test id names the mutant and its killer; the terminal summary (conftest.py) prints the mutation
+score. That the same tests pass on the unmutated backend is proven by
 ``test_installed_backends.py::test_suite_passes[llamacpp]``.
 
 The children run llama.cpp on one thread: on a shared 2-core machine OpenMP's spinning threads
@@ -23,6 +24,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 pytest.importorskip("ruvllm_llamacpp", reason="the ruvllm-llamacpp plugin is not installed")
 
 import llamacpp_mutants  # needs the plugin, checked above
+from conformance_helpers import SuiteRun
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
 
@@ -51,13 +53,9 @@ class Mutation:
         name, _, param = killer.partition("[")
         return f"{name}[{self.backend}-{param}" if param else f"{name}[{self.backend}]"
 
-    def selection(self) -> str:
-        parts = []
-        for killer in self.killers:
-            name, _, param = killer.partition("[")
-            test = name.split("::")[1]
-            parts.append(f"({test} and {param.rstrip(']')})" if param else test)
-        return " or ".join(parts)
+    def selection(self) -> list[str]:
+        """``-k`` terms naming exactly the killers' test ids on this mutant."""
+        return [self.key(killer).split("::")[1] for killer in self.killers]
 
 
 M = llamacpp_mutants
@@ -100,15 +98,25 @@ def test_every_mutant_has_a_killer_and_a_docs_row() -> None:
     assert not missing, f"docs/conformance.md's mutation table lacks {missing}"
 
 
-@pytest.mark.timeout(600)
+@pytest.fixture(scope="module")
+def shared_runs() -> dict[tuple[str, ...], SuiteRun]:
+    """Child runs by their extra arguments: the mutants that need the same arguments share one
+    child pytest, each on its own backend id (a child's start-up, about 5 s, paid once)."""
+    return {}
+
+
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.id for m in MUTATIONS])
-def test_suite_kills_mutant(suite_runner, mutation: Mutation) -> None:
-    run = suite_runner(
-        "--ruvllm-backend", f"llamacpp_mutants:{mutation.mutant.__name__}",
-        "--ruvllm-option", "n_threads=1", *mutation.extra,
-        "-k", mutation.selection(), toys=False,
-    )
-    outcomes = {k: o.outcome for k, o in run.outcomes.items()}
+def test_suite_kills_mutant(suite_runner, shared_runs, mutation: Mutation) -> None:
+    run = shared_runs.get(mutation.extra)
+    if run is None:
+        peers = [m for m in MUTATIONS if m.extra == mutation.extra]
+        backends = [arg for m in peers
+                    for arg in ("--ruvllm-backend", f"llamacpp_mutants:{m.mutant.__name__}")]
+        selection = " or ".join(term for m in peers for term in m.selection())
+        run = shared_runs[mutation.extra] = suite_runner(
+            *backends, "--ruvllm-option", "n_threads=1", *mutation.extra, "-k", selection, toys=False)
+    outcomes = {k: o.outcome for k, o in run.outcomes.items() if f"[{mutation.backend}" in k}
     for killer in mutation.killers:
         key = mutation.key(killer)
         # "failed", not "error": an error would be the model failing to load, not a kill.
