@@ -59,6 +59,16 @@ class MetricsSnapshot:
     prompt_tokens: int
     generation_tokens: int
     requests_finished: dict[str, int]  # by finish reason
+    #: Speculative decoding (vLLM's ``spec_decode`` counters): steps in which a request verified
+    #: drafted tokens, the tokens drafted, and of those, accepted.
+    spec_decode_drafts: int = 0
+    spec_decode_draft_tokens: int = 0
+    spec_decode_accepted_tokens: int = 0
+
+    @property
+    def spec_decode_acceptance_rate(self) -> float:
+        n = self.spec_decode_draft_tokens
+        return self.spec_decode_accepted_tokens / n if n else 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -229,6 +229,10 @@ class TokenOutput:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    #: Speculative decoding: tokens drafted for this request and, of those, accepted (part of
+    #: ``completion_tokens``); 0 without speculation.
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

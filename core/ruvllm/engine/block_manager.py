@@ -260,6 +260,19 @@ class BlockManager:
         seq.num_tokens = num_tokens
         return pairs
 
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Shrink ``seq_id`` to slots for its first ``num_tokens`` positions: the blocks past
+        them go back (speculative decoding's rejected drafts)."""
+        seq = self._seqs[seq_id]
+        if num_tokens >= seq.num_tokens:
+            return
+        keep = self.blocks_needed(num_tokens)
+        for b in reversed(seq.table[keep:]):
+            self._unref(b)
+        del seq.table[keep:]
+        del seq.hashes[num_tokens // self.block_size:]
+        seq.num_tokens = num_tokens
+
     def fork(self, src_seq_id: int, dst_seq_id: int) -> None:
         """Give ``dst`` the same blocks as ``src`` (shared, copy-on-write when extended)."""
         if dst_seq_id in self._seqs:

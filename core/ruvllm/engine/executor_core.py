@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
 from ruvllm.engine.block_manager import BlockManager
 from ruvllm.engine.live import LiveRequest
 from ruvllm.engine.metrics import EngineMetrics
 from ruvllm.engine.options import EngineOptions
 from ruvllm.engine.request import RequestState
-from ruvllm.engine.scheduler import Scheduler
+from ruvllm.engine.scheduler import ScheduledChunk, Scheduler
 from ruvllm.engine.slots import DonorSlotPool, SlotPool
 from ruvllm.errors import BackendError, RequestTimedOut
 from ruvllm.executor import BatchEntry, BatchExecutor
@@ -40,14 +42,19 @@ class ExecutorCore:
             max_num_seqs=max_running,
             max_batch_tokens=min(options.max_batch_tokens, executor.max_batch_tokens),
         )
-        per_sequence = executor.kv_layout == "per_sequence"
+        per_sequence = self._per_sequence = executor.kv_layout == "per_sequence"
+        #: Verifying drafts needs logits at every position of an entry (``all_logits``).
+        self.speculator = options.speculator() if getattr(executor, "prompt_logits", False) else None
+        if options.speculative_method != "none" and self.speculator is None:
+            log.warning("speculative decoding is off: this executor gives no logits per drafted position")
         if prefix and per_sequence:
             # KV lives per sequence id: cached prefixes are kept alive in donor sequences.
             slots: SlotPool = DonorSlotPool(executor.max_sequences,
                                             executor.max_sequences - max_running, self.blocks)
         else:
             slots = SlotPool(max_running)
-        self.scheduler = Scheduler(config, self.blocks, slots=slots, copy_prefixes=prefix and per_sequence)
+        self.scheduler = Scheduler(config, self.blocks, slots=slots, copy_prefixes=prefix and per_sequence,
+                                   drafter=self.speculator)
         self.live: dict[str, LiveRequest] = {}
 
     # ----------------------------------------------------------------- limits
@@ -112,7 +119,8 @@ class ExecutorCore:
                 seq_id=req.slot, tokens=chunk.tokens, start_pos=chunk.start_pos,  # type: ignore[arg-type]
                 block_table=self.blocks.block_table(req.slot), sample=chunk.sample,  # type: ignore[arg-type]
                 adapter=live.params.adapter,
-                all_logits=collector is not None and collector.wants(chunk.start_pos, len(chunk.tokens)),
+                all_logits=chunk.num_draft > 0 or (collector is not None
+                                                   and collector.wants(chunk.start_pos, len(chunk.tokens))),
             ))
         try:
             if plan.copies:
@@ -121,6 +129,7 @@ class ExecutorCore:
                 self.executor.copy_prefix(src, dst, n)
             # Grammar masks of the constrained rows are computed while the model runs.
             start_step_masks(self.live[c.request.request_id].sampler for c in plan.chunks if c.sample)
+            started = time.perf_counter()
             logits = self.executor.execute(entries)
         except Exception as exc:  # the backend failed: fail this step's requests, keep serving
             log.exception("executor step failed")
@@ -130,12 +139,19 @@ class ExecutorCore:
                 if live is not None:
                     self._end(live, FinishReason.ERROR, BackendError(f"the model step failed: {exc}"))
             return True
-        self.scheduler.update(plan)
         now = time.perf_counter()
+        if self.speculator is not None and all(len(c.tokens) - c.num_draft == 1 for c in plan.chunks):
+            self.speculator.cost.observe(plan.num_tokens, now - started)  # what drafted tokens cost
+        self.scheduler.update(plan)
         row = 0
         for chunk, entry in zip(plan.chunks, entries, strict=True):
             req = chunk.request
             live = self.live[req.request_id]
+            if chunk.num_draft:
+                k = len(entry.tokens)
+                self._verify(chunk, live, logits[row:row + k], now)
+                row += k
+                continue
             if entry.all_logits:
                 k = len(entry.tokens)
                 live.prompt_logprobs.add(entry.start_pos, logits[row:row + k])  # type: ignore[union-attr]
@@ -146,17 +162,55 @@ class ExecutorCore:
                 row += 1
                 self._end(live, FinishReason.LENGTH, now=now)
                 continue
-            token = live.sampler.sample(logits[row])  # type: ignore[union-attr]
+            self._sample(live, logits[row], now)
             row += 1
-            live.add_token(token, now, self.metrics)
-            req.token_ids.append(token.token_id)
-            if live.builder.finished:
-                self._end(live, live.builder.finish_reason, now=now)  # type: ignore[arg-type]
-            else:
-                live.flush()
+            self._after_sampling(live, now)
         self.scheduler.end_step()
         self._free_released()
         return True
+
+    def _sample(self, live: LiveRequest, row: np.ndarray, now: float) -> int:
+        """Sample ``live``'s next token from ``row`` and record it; return it."""
+        token = live.sampler.sample(row)  # type: ignore[union-attr]
+        live.add_token(token, now, self.metrics)
+        live.sched.token_ids.append(token.token_id)
+        return token.token_id
+
+    def _after_sampling(self, live: LiveRequest, now: float) -> None:
+        if live.builder.finished:
+            self._end(live, live.builder.finish_reason, now=now)  # type: ignore[arg-type]
+        else:
+            live.flush()
+
+    def _verify(self, chunk: ScheduledChunk, live: LiveRequest, rows: np.ndarray, now: float) -> None:
+        """Sample every position of a drafted chunk in turn, keeping drafts while each is the
+        token sampled there; the first other token (or the one after the last draft) ends it.
+
+        Each position is sampled by the request's own sampler, which applies logit_bias,
+        processors, the grammar mask and penalties as of the tokens before it, exactly as one
+        decode step would. For a draft that is a point mass (prompt lookup), accepting draft
+        ``d`` when the sampled token is ``d`` IS the rejection-sampling rule: ``d`` is kept with
+        probability ``p(d)``, and a rejection leaves a token drawn from ``p`` without ``d``,
+        renormalised. The sampler's random numbers are consumed one per emitted token, as
+        without speculation, so a seed gives the same tokens either way (up to the rounding of
+        the logits themselves).
+        """
+        drafts = chunk.tokens[len(chunk.tokens) - chunk.num_draft:]
+        accepted = 0
+        for i, row in enumerate(rows):
+            token = self._sample(live, row, now)
+            hit = i < len(drafts) and token == drafts[i]
+            accepted += hit
+            if live.builder.finished or not hit:
+                break
+        self.scheduler.settle_drafts(chunk, accepted)
+        if self._per_sequence and accepted < len(drafts):
+            self.executor.trim(chunk.request.slot, chunk.request.num_computed)  # type: ignore[arg-type]
+        assert self.speculator is not None
+        self.speculator.record(live.request_id, len(drafts), accepted)
+        live.record_drafts(len(drafts), accepted)
+        self.metrics.observe_drafts(len(drafts), accepted)
+        self._after_sampling(live, now)
 
     def fail_all(self, error: BaseException) -> None:
         """End every request with ``error`` (an unexpected failure inside a step)."""
@@ -166,6 +220,8 @@ class ExecutorCore:
     def _end(self, live: LiveRequest, reason: FinishReason, error: BaseException | None = None,
              now: float | None = None) -> None:
         self.live.pop(live.request_id, None)
+        if self.speculator is not None:
+            self.speculator.forget(live.request_id)
         self.scheduler.finish(live.sched)
         self._free_released()
         live.end(reason, self.metrics, error=error, now=now)

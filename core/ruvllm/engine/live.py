@@ -36,6 +36,9 @@ class LiveRequest:
         self.first_token: float | None = None
         self.last_token: float | None = None
         self.ended = False
+        #: Speculative decoding: tokens drafted for this request, and accepted.
+        self.draft_tokens = 0
+        self.accepted_draft_tokens = 0
         self._pending: list[TokenOutput] = []
         #: Set by the engine when the request asks for prompt logprobs.
         self.prompt_logprobs: PromptLogprobsCollector | None = None
@@ -64,6 +67,10 @@ class LiveRequest:
         self.last_token = now
         self._pending.append(self.builder.add(token))
 
+    def record_drafts(self, drafted: int, accepted: int) -> None:
+        self.draft_tokens += drafted
+        self.accepted_draft_tokens += accepted
+
     def flush(self) -> None:
         if self._pending and not self.ended:
             self.sink.push(self._pending)
@@ -83,6 +90,9 @@ class LiveRequest:
         result = b.result(self._timings(now))
         if self.prompt_logprobs is not None:
             result = attrs.evolve(result, prompt_logprobs=self.prompt_logprobs.result())
+        if self.draft_tokens:
+            result = attrs.evolve(result, usage=attrs.evolve(result.usage, draft_tokens=self.draft_tokens,
+                                                             accepted_draft_tokens=self.accepted_draft_tokens))
         if isinstance(error, RequestTimedOut):
             error.partial = result
         metrics.observe_finish(

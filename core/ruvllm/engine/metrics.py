@@ -58,6 +58,9 @@ class EngineMetrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.finished: Counter[str] = Counter()
+        self.spec_drafts = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted_tokens = 0
 
     def observe_queue(self, seconds: float) -> None:
         with self._lock:
@@ -70,6 +73,13 @@ class EngineMetrics:
                 self.ttft.observe(since_arrival)
             elif since_previous is not None:
                 self.itl.observe(since_previous)
+
+    def observe_drafts(self, drafted: int, accepted: int) -> None:
+        """One request verified ``drafted`` tokens in a step and kept ``accepted``."""
+        with self._lock:
+            self.spec_drafts += 1
+            self.spec_draft_tokens += drafted
+            self.spec_accepted_tokens += accepted
 
     def observe_finish(self, *, reason: str, prompt_tokens: int, output_tokens: int, e2e: float,
                        ttft: float | None) -> None:
@@ -101,4 +111,7 @@ class EngineMetrics:
                 prompt_tokens=self.prompt_tokens,
                 generation_tokens=self.generation_tokens,
                 requests_finished=dict(self.finished),
+                spec_decode_drafts=self.spec_drafts,
+                spec_decode_draft_tokens=self.spec_draft_tokens,
+                spec_decode_accepted_tokens=self.spec_accepted_tokens,
             )

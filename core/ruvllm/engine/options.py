@@ -12,10 +12,22 @@ from typing import Any, ClassVar
 import attrs
 
 from ruvllm.engine.scheduler import Policy, SchedulerConfig
+from ruvllm.engine.speculative import Speculator
 from ruvllm.guided.engine import DEFAULT_ENGINE, engine_option
-from ruvllm.options import boolean, float_range, int_range, one_of, optional, parse_table, positive_int
+from ruvllm.options import (
+    boolean,
+    float_range,
+    int_range,
+    one_of,
+    option_error,
+    optional,
+    parse_table,
+    positive_int,
+)
 
 PATHS = ("auto", "executor", "request")
+#: ``speculative_method`` values (vLLM's ``speculative_config.method`` names).
+SPECULATIVE_METHODS = ("none", "ngram")
 
 
 def _policy(value: Any) -> Any:
@@ -66,11 +78,35 @@ class EngineOptions:
     #: Grammar engine of constrained decoding (vLLM's name): "llguidance" or "xgrammar"
     #: (docs/structured-output.md); the library is imported on the first constrained request.
     guided_decoding_backend: str = attrs.field(default=DEFAULT_ENGINE, validator=engine_option())
+    #: Speculative decoding (docs/engine.md, "Speculative decoding"): "none" or "ngram" (prompt
+    #: lookup over the request's prompt + output). Off by default: it pays on input-grounded
+    #: work and costs a little on free text.
+    speculative_method: str = attrs.field(default="none", validator=one_of(SPECULATIVE_METHODS))
+    #: Most tokens drafted per request per step (the adaptive length never exceeds it).
+    num_speculative_tokens: int = attrs.field(default=5, validator=int_range(1, 32))
+    #: Shortest and longest n-gram of the request's tail looked up earlier in it.
+    prompt_lookup_min: int = attrs.field(default=2, validator=positive_int())
+    prompt_lookup_max: int = attrs.field(default=4, validator=positive_int())
+    #: No drafts in a step with more running requests than this (the batch keeps the CPU busy).
+    speculative_disable_by_batch_size: int = attrs.field(default=4, validator=positive_int())
+
+    def __attrs_post_init__(self) -> None:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise option_error(self, "prompt_lookup_min", f"must be <= prompt_lookup_max "
+                               f"({self.prompt_lookup_max})", self.prompt_lookup_min)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> EngineOptions:
         """From the ``[engine]`` table; unknown keys are an error listing the known ones."""
         return parse_table(cls, values)
+
+    def speculator(self) -> Speculator | None:
+        """The drafts' policy these options ask for (None: no speculation)."""
+        if self.speculative_method == "none":
+            return None
+        return Speculator(num_speculative_tokens=self.num_speculative_tokens,
+                          prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max,
+                          disable_by_batch_size=self.speculative_disable_by_batch_size)
 
     def scheduler_config(self, max_num_seqs: int, max_batch_tokens: int) -> SchedulerConfig:
         return SchedulerConfig(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 
@@ -65,6 +66,9 @@ class ScheduledChunk:
     tokens: tuple[int, ...]
     #: The chunk ends at the last known token: sample the next one from its logits.
     sample: bool
+    #: Drafted tokens at the end of ``tokens`` (speculative decoding), verified from the logits
+    #: of every position; they are not in ``request.token_ids`` until accepted.
+    num_draft: int = 0
 
 
 @attrs.define
@@ -87,19 +91,27 @@ class StepPlan:
         return bool(self.chunks)
 
 
+class Drafter(Protocol):
+    """Proposes tokens to verify after a decoding request's last one (speculative decoding)."""
+
+    def propose(self, req: SchedRequest, limit: int, batch_size: int) -> tuple[int, ...]: ...
+
+
 class Scheduler:
     """Owns the waiting and running queues and the block manager's view of each request."""
 
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, *,
                  clock: Callable[[], float] = time.monotonic, slots: SlotPool | None = None,
-                 copy_prefixes: bool = False):
+                 copy_prefixes: bool = False, drafter: Drafter | None = None):
         """``slots`` hands out executor sequence ids (default: ``max_num_seqs`` plain ones);
-        ``copy_prefixes`` says a prefix hit needs its KV copied from a donor sequence."""
+        ``copy_prefixes`` says a prefix hit needs its KV copied from a donor sequence;
+        ``drafter`` proposes drafts for decoding requests (None: no speculation)."""
         self.config = config
         self.blocks = blocks
         self.clock = clock
         self.slots = slots or SlotPool(config.max_num_seqs)
         self.copy_prefixes = copy_prefixes
+        self.drafter = drafter
         self.waiting: list[SchedRequest] = []
         self.running: list[SchedRequest] = []
         self._next_seq_no = 0
@@ -152,10 +164,14 @@ class Scheduler:
             n = self._chunk_len(req, budget)
             if n == 0:
                 continue
+            drafts = self._drafts(req, n, budget)
             while True:
-                pairs = self.blocks.extend(req.slot, req.num_computed + n)  # type: ignore[arg-type]
+                pairs = self.blocks.extend(req.slot, req.num_computed + n + len(drafts))  # type: ignore[arg-type]
                 if pairs is not None:
                     break
+                if drafts:  # no blocks to speculate with: decode plainly
+                    drafts = ()
+                    continue
                 victim = self._pick_victim(req, scheduled)
                 self._preempt(victim)
                 plan.preempted.append(victim)
@@ -164,9 +180,9 @@ class Scheduler:
             if req.state is not RequestState.RUNNING:
                 continue
             plan.copies.extend(pairs)
-            self._add_chunk(plan, req, n)
+            self._add_chunk(plan, req, n, drafts)
             scheduled.add(id(req))
-            budget -= n
+            budget -= n + len(drafts)
         if not plan.preempted:
             budget = self._admit(plan, budget)
         return plan
@@ -218,6 +234,15 @@ class Scheduler:
             self.blocks.cache_blocks(req.slot, req.token_ids, req.num_computed,  # type: ignore[arg-type]
                                      req.cache_salt)
 
+    def settle_drafts(self, chunk: ScheduledChunk, accepted: int) -> None:
+        """After verification: ``accepted`` of ``chunk``'s drafts were kept (and appended to the
+        request's tokens). The KV of the rest is invalid: its blocks go back; the caller trims a
+        per-sequence executor's KV to ``request.num_computed``."""
+        req = chunk.request
+        req.num_computed = chunk.start_pos + len(chunk.tokens) - chunk.num_draft + accepted
+        self.blocks.truncate(req.slot, req.num_computed)  # type: ignore[arg-type]
+        self.blocks.cache_blocks(req.slot, req.token_ids, req.num_computed, req.cache_salt)  # type: ignore[arg-type]
+
     # ---------------------------------------------------------------- policy
 
     def _waiting_key(self, req: SchedRequest, now: float) -> tuple[float, int]:
@@ -246,11 +271,20 @@ class Scheduler:
             n = min(n, self.config.max_prefill_chunk)
         return n
 
-    def _add_chunk(self, plan: StepPlan, req: SchedRequest, n: int) -> None:
+    def _drafts(self, req: SchedRequest, n: int, budget: int) -> tuple[int, ...]:
+        """Drafts for a decode step of ``req``, within the budget and the request's max_tokens
+        (a step emits at most drafts + 1 tokens)."""
+        if self.drafter is None or n != 1 or req.num_pending != 1:
+            return ()
+        limit = min(budget - 1, req.max_tokens - req.num_output - 1)
+        return self.drafter.propose(req, limit, len(self.running))
+
+    def _add_chunk(self, plan: StepPlan, req: SchedRequest, n: int, drafts: tuple[int, ...] = ()) -> None:
         start = req.num_computed
         end = start + n
         tokens = tuple(req.token_ids[start:end])
-        plan.chunks.append(ScheduledChunk(req, start, tokens, end == len(req.token_ids)))
+        plan.chunks.append(ScheduledChunk(req, start, tokens + drafts, end == len(req.token_ids),
+                                          num_draft=len(drafts)))
 
     def _preempt(self, req: SchedRequest) -> None:
         self.running.remove(req)
