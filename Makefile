@@ -38,8 +38,9 @@ run: setup
 
 # CI's suite: everything but the long proofs marked `slow` (kept under 15 minutes here).
 # Two pytest workers, each pinned to its share of the CPUs: one test file is one unit of work (its
-# models load once), each whole-suite conformance run is one unit (tests/conftest.py).
-XDIST := -n 2 --dist loadgroup
+# models load once), each whole-suite conformance run is one unit, and the longest go first
+# (tests/conftest.py).
+XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" --durations=25 $(XDIST)

@@ -9,14 +9,19 @@ import pytest
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``make test`` runs ``-n 2 --dist loadgroup``: a test file is one unit of work, so its
-    module-scoped models and servers load once, except tests marked ``spread`` (each whole-suite
-    conformance run, minutes long), which are units of their own so two can run at once."""
+    """``make test`` runs ``-n 2 --dist loadgroup --no-loadscope-reorder``: a test file is one
+    unit of work, so its module-scoped models and servers load once, except tests marked
+    ``spread`` (each whole-suite conformance run, minutes long), which are units of their own so
+    two can run at once."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
         unit = item.nodeid if item.get_closest_marker("spread") else item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(unit))
+    # Longest first, so the two workers end together: the scheduler hands out units in collection
+    # order (the Makefile turns off xdist's reordering by test count, which put these one-test
+    # units, up to 3 minutes each, last of all), and the whole-suite runs are the longest.
+    items.sort(key=lambda item: item.get_closest_marker("spread") is None)
 
 
 @pytest.hookimpl(optionalhook=True)
