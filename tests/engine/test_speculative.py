@@ -17,12 +17,15 @@ import attrs
 import numpy as np
 import pytest
 from engine_fakes import VOCAB, FakeBackend, PagedFakeExecutor, PerSeqFakeExecutor, fake_logits
+from prometheus_client.parser import text_string_to_metric_families
 from ruvllm.engine import EngineOptions, ServingEngine
 from ruvllm.engine.ngram import PromptLookup
+from ruvllm.engine.options import speculative_config_options
 from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.speculative import PROBE_INTERVAL, Speculator
 from ruvllm.engine.step_cost import PRIOR_COST, StepCostModel
 from ruvllm.errors import EngineOptionError
+from ruvllm.server.metrics import ServerMetrics
 from ruvllm.types import GenerationParams
 from scipy.stats import chi2_contingency
 
@@ -69,8 +72,9 @@ class PerSeqCopying(PerSeqFakeExecutor):
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3], [9, 9, 10, 11, 9, 9, 10], [20, 21, 22, 23, 24, 25, 20],
            [5, 4, 3, 2, 1, 5, 4, 3, 2, 1, 5, 4, 3, 2]]
+#: Fixed-length drafts: every request drafts whenever its tail matches, so rejections are many.
 SPEC = {"speculative_method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
-        "prompt_lookup_max": 3}
+        "prompt_lookup_max": 3, "speculative_adaptive": False}
 
 
 class FixedCost:
@@ -86,14 +90,10 @@ class FixedCost:
         return self.cost
 
 
-def run(executor_cls, params: GenerationParams, prompts=PROMPTS, cost: float = 0.0, **options):
-    """``prompts`` through an engine of ``options``; drafted tokens cost ``cost`` (0: every
-    request drafts as many tokens as allowed, whatever its acceptance)."""
+def run(executor_cls, params: GenerationParams, prompts=PROMPTS, **options):
     executor = executor_cls(num_blocks=64, block_size=4, max_batch_tokens=64, max_sequences=8)
     opts = EngineOptions(max_num_seqs=4, block_size=4, **options)
     with ServingEngine(FakeBackend(executor), opts) as eng:
-        if eng._core.speculator is not None:
-            eng._core.speculator.cost = FixedCost(cost)
         results = eng.generate_sync(prompts, params)
         snapshot = eng.metrics()
         blocks = eng._core.blocks
@@ -101,7 +101,7 @@ def run(executor_cls, params: GenerationParams, prompts=PROMPTS, cost: float = 0
         assert blocks.num_used_blocks == 0, "a rejected draft's block leaked"
     if isinstance(executor, PerSeqFakeExecutor):
         assert executor.cells_used == 0 or all(len(s) % 4 == 0 for s in executor.seqs.values())
-    return results, snapshot
+    return results, snapshot, executor
 
 
 @pytest.mark.parametrize("executor_cls", [PagedCopying, PerSeqCopying])
@@ -113,8 +113,8 @@ def run(executor_cls, params: GenerationParams, prompts=PROMPTS, cost: float = 0
     GenerationParams(max_tokens=23, temperature=0.0, stop=["bcd"], ignore_eos=True),
 ], ids=["greedy", "top_p-logprobs", "penalties-bias", "stop"])
 def test_output_is_what_it_is_without_speculation(executor_cls, params):
-    plain, _ = run(executor_cls, params)
-    spec, snap = run(executor_cls, params, **SPEC)
+    plain, _, _ = run(executor_cls, params)
+    spec, snap, _ = run(executor_cls, params, **SPEC)
     for a, b in zip(plain, spec, strict=True):
         assert b.token_ids == a.token_ids
         assert (b.text, b.finish_reason, b.stop_reason) == (a.text, a.finish_reason, a.stop_reason)
@@ -126,17 +126,24 @@ def test_output_is_what_it_is_without_speculation(executor_cls, params):
 
 def test_max_tokens_bounds_drafts():
     params = GenerationParams(max_tokens=7, temperature=0.0, ignore_eos=True)
-    results, snap = run(PerSeqCopying, params, **SPEC)
+    results, snap, _ = run(PerSeqCopying, params, **SPEC)
     assert [len(r.token_ids) for r in results] == [7] * len(PROMPTS)
     assert snap.spec_decode_drafts > 0
 
 
+def drafted_with(steps, size: int) -> list[bool]:
+    """Per step of ``size`` sequences: whether any of them verified drafts."""
+    return [any(e.all_logits for e in step) for step in steps if len(step) == size]
+
+
 def test_no_drafts_above_the_batch_threshold():
     params = GenerationParams(max_tokens=20, temperature=0.0, ignore_eos=True)
-    _, four = run(PagedCopying, params, **SPEC, speculative_disable_by_batch_size=4)
-    assert four.spec_decode_drafts > 0
-    _, three = run(PagedCopying, params, **SPEC, speculative_disable_by_batch_size=3)
-    assert three.spec_decode_drafts == 0  # the 4 requests run (and end) together
+    prompts = PROMPTS * 3  # more requests than run at once (4): steps of 4 until the queue drains
+    executor = run(PagedCopying, params, prompts, **SPEC, speculative_disable_by_batch_size=4)[2]
+    assert any(drafted_with(executor.steps, 4))
+    executor = run(PagedCopying, params, prompts, **SPEC, speculative_disable_by_batch_size=3)[2]
+    four = drafted_with(executor.steps, 4)
+    assert four and not any(four)
 
 
 def test_sampled_token_frequencies_match_without_speculation():
@@ -205,3 +212,23 @@ def test_step_cost_is_learnt_from_decode_steps():
     assert model.token_cost(1) == pytest.approx(0.005 / 0.015)
     # A big batch: a drafted token costs nearly what the step's tokens cost on average.
     assert model.token_cost(16) == pytest.approx(0.080 / 0.090)
+
+
+def test_metrics_export_vllms_spec_decode_counters():
+    params = GenerationParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    _, snap, _ = run(PagedCopying, params, **SPEC)
+    text = ServerMetrics(lambda: snap, model_name="m", model="fake", backend="fake").render().decode()
+    found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert found["ruvllm:spec_decode_num_drafts_total"] == snap.spec_decode_drafts > 0
+    assert found["ruvllm:spec_decode_num_draft_tokens_total"] == snap.spec_decode_draft_tokens
+    assert found["ruvllm:spec_decode_num_accepted_tokens_total"] == snap.spec_decode_accepted_tokens > 0
+
+
+def test_speculative_config_maps_vllms_keys():
+    options = speculative_config_options('{"method": "ngram", "num_speculative_tokens": 7, '
+                                         '"prompt_lookup_max": 5, "disable_by_batch_size": 2}')
+    assert EngineOptions.from_mapping(options).speculator().max_length == 7
+    with pytest.raises(EngineOptionError, match=r"unknown key.*draft_model"):
+        speculative_config_options('{"method": "ngram", "draft_model": "x"}')
+    with pytest.raises(EngineOptionError, match="speculative_method"):
+        EngineOptions.from_mapping(speculative_config_options('{"method": "eagle"}'))

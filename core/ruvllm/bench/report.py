@@ -17,6 +17,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ruvllm.serving import MetricsSnapshot
+
 
 def _ms(v: float) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1000:.0f}"
@@ -68,6 +70,18 @@ def print_tables(report: dict[str, Any], console: Console | None = None) -> None
         console.print(single_table(report["single"]))
     if report.get("serving"):
         console.print(serving_table(report["serving"], title=f"serving: {report.get('model', '')}"))
+    spec = report.get("speculative")
+    if spec and spec["draft_tokens"]:
+        rate = spec["acceptance_rate"]
+        console.print(f"speculative decoding (all levels): {spec['draft_tokens']} tokens drafted in "
+                      f"{spec['drafts']} drafts, {spec['accepted_tokens']} accepted ({rate:.1%})")
+
+
+def speculative_figures(snapshot: MetricsSnapshot) -> dict[str, Any]:
+    """The engine's speculative-decoding counters (vLLM's ``spec_decode`` figures)."""
+    return {"drafts": snapshot.spec_decode_drafts, "draft_tokens": snapshot.spec_decode_draft_tokens,
+            "accepted_tokens": snapshot.spec_decode_accepted_tokens,
+            "acceptance_rate": snapshot.spec_decode_acceptance_rate}
 
 
 CSV_FIELDS = ("target", "concurrency", "request_rate", "num_requests", "completed", "failed", "cut_short",

@@ -61,3 +61,18 @@ model_option = click.option("--model", "-m",
                             help="Model alias, owner/repo or local path (default: the embedded model).")
 options_option = click.option("--option", "-o", "options", multiple=True, metavar="KEY=VALUE",
                               help="Backend option, e.g. -o n_threads=2 (repeatable).")
+speculative_option = click.option(
+    "--speculative-config", metavar="JSON",
+    help='Speculative decoding, as vLLM\'s flag: e.g. \'{"method": "ngram", "num_speculative_tokens": 8, '
+         '"prompt_lookup_max": 4}\' (keys: method, num_speculative_tokens, prompt_lookup_min, '
+         'prompt_lookup_max, disable_by_batch_size, adaptive; docs/engine.md).')
+
+
+def engine_overrides(engine_opts: tuple[str, ...], speculative_config: str | None) -> dict[str, Any]:
+    """``[engine]`` overrides from ``-e KEY=VALUE`` flags and ``--speculative-config``."""
+    from ruvllm.engine.options import speculative_config_options
+
+    overrides = dict(parse_option(o) for o in engine_opts)
+    if speculative_config:
+        overrides.update(speculative_config_options(speculative_config))
+    return overrides

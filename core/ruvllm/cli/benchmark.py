@@ -18,8 +18,14 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ruvllm.cli.app import backend_option, config_from, main, options_option
-from ruvllm.config import parse_option
+from ruvllm.cli.app import (
+    backend_option,
+    config_from,
+    engine_overrides,
+    main,
+    options_option,
+    speculative_option,
+)
 from ruvllm.errors import InvalidRequest
 
 
@@ -57,6 +63,7 @@ async def _serving(config, *, url: str | None, api_key: str | None, served_model
                    num_requests: int | None, max_tokens: int, prompt_length: int, request_rate: float,
                    console: Console) -> tuple[list[dict[str, Any]], dict[str, str]]:
     from ruvllm.bench.prompts import prompt_ids, prompt_text
+    from ruvllm.bench.report import speculative_figures
     from ruvllm.bench.serving import EngineTarget, HttpTarget, sweep
 
     count = max(num_requests or 0, *(num_requests or max(4, 2 * c) for c in levels))
@@ -81,7 +88,8 @@ async def _serving(config, *, url: str | None, api_key: str | None, served_model
                 target = EngineTarget(engine, prompts, name=label)
                 results = await sweep(target, levels, num_requests=per_level, max_tokens=max_tokens,
                                       prompt_length=prompt_length, request_rate=request_rate, progress=tick)
-                meta = {"backend": engine.backend_name, "model": engine.info.name, "engine_path": engine.path}
+                meta = {"backend": engine.backend_name, "model": engine.info.name, "engine_path": engine.path,
+                        "speculative": speculative_figures(engine.metrics())}
             finally:
                 await engine.shutdown()
             return results, meta
@@ -116,6 +124,7 @@ async def _serving(config, *, url: str | None, api_key: str | None, served_model
 @click.option("--label", help="Name of this target in tables and plots.")
 @click.option("--engine-option", "-e", "engine_opts", multiple=True, metavar="KEY=VALUE",
               help="ServingEngine option for the in-process engine (repeatable).")
+@speculative_option
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
               show_default=True, help="What to print on stdout.")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -126,7 +135,8 @@ async def _serving(config, *, url: str | None, api_key: str | None, served_model
 def benchmark(ctx: click.Context, model: str | None, backend: str | None, options: tuple[str, ...], mode: str,
               warmup: int, iterations: int, prompt_length: int, gen_length: int, concurrency: str,
               num_requests: int | None, request_rate: float, url: str | None, api_key: str | None,
-              served_model: str | None, label: str | None, engine_opts: tuple[str, ...], fmt: str,
+              served_model: str | None, label: str | None, engine_opts: tuple[str, ...],
+              speculative_config: str | None, fmt: str,
               output_dir: Path | None, plot_with: tuple[Path, ...]) -> None:
     """Measure MODEL (default: the embedded model): latency, throughput, memory."""
     from ruvllm.bench import report as rep
@@ -150,7 +160,7 @@ def benchmark(ctx: click.Context, model: str | None, backend: str | None, option
         result.update(backend=result["single"]["backend"], model=result["single"]["model"])
     if mode in ("serving", "both"):
         serving, meta = asyncio.run(_serving(
-            config.with_engine(dict(parse_option(o) for o in engine_opts)), url=url, api_key=api_key,
+            config.with_engine(engine_overrides(engine_opts, speculative_config)), url=url, api_key=api_key,
             served_model=served_model, label=label, levels=levels, num_requests=num_requests,
             max_tokens=gen_length, prompt_length=prompt_length, request_rate=request_rate, console=console))
         result["serving"] = serving

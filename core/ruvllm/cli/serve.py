@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import click
 
-from ruvllm.cli.app import backend_option, config_from, main, options_option
-from ruvllm.config import parse_option
+from ruvllm.cli.app import (
+    backend_option,
+    config_from,
+    engine_overrides,
+    main,
+    options_option,
+    speculative_option,
+)
 from ruvllm.reasoning import REASONING_FORMATS
 from ruvllm.scaleout.cli import run_scale_out, scale_out_options, scale_out_requested
 
@@ -29,6 +35,7 @@ from ruvllm.scaleout.cli import run_scale_out, scale_out_options, scale_out_requ
                    "(default: where the model's chat template writes think tags), deepseek (always), none.")
 @click.option("--engine-option", "-e", "engine_opts", multiple=True, metavar="KEY=VALUE",
               help="ServingEngine option, e.g. -e max_batch_tokens=1024 (repeatable; see docs/engine.md).")
+@speculative_option
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @click.option("--model", "-m", "extra_models", multiple=True, metavar="[NAME=]MODEL",
@@ -44,8 +51,8 @@ def serve(ctx: click.Context, model: str | None, backend: str | None, options: t
           host: str | None, port: int | None, api_key: str | None, served_model_name: str | None,
           max_concurrent: int | None, max_context: int | None, max_tokens_limit: int | None,
           max_body_bytes: int | None, reasoning_format: str | None, engine_opts: tuple[str, ...],
-          log_level: str, extra_models: tuple[str, ...], lora: tuple[str, ...],
-          allow_runtime_lora: bool | None) -> None:
+          speculative_config: str | None, log_level: str, extra_models: tuple[str, ...],
+          lora: tuple[str, ...], allow_runtime_lora: bool | None) -> None:
     """Serve MODEL (default: the embedded model) over an OpenAI-compatible HTTP API."""
     from ruvllm.server.runner import serve as run_server
     from ruvllm.server.runner import with_cli_models, with_lora_flags, with_server_overrides
@@ -55,7 +62,7 @@ def serve(ctx: click.Context, model: str | None, backend: str | None, options: t
                                    max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes,
                                    reasoning_format=reasoning_format)
     config = with_cli_models(with_lora_flags(config, lora, allow_runtime_lora), model, extra_models)
-    overrides = dict(parse_option(o) for o in engine_opts)
+    overrides = engine_overrides(engine_opts, speculative_config)
     if max_concurrent is not None:
         overrides["max_num_seqs"] = max_concurrent
     config = config.with_engine(overrides)

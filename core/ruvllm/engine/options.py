@@ -6,6 +6,7 @@ tables are: a bad value is an :class:`~ruvllm.errors.EngineOptionError` naming `
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -13,6 +14,7 @@ import attrs
 
 from ruvllm.engine.scheduler import Policy, SchedulerConfig
 from ruvllm.engine.speculative import Speculator
+from ruvllm.errors import EngineOptionError
 from ruvllm.guided.engine import DEFAULT_ENGINE, engine_option
 from ruvllm.options import (
     boolean,
@@ -28,6 +30,32 @@ from ruvllm.options import (
 PATHS = ("auto", "executor", "request")
 #: ``speculative_method`` values (vLLM's ``speculative_config.method`` names).
 SPECULATIVE_METHODS = ("none", "ngram")
+#: vLLM's ``--speculative-config`` keys -> the ``[engine]`` options they set.
+SPECULATIVE_CONFIG_KEYS = {
+    "method": "speculative_method",
+    "num_speculative_tokens": "num_speculative_tokens",
+    "prompt_lookup_min": "prompt_lookup_min",
+    "prompt_lookup_max": "prompt_lookup_max",
+    "disable_by_batch_size": "speculative_disable_by_batch_size",
+    "adaptive": "speculative_adaptive",
+}
+
+
+def speculative_config_options(text: str) -> dict[str, Any]:
+    """``[engine]`` options from a vLLM-style ``--speculative-config`` JSON object, e.g.
+    ``{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4}``. The values are
+    validated when the options are built; unknown keys are refused here, by name."""
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EngineOptionError("speculative_config", f"must be a JSON object: {exc}", text) from None
+    if not isinstance(given, dict):
+        raise EngineOptionError("speculative_config", "must be a JSON object", text)
+    unknown = sorted(set(given) - set(SPECULATIVE_CONFIG_KEYS))
+    if unknown:
+        raise EngineOptionError("speculative_config", f"unknown key(s) {', '.join(unknown)}; known: "
+                                f"{', '.join(SPECULATIVE_CONFIG_KEYS)}", text)
+    return {SPECULATIVE_CONFIG_KEYS[k]: v for k, v in given.items()}
 
 
 def _policy(value: Any) -> Any:
@@ -89,6 +117,9 @@ class EngineOptions:
     prompt_lookup_max: int = attrs.field(default=4, validator=positive_int())
     #: No drafts in a step with more running requests than this (the batch keeps the CPU busy).
     speculative_disable_by_batch_size: int = attrs.field(default=4, validator=positive_int())
+    #: Draft length per request from its acceptance rate and what a drafted token costs (false:
+    #: always ``num_speculative_tokens``, as vLLM).
+    speculative_adaptive: bool = attrs.field(default=True, validator=boolean())
 
     def __attrs_post_init__(self) -> None:
         if self.prompt_lookup_min > self.prompt_lookup_max:
@@ -106,7 +137,8 @@ class EngineOptions:
             return None
         return Speculator(num_speculative_tokens=self.num_speculative_tokens,
                           prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max,
-                          disable_by_batch_size=self.speculative_disable_by_batch_size)
+                          disable_by_batch_size=self.speculative_disable_by_batch_size,
+                          adaptive=self.speculative_adaptive)
 
     def scheduler_config(self, max_num_seqs: int, max_batch_tokens: int) -> SchedulerConfig:
         return SchedulerConfig(

@@ -51,7 +51,10 @@ class Speculator:
     """Prompt-lookup drafts for the scheduler, sized per request and per step."""
 
     def __init__(self, *, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int,
-                 disable_by_batch_size: int):
+                 disable_by_batch_size: int, adaptive: bool = True):
+        """``adaptive`` False: every request drafts ``num_speculative_tokens`` whenever its tail
+        matches (vLLM's fixed length), whatever its acceptance and the cost."""
+        self.adaptive = adaptive
         self.max_length = num_speculative_tokens
         self.min_n = prompt_lookup_min
         self.max_n = prompt_lookup_max
@@ -66,7 +69,9 @@ class Speculator:
         state = self._states.get(req.request_id)
         if state is None:
             state = self._states[req.request_id] = _DraftState(PromptLookup(self.min_n, self.max_n))
-        k = self._length(state.acceptance, self.cost.token_cost(batch_size))
+        k = self.max_length
+        if self.adaptive:
+            k = self._length(state.acceptance, self.cost.token_cost(batch_size))
         if k == 0:
             state.idle += 1
             if state.idle < PROBE_INTERVAL:

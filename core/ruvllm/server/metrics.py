@@ -91,6 +91,10 @@ _COUNTERS = (
     ("num_preemptions_total", "preemptions", "Cumulative number of preemptions from the engine."),
     ("prompt_tokens_total", "prompt_tokens", "Number of prefill tokens processed."),
     ("generation_tokens_total", "generation_tokens", "Number of generation tokens processed."),
+    ("spec_decode_num_drafts_total", "spec_decode_drafts",
+     "Number of spec decoding drafts (a request verifying drafted tokens in a step)."),
+    ("spec_decode_num_draft_tokens_total", "spec_decode_draft_tokens", "Number of draft tokens."),
+    ("spec_decode_num_accepted_tokens_total", "spec_decode_accepted_tokens", "Number of accepted tokens."),
 )
 _HISTOGRAMS = (
     ("time_to_first_token_seconds", "time_to_first_token", "Histogram of time to first token in seconds."),

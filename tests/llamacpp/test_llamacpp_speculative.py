@@ -1,0 +1,76 @@
+"""Prompt-lookup speculation on the llama.cpp executor and the embedded model.
+
+Rejected drafts leave cells in llama.cpp's unified pool unless the engine trims them
+(``llama_memory_seq_rm``); a cell left behind puts two cells at one position of a sequence,
+which changes its attention (or makes llama_decode refuse the batch). llama.cpp's logits of a
+position verified in a chunk of drafts differ slightly from a one-token decode's, so greedy
+output is compared with plain decoding's under the isolation rule (docs/conformance.md): the
+tokens are the same until a position where plain decoding's row had a near-tie.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from ruvllm.engine import EngineOptions, ServingEngine
+from ruvllm.guided import guided_processor
+from ruvllm.guided.grammar import GrammarSpec
+from ruvllm.testing.isolation import LogitsRecorder, NearTieRule
+from ruvllm.testing.speculative import COPY_PROMPT, FIXED_DRAFTS
+from ruvllm.types import GenerationParams
+
+ruvllm_llamacpp = pytest.importorskip("ruvllm_llamacpp")
+
+FREE = "Once upon a time, in a small village,"
+SPEC = EngineOptions(max_num_seqs=4, **FIXED_DRAFTS)
+
+
+@pytest.fixture(scope="module")
+def backend(model_path, test_options):
+    from ruvllm.models import ModelSource
+
+    b = ruvllm_llamacpp.LlamaCppBackend.load(ModelSource.from_path(model_path), test_options)
+    yield b
+    b.close()
+
+
+def recorded(backend, options, prompts, params):
+    with ServingEngine(backend, options, owns_backend=False) as eng:
+        recorders = [LogitsRecorder() for _ in prompts]
+        handles = [eng.submit_sync(eng.encode(p), params, logits_processors=[r])
+                   for p, r in zip(prompts, recorders, strict=True)]
+        results = [h.result() for h in handles]
+        return results, recorders, eng.metrics()
+
+
+def test_greedy_output_is_plain_decodings_up_to_near_ties(backend):
+    params = GenerationParams(max_tokens=36, temperature=0.0, ignore_eos=True)
+    prompts = [COPY_PROMPT, FREE]
+    plain, plain_rows, _ = recorded(backend, EngineOptions(max_num_seqs=4), prompts, params)
+    spec, spec_rows, snap = recorded(backend, SPEC, prompts, params)
+    assert snap.spec_decode_draft_tokens > snap.spec_decode_accepted_tokens > 16, snap
+    rule = NearTieRule()
+    for a, b, ra, rb in zip(plain, spec, plain_rows, spec_rows, strict=True):
+        for k, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=True)):
+            d = rule.compare_row(k, ra.rows[k], rb.rows[k], reference_token=x)
+            assert d is None or d.allowed, d.describe(backend.tokenizer.token_text)
+            if x != y:
+                break  # a near-tie flipped: the contexts differ from here on
+    assert spec[0].usage.accepted_draft_tokens > 16  # the copy prompt is mostly drafted
+
+
+def test_constrained_sampled_output_keeps_its_grammar_and_seed(backend):
+    # The copied text's capitals and punctuation are drafted and must be refused by the mask.
+    spec = GrammarSpec(field="guided_regex", kind="regex", language="regex", source=r"[a-z ]{1,200}")
+    params = GenerationParams(max_tokens=24, temperature=0.8, seed=11)
+    outputs = []
+    for _ in range(2):
+        with ServingEngine(backend, SPEC, owns_backend=False) as eng:
+            proc = guided_processor(spec, eng.tokenizer)
+            handle = eng.submit_sync(eng.encode(COPY_PROMPT), params, logits_processors=[proc])
+            outputs.append(handle.result())
+            drafted = eng.metrics().spec_decode_draft_tokens
+    assert drafted > 0
+    assert outputs[0].token_ids == outputs[1].token_ids
+    assert re.fullmatch(r"[a-z ]+", outputs[0].text), outputs[0].text
