@@ -64,7 +64,8 @@ class LLM:
             self.model = model
         else:
             self.model = resolve(model or config.model, config.cache_dir)
-        cls = registry.select(backend or config.backend, self.model)
+        # generate() serves one request at a time: `auto` picks for one client.
+        cls = registry.select(backend or config.backend, self.model, load=1, cache_dir=config.cache_dir)
         opts = {**merged_options(config, cls.name), **(options or {})}
         self.backend: LlmBackend = cls.load(self.model, opts)
         self._lock = threading.Lock()

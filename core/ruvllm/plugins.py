@@ -17,11 +17,13 @@ import platform
 import sys
 import traceback
 from importlib import metadata
+from pathlib import Path
 
 import attrs
 import pluggy
 
 from ruvllm import hookspecs
+from ruvllm.auto_backend import Preference, measured_preference
 from ruvllm.backend import LlmBackend
 from ruvllm.errors import BackendUnavailable, UnknownBackend
 from ruvllm.lazy_backend import LazyBackend
@@ -33,7 +35,8 @@ ENTRY_POINT_GROUP = "ruvllm"
 #: Comma-separated entry-point names to load; unset loads every installed plugin.
 ALLOWLIST_ENV = "RUVLLM_PLUGINS"
 
-#: ``backend = "auto"`` tries these in order, first available one that reads the model wins.
+#: ``backend = "auto"`` tries these in order, first available one that reads the model wins,
+#: unless ``ruvllm tune`` measured this machine (ruvllm.auto_backend).
 #: Apple Silicon: MLX runs on the Metal GPU. Elsewhere llama.cpp is the fastest CPU engine
 #: measured here; the PyTorch reference comes next; mistral.rs is slower on CPU.
 AUTO_PREFERENCE = {
@@ -94,8 +97,11 @@ class BackendRegistry:
             raise UnknownBackend(name, list(self.backends)) from None
         return _class_of(entry)
 
-    def select(self, name: str, model: ModelSource | None = None) -> type[LlmBackend]:
-        """The backend class to use: by name, or by preference when ``name == "auto"``."""
+    def select(self, name: str, model: ModelSource | None = None, *, load: int = 1,
+               cache_dir: Path | None = None) -> type[LlmBackend]:
+        """The backend class to use: by name, or when ``name == "auto"`` the first that can run
+        here in the order ``ruvllm tune`` measured fastest for ``load`` clients on this machine
+        (its record under ``cache_dir``), else in the fixed preference order."""
         if name != "auto":
             if name not in self.backends:
                 raise UnknownBackend(name, list(self.backends))
@@ -110,7 +116,14 @@ class BackendRegistry:
                     f"pick another backend or a model in one of those formats"
                 )
             return _class_of(cls)
-        order = AUTO_PREFERENCE[platform_key()]
+        fixed = AUTO_PREFERENCE[platform_key()]
+        preference = None
+        if model is not None and cache_dir is not None:
+            preference = measured_preference(cache_dir, model, load, fixed)
+        if preference is None:
+            preference = Preference(fixed, f"preference order for {platform_key()}: {', '.join(fixed)}; "
+                                           "not measured on this machine (`ruvllm tune` measures)")
+        order = preference.order
         names = list(order) + sorted(set(self.backends) - set(order))
         skipped = []
         for candidate in names:
@@ -125,11 +138,8 @@ class BackendRegistry:
             if model is not None and model.format not in cls.formats:
                 skipped.append(f"{candidate}: cannot read {model.format} models")
                 continue
-            log.info(
-                "backend auto -> %s (preference order for %s: %s%s)",
-                candidate, platform_key(), ", ".join(order),
-                "; skipped " + "; ".join(skipped) if skipped else "",
-            )
+            log.info("backend auto -> %s (%s%s)", candidate, preference.why,
+                     "; skipped " + "; ".join(skipped) if skipped else "")
             return _class_of(cls)
         raise BackendUnavailable("auto", "no installed backend can run here: " + "; ".join(skipped))
 

@@ -188,7 +188,7 @@ def local_engine():
 
     async def make():
         desc = await handle.describe.remote()
-        owner = load_tokenizer_backend(config)
+        owner = load_tokenizer_backend(config, desc.backend_name)
         return RemoteEngine(handle, desc, owner.tokenizer, options=EngineOptions(), owner=owner)
 
     loop = asyncio.new_event_loop()

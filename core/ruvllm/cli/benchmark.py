@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from ruvllm.cli.app import (
 from ruvllm.errors import InvalidRequest
 
 
-def _levels(text: str) -> list[int]:
+def concurrency_levels(text: str) -> list[int]:
     try:
         levels = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -40,16 +41,28 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
-def _progress(console: Console) -> Progress:
+def progress_bar(console: Console) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console, transient=True)
+
+
+def level_ticks(bar: Progress, label: str = "") -> Callable[[int, int, int], None]:
+    """A serving sweep's progress callback: one bar per client count, ``label`` before it."""
+    tasks: dict[int, Any] = {}
+
+    def tick(c: int, done: int, total: int) -> None:
+        if c not in tasks:
+            tasks[c] = bar.add_task(f"{label}{c} clients", total=total)
+        bar.update(tasks[c], completed=done)
+
+    return tick
 
 
 def _single(config, cfg, console: Console) -> dict[str, Any]:
     from ruvllm.bench.single import run_single_stream
     from ruvllm.llm import LLM
 
-    with LLM(config=config) as llm, _progress(console) as bar:
+    with LLM(config=config) as llm, progress_bar(console) as bar:
         task = bar.add_task("single stream", total=cfg.warmup + cfg.iterations)
 
         def tick(phase: str, done: int, total: int) -> None:
@@ -71,14 +84,8 @@ async def _serving(config, *, url: str | None, api_key: str | None, served_model
     def per_level(c: int) -> int:
         return num_requests or max(4, 2 * c)
 
-    with _progress(console) as bar:
-        tasks: dict[int, Any] = {}
-
-        def tick(c: int, done: int, total: int) -> None:
-            if c not in tasks:
-                tasks[c] = bar.add_task(f"{c} clients", total=total)
-            bar.update(tasks[c], completed=done)
-
+    with progress_bar(console) as bar:
+        tick = level_ticks(bar)
         if url is None:
             from ruvllm.server.runner import load_engine
 
@@ -146,7 +153,7 @@ def benchmark(ctx: click.Context, model: str | None, backend: str | None, option
 
     config = config_from(ctx, backend=backend, model=model, options=options)
     console = Console(stderr=True)
-    levels = _levels(concurrency)
+    levels = concurrency_levels(concurrency)
     single_cfg = SingleStreamConfig(prompt_length=prompt_length, gen_length=gen_length, warmup=warmup,
                                     iterations=iterations)
     # Validate serving flags before any model is loaded.

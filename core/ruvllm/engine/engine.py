@@ -91,12 +91,14 @@ class ServingEngine:
         config = config or load_config()
         registry = registry or get_registry()
         source = resolve(model or config.model, config.cache_dir)
-        backend_cls = registry.select(backend or config.backend, source)
-        backend_opts = merged_options(config, backend_cls.name)
         if options is None:
             options = EngineOptions.from_mapping(getattr(config, "engine", {}) or {})
         elif not isinstance(options, EngineOptions):
             options = EngineOptions.from_mapping(options)
+        # `auto` picks for the load this engine is sized for: max_num_seqs clients.
+        backend_cls = registry.select(backend or config.backend, source, load=options.max_num_seqs,
+                                      cache_dir=config.cache_dir)
+        backend_opts = merged_options(config, backend_cls.name)
         engine = cls(lambda: backend_cls.load(source, backend_opts), options, owns_backend=True,
                      hooks=registry.pm.hook)
         try:

@@ -77,7 +77,9 @@ class OpenAIIngress:
         board = start_board(args.board_name)
         description = await replicas.describe.remote()
         baseline = await replicas.metrics.remote()
-        owner = await asyncio.to_thread(load_tokenizer_backend, args.config)
+        # The replicas' own backend, not the config's name: `auto` may have picked by what
+        # `ruvllm tune` measured for their load, and the tokenizer must be the one they use.
+        owner = await asyncio.to_thread(load_tokenizer_backend, args.config, description.backend_name)
         options = EngineOptions.from_mapping(args.config.engine)
         self.engine = RemoteEngine(replicas, description, owner.tokenizer, options=options,
                                    affinity_blocks=args.scale.affinity_blocks, retries=args.scale.retries,

@@ -16,12 +16,13 @@ from typing import Any
 from ruvllm.config import Config, merged_options
 
 
-def load_tokenizer_backend(config: Config) -> Any:
-    """The configured backend with the configured model loaded (its ``tokenizer`` is the model's)."""
+def load_tokenizer_backend(config: Config, backend: str) -> Any:
+    """``backend`` (the one the replicas run) with the configured model loaded (its
+    ``tokenizer`` is the model's)."""
     from ruvllm.plugins import get_registry
     from ruvllm.registry import resolve
 
     registry = get_registry()
     source = resolve(config.model, config.cache_dir)
-    backend_cls = registry.select(config.backend, source)
+    backend_cls = registry.select(backend, source)
     return backend_cls.load(source, merged_options(config, backend_cls.name))
