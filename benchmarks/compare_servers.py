@@ -17,7 +17,9 @@ second time with ``--interrupt_requests False`` (its setting that lets every str
 requests are then served one after another).
 
 ``--backends`` serves the same model with several ruvllm backends in turn, one line each in the
-table and the plot; ``-o BACKEND:KEY=VALUE`` passes a backend option to one of them. Defaults:
+table and the plot; ``-o BACKEND:KEY=VALUE`` passes a backend option to one of them, and
+``--variant 'BACKEND:FLAGS'`` adds one more run of a backend with other serve flags (say, as
+llama-server is run: ``'llamacpp:--max-concurrent 32 -o flash_attn=auto'``). Defaults:
 llamacpp gets ``n_threads=--threads`` (everything else as ``ruvllm serve`` sets it: the 256 MiB
 pool, the model's context); candle_like gets ``dtype=bfloat16``, in which it batches well on
 CPUs with bf16 matrix instructions (on one without, say ``-o candle_like:dtype=float32``). Every
@@ -35,6 +37,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -68,6 +71,15 @@ def backend_options(backends: list[str], given: list[str], threads: int) -> dict
             raise SystemExit(f"-o {item!r}: {backend!r} is not one of --backends {','.join(backends)}")
         opts[backend][key] = value
     return opts
+
+
+def parse_variant(text: str, options: dict[str, dict[str, str]]) -> tuple[str, list[str]]:
+    """``BACKEND:FLAGS`` -> (backend, serve flags): one more run of a backend of --backends."""
+    backend, sep, flags = text.partition(":")
+    if not sep or backend not in options:
+        raise SystemExit(f"--variant {text!r}: expected BACKEND:FLAGS with BACKEND one of --backends "
+                         f"{','.join(options)}")
+    return backend, shlex.split(flags)
 
 
 def free_port() -> int:
@@ -156,6 +168,9 @@ def main() -> int:
                     help="peer servers, comma-separated: llama-server, llama_cpp.server (or none)")
     ap.add_argument("--llama-server", type=Path, default=None,
                     help="llama-server binary (default: the one build_llama_server.py built)")
+    ap.add_argument("--variant", action="append", default=[], metavar="BACKEND:FLAGS",
+                    help="one more ruvllm serve run of BACKEND with these serve flags (repeatable), e.g. "
+                         "'llamacpp:--max-concurrent 32 -o flash_attn=auto' (llama-server's settings)")
     ap.add_argument("--kv-budget-mib", type=int, default=256,
                     help="KV memory of ruvllm's llamacpp pool and of llama-server's unified KV")
     args = ap.parse_args()
@@ -179,21 +194,24 @@ def main() -> int:
     bin_dir = Path(sys.executable).parent
     results: list[dict] = []
 
-    for backend, opts in backend_options(backends, args.option, args.threads).items():
+    options = backend_options(backends, args.option, args.threads)
+    runs = [(backend, []) for backend in backends] + [parse_variant(v, options) for v in args.variant]
+    for n, (backend, flags) in enumerate(runs):
+        opts = dict(options[backend])
         if backend == "llamacpp":
             opts.setdefault("kv_budget_mib", str(args.kv_budget_mib))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        print(f"ruvllm serve --backend {backend} on {url}", file=sys.stderr)
+        print(f"ruvllm serve --backend {backend} {' '.join(flags)} on {url}", file=sys.stderr)
         cmd = [str(bin_dir / "ruvllm"), "serve", "--backend", backend, "--port", str(port),
                "--log-level", "warning"]
         for key, value in opts.items():
             cmd += ["-o", f"{key}={value}"]
-        proc = run_server(cmd, url, args.output_dir / f"ruvllm-serve-{backend}.log")
+        proc = run_server([*cmd, *flags], url, args.output_dir / f"ruvllm-serve-{backend}-{n}.log")
         try:
             health = httpx.get(url + "/health").json()
             label = ", ".join([health["backend"], health["engine_path"],
-                               *(f"{k}={v}" for k, v in opts.items())])
+                               *(f"{k}={v}" for k, v in opts.items()), *([" ".join(flags)] if flags else [])])
             results += asyncio.run(measure(url, f"ruvllm serve ({label})", prompts, {"ignore_eos": True},
                                            args))
         finally:
@@ -231,7 +249,7 @@ def main() -> int:
     report = {"machine": machine_info(), "model": model_name, "serving": results,
               "settings": {"clients": args.clients, "gen_length": args.gen_length,
                            "prompt_length": args.prompt_length, "threads": args.threads,
-                           "backends": backend_options(backends, args.option, args.threads),
+                           "backends": options, "variants": args.variant,
                            "peers": sorted(peers),
                            "load_average": os.getloadavg()}}
     (args.output_dir / "compare_servers.json").write_text(rep.to_json(report))
