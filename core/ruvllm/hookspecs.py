@@ -69,7 +69,9 @@ def ruvllm_step_idle(engine: Any) -> None:
 
 
 @hookspec(firstresult=True)
-def ruvllm_select_adapter(engine: Any, prompt_ids: tuple[int, ...], embedding: Any) -> str | None:
+def ruvllm_select_adapter(engine: Any, prompt_ids: tuple[int, ...], embedding: Any,
+                          tenant: str | None) -> str | None:
     """Name the adapter a new request (submitted without one) should run with, or None for
     the base model. Called at submit time on the caller's thread; ``embedding`` is None when
-    the caller has none (the implementation computes what it needs)."""
+    the caller has none (the implementation computes what it needs); ``tenant`` is the request's
+    ``GenerationParams.tenant`` (a learning plugin never gives one tenant another's adapter)."""

@@ -124,6 +124,11 @@ def _adapter_name(instance: Any, attribute: attrs.Attribute, value: Any) -> None
                              f"got {value!r}", value)
 
 
+def _tenant(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest("user", f"must be a string naming the end user, got {value!r}", value)
+
+
 @attrs.frozen(kw_only=True)
 class GenerationParams:
     """What to generate: length, sampling, stopping and logprobs.
@@ -151,6 +156,9 @@ class GenerationParams:
     #: Name of a loaded LoRA adapter to generate with (backends with ``Capabilities.lora``);
     #: None runs the base model (or whatever adapter a SONA router picks).
     adapter: str | None = attrs.field(default=None, validator=_adapter_name)
+    #: Whom the request is for (the server's ``user``): learning plugins learn per tenant, so one
+    #: tenant's feedback never changes another's outputs. None: no tenant (the shared one).
+    tenant: str | None = attrs.field(default=None, validator=_tenant)
     #: ``(token id, bias)`` pairs added to the logits before the sampler chooses (OpenAI's
     #: ``logit_bias``; a dict is accepted). Reported logprobs stay the model's own.
     logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_logit_bias)
@@ -337,3 +345,5 @@ class Trajectory:
     #: User feedback in [-1, 1]; None until feedback arrives.
     feedback: float | None = None
     adapter: str | None = None
+    #: The request's ``GenerationParams.tenant``.
+    tenant: str | None = None

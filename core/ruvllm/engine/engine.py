@@ -247,7 +247,8 @@ class ServingEngine:
         check_logits_options(params, path=self.path, backend=self.backend_name,
                              vocab_size=self._info.vocab_size, executor=getattr(self._core, "executor", None))
         if params.adapter is None and self._router_active():
-            chosen = self._hooks.ruvllm_select_adapter(engine=self, prompt_ids=tuple(prompt), embedding=None)
+            chosen = self._hooks.ruvllm_select_adapter(engine=self, prompt_ids=tuple(prompt), embedding=None,
+                                                       tenant=params.tenant)
             if chosen is not None:
                 params = attrs.evolve(params, adapter=chosen)
         # Refused here, never mid-batch; the key keeps KV of different adapters (or of another
@@ -271,7 +272,7 @@ class ServingEngine:
         sampler = Sampler(params, self._info.vocab_size, prompt, logits_processors) \
             if self.path == "executor" else None
         live = LiveRequest(sched, params, RequestOutputBuilder(self._backend.tokenizer, prompt, params),
-                           sampler, _Tracked(sink, self, rid, tuple(prompt), params.adapter),
+                           sampler, _Tracked(sink, self, rid, tuple(prompt), params.adapter, params.tenant),
                            arrival=time.perf_counter(),
                            timeout=timeout if timeout is not None else self.options.request_timeout)
         if params.prompt_logprobs is not None:
@@ -302,7 +303,7 @@ class ServingEngine:
         return self._hooks is not None and bool(self._hooks.ruvllm_select_adapter.get_hookimpls())
 
     def _finished(self, request_id: str, prompt: tuple[int, ...], adapter: str | None,
-                  result: GenerationResult) -> None:
+                  result: GenerationResult, tenant: str | None) -> None:
         """The ``ruvllm_request_finished`` hook, on the model thread, for every request that produced
         a result (learning plugins record the trajectory there)."""
         hook = self._hooks.ruvllm_request_finished if self._hooks is not None else None
@@ -310,7 +311,8 @@ class ServingEngine:
             return
         try:
             hook(engine=self, trajectory=Trajectory(request_id=request_id, prompt_ids=prompt,
-                                                    output_ids=result.token_ids, adapter=adapter))
+                                                    output_ids=result.token_ids, adapter=adapter,
+                                                    tenant=tenant))
         except Exception:  # a learning plugin must never break serving
             log.exception("ruvllm_request_finished failed")
 
@@ -503,12 +505,13 @@ class _Tracked(Sink):
     """Wraps a caller's sink to keep the engine's admission counters right."""
 
     def __init__(self, inner: Sink, engine: ServingEngine, request_id: str, prompt: tuple[int, ...],
-                 adapter: str | None):
+                 adapter: str | None, tenant: str | None):
         self.inner = inner
         self.engine = engine
         self.request_id = request_id
         self.prompt = prompt
         self.adapter = adapter
+        self.tenant = tenant
         self._queued = True
 
     def left_queue(self) -> None:
@@ -522,5 +525,5 @@ class _Tracked(Sink):
             self.engine._released(self.request_id)
         if result is not None:
             # Before the caller sees the result, so feedback sent right after it finds the trajectory.
-            self.engine._finished(self.request_id, self.prompt, self.adapter, result)
+            self.engine._finished(self.request_id, self.prompt, self.adapter, result, self.tenant)
         self.inner.push(outputs, result, error)

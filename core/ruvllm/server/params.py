@@ -234,6 +234,7 @@ def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits:
         "ignore_eos": req.ignore_eos,
         "stop_token_ids": req.stop_token_ids,
         "logit_bias": req.logit_bias,
+        "tenant": req.user,  # a learning plugin (SONA) learns per end user
     }
     if isinstance(req, CompletionRequest) and req.echo and logprobs is not None:
         values["prompt_logprobs"] = logprobs  # OpenAI's echo + logprobs: the prompt's logprobs too

@@ -57,7 +57,8 @@ class _Request(RequestBody):
     seed: int | None = Field(None, ge=0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    #: OpenAI's end-user id: accepted, never used (docs/server.md says why).
+    #: OpenAI's end-user id: the request's tenant, which only a learning plugin (SONA) uses: it
+    #: learns each tenant's feedback apart (docs/server.md, docs/sona.md).
     user: str | None = None
     # Extensions vLLM users already send.
     top_k: int | None = Field(None, ge=0)
