@@ -132,8 +132,10 @@ def test_max_tokens_bounds_drafts():
 
 
 def drafted_with(steps, size: int) -> list[bool]:
-    """Per step of ``size`` sequences: whether any of them verified drafts."""
-    return [any(e.all_logits for e in step) for step in steps if len(step) == size]
+    """Per step decoding ``size`` running sequences: whether any of them verified drafts (a
+    request admitted in the same step adds a prompt chunk, which is not a decode)."""
+    decodes = [[e for e in step if e.all_logits or len(e.tokens) == 1] for step in steps]
+    return [any(e.all_logits for e in step) for step in decodes if len(step) == size]
 
 
 def test_no_drafts_above_the_batch_threshold():
@@ -172,11 +174,11 @@ def test_prompt_lookup_prefers_the_longest_most_recent_match():
     lookup = PromptLookup(1, 3)
     #             0  1  2  3  4  5  6  7  8  9
     history = [7, 1, 2, 3, 9, 1, 2, 4, 5, 1, 2]
-    assert lookup.propose(history, 3) == (4, 5, 1)  # "1 2" most recently followed by 4 5 1
-    history += [3]  # tail "2 3": only at 2..3, followed by 9 1 2
-    assert lookup.propose(history, 2) == (9, 1)
-    assert lookup.propose([*history, 8], 2) == ()  # 8 occurs nowhere earlier
-    assert PromptLookup(2, 2).propose([5, 6, 5, 6, 5], 4) == (6, 5)  # runs into the tail, stops at the end
+    assert lookup.propose(history, 3) == ((4, 5, 1), 2)  # "1 2" most recently followed by 4 5 1
+    history += [3]  # tail "1 2 3": only at 1..3, followed by 9 1 2
+    assert lookup.propose(history, 2) == ((9, 1), 3)
+    assert lookup.propose([*history, 8], 2) == ((), 0)  # 8 occurs nowhere earlier
+    assert PromptLookup(2, 2).propose([5, 6, 5, 6, 5], 4) == ((6, 5), 2)  # into the tail, stops at the end
 
 
 def test_options_refuse_a_min_above_the_max():
@@ -188,16 +190,20 @@ def test_draft_length_follows_acceptance_and_cost():
     spec = Speculator(num_speculative_tokens=8, prompt_lookup_min=1, prompt_lookup_max=2,
                       disable_by_batch_size=4)
     spec.cost = FixedCost(0.5)
-    req = SchedRequest("r", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 3, max_tokens=100)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 3
+    req = SchedRequest("r", tokens, max_tokens=100)
     assert len(spec.propose(req, 8, 1)) == 1  # acceptance 1/2 at first: one token is worth it
     for _ in range(12):
         spec.record("r", 2, 2)
     assert len(spec.propose(req, 8, 1)) == 8  # a request that copies drafts many
     assert len(spec.propose(req, 3, 1)) == 3  # never more than the step allows
+    # A new request whose tail matches as long starts from the engine's figure for that length.
+    assert len(spec.propose(SchedRequest("new", tokens, max_tokens=100), 8, 1)) == 8
     for _ in range(30):
         spec.record("r", 1, 0)
     silent = [spec.propose(req, 8, 1) for _ in range(PROBE_INTERVAL)]
     assert [len(d) for d in silent] == [0] * (PROBE_INTERVAL - 1) + [1]  # failing drafts stop, then a probe
+    assert spec.propose(SchedRequest("newer", tokens, max_tokens=100), 8, 1) == ()
     spec.cost = FixedCost(1.0)
     for _ in range(12):
         spec.record("r", 2, 2)

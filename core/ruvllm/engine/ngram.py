@@ -30,12 +30,13 @@ class PromptLookup:
         self._follows: dict[tuple[int, ...], list[int]] = {}
         self._indexed = min_n
 
-    def propose(self, tokens: Sequence[int], k: int) -> tuple[int, ...]:
-        """Up to ``k`` tokens predicted to follow ``tokens`` (empty when the tail occurs nowhere
-        earlier). ``tokens`` only ever grows between calls (a request's history)."""
+    def propose(self, tokens: Sequence[int], k: int) -> tuple[tuple[int, ...], int]:
+        """Up to ``k`` tokens predicted to follow ``tokens``, and the length of the matched tail
+        (``((), 0)`` when the tail occurs nowhere earlier). ``tokens`` only ever grows between
+        calls (a request's history)."""
         end = len(tokens)
         if k < 1 or end <= self.min_n:
-            return ()
+            return (), 0
         self._index(tokens)
         tail = tuple(tokens[end - self.min_n:])
         best, best_len = -1, 0
@@ -48,8 +49,8 @@ class PromptLookup:
                 if n == self.max_n:
                     break
         if best < 0:
-            return ()
-        return tuple(tokens[best:min(best + k, end)])
+            return (), 0
+        return tuple(tokens[best:min(best + k, end)]), best_len
 
     def _index(self, tokens: Sequence[int]) -> None:
         """Index every position whose following token is known and whose n-gram is not the tail."""

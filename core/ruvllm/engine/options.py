@@ -111,7 +111,7 @@ class EngineOptions:
     #: work and costs a little on free text.
     speculative_method: str = attrs.field(default="none", validator=one_of(SPECULATIVE_METHODS))
     #: Most tokens drafted per request per step (the adaptive length never exceeds it).
-    num_speculative_tokens: int = attrs.field(default=5, validator=int_range(1, 32))
+    num_speculative_tokens: int = attrs.field(default=10, validator=int_range(1, 32))
     #: Shortest and longest n-gram of the request's tail looked up earlier in it.
     prompt_lookup_min: int = attrs.field(default=2, validator=positive_int())
     prompt_lookup_max: int = attrs.field(default=4, validator=positive_int())
