@@ -8,8 +8,9 @@ import pytest
 import torch
 from ruvllm.errors import InvalidRequest
 from ruvllm.types import Trajectory
+from ruvllm_candle_like.config import ModelConfig
 from ruvllm_sona.ewc import EwcPlusPlus
-from ruvllm_sona.micro_lora import combine, truncate
+from ruvllm_sona.micro_lora import MicroLora, combine, truncate
 from ruvllm_sona.patterns import Pattern, PatternBank, kmeans
 from ruvllm_sona.store import TrajectoryStore
 
@@ -62,14 +63,26 @@ def test_stacked_pairs_sum_exactly_and_truncation_keeps_the_dominant_part():
     assert float(err1) == pytest.approx(float(s[1:].square().sum().sqrt()), rel=1e-3)  # Eckart-Young
 
 
+def test_micro_lora_adapts_only_the_last_layers_asked():
+    cfg = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=4,
+                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64,
+                      tie_word_embeddings=True)
+    last = MicroLora(cfg, rank=2, alpha=4.0, targets=("q_proj", "v_proj"), layers=1)
+    assert set(last.a) == {(3, "q_proj"), (3, "v_proj")}
+    assert {layer for layer, _ in MicroLora(cfg, rank=2, alpha=4.0, targets=("q_proj",)).a} == {0, 1, 2, 3}
+
+
 def test_pattern_bank_routes_to_the_nearest_similar_pattern():
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.normal([5, 0, 0], 0.3, (20, 3)), rng.normal([0, 5, 0], 0.3, (20, 3))])
     centroids, assign = kmeans(x, 2)
     assert len(set(assign[:20])) == 1 and len(set(assign[20:])) == 1 and assign[0] != assign[20]
     bank = PatternBank(threshold=0.9)
-    bank.add([Pattern(centroid=c, adapter=f"a{j}", size=20, mean_score=1.0) for j, c in enumerate(centroids)])
+    assert bank.replace([Pattern(centroid=c, adapter=f"a{j}", size=20, mean_score=1.0)
+                         for j, c in enumerate(centroids)]) == set()
     first = bank.route(np.array([4.0, 0.2, 0.0]))
     second = bank.route(np.array([0.1, 3.0, 0.0]))
     assert {first, second} == {"a0", "a1"}
     assert bank.route(np.array([0.0, 0.0, 1.0])) is None  # nothing similar enough: base model
+    assert bank.replace([Pattern(centroid=centroids[0], adapter="b", size=1, mean_score=1.0)]) == {"a0", "a1"}
+    assert bank.route(centroids[0] * 5) == "b" and bank.route(centroids[1] * 5) is None

@@ -20,30 +20,15 @@ from ruvllm_candle_like.lora import LoraPlan, load_peft
 from ruvllm_sona import SonaOptions, attach, sona_for
 from ruvllm_sona.trainer import Example, perplexity, token_logprobs
 
-TOPICS = ["the sea", "a cat", "coffee", "winter"]
+from sona.helpers import TOPICS, TRAIN, greedy, serve
+
 HELD_OUT = ("The water cycle describes how water moves between the oceans, the air and the land. Heat "
             "from the sun evaporates water from the surface of seas and lakes, and the vapour condenses "
             "into clouds that fall again as rain or snow.")
-SAMPLE = dict(max_tokens=8, temperature=0.8)
-#: Small training batches of short sequences (prompt tail + response) and few Fisher samples.
-TRAIN = dict(interval=0, batch_size=4, fisher_batch=2, max_seq_len=40)
-
-
-def serve(engine, prompts, seeds, **params):
-    handles = [engine.submit_sync(p, GenerationParams(seed=s, **{**SAMPLE, **params})) for s in seeds
-               for p in prompts]
-    return [(h.request_id, h.result()) for h in handles]
-
-
-def greedy(engine, ask):
-    """One request at a time: batch composition depends on arrival timing, bf16 results on it."""
-    return [list(engine.submit_sync(ask(f"Write one short sentence about {t}."),
-                                    GenerationParams(max_tokens=12)).result().token_ids)
-            for t in TOPICS[:2]]
 
 
 def mean_logprob(sona, examples, adapter_on: bool) -> float:
-    plan = sona.micro.as_plan(sona.model.dtype) if adapter_on else None
+    plan = sona.learner().micro.as_plan(sona.model.dtype) if adapter_on else None
     with torch.no_grad():
         logp, _ = token_logprobs(sona.model, examples, plan)
     return float(logp.float().mean())
@@ -103,7 +88,7 @@ def test_ewc_limits_drift_on_held_out_text(engine, backend, ask):
         for rid, _ in serve(engine, prompts, range(1)):
             engine.feedback(rid, 1.0)
         sona.background_step()
-        ppl = perplexity(backend.model, held, sona.micro.as_plan(backend.model.dtype))
+        ppl = perplexity(backend.model, held, sona.learner().micro.as_plan(backend.model.dtype))
         drift[lam] = abs(ppl / base_ppl - 1)
         sona.reset()
     assert drift[0.0] > 0.01  # the training really moved the model
@@ -130,7 +115,7 @@ def test_deep_loop_routes_similar_prompts_and_saves_peft(engine, backend, ask, t
     conf = json.loads((path / "adapter_config.json").read_text())
     assert conf["target_modules"] == ["q_proj", "v_proj"] and conf["peft_type"] == "LORA"
     loaded = load_peft(path, "copy", backend.model.cfg, dtype=backend.dtype, device=backend.device)
-    served = sona.current_adapter()
+    served = sona.learner().current_adapter()
     for key, pair in served.pairs.items():
         assert torch.allclose((pair.b.float() @ pair.a.float()) * served.scale,
                               (loaded.pairs[key].b.float() @ loaded.pairs[key].a.float()) * loaded.scale,
@@ -155,3 +140,24 @@ def test_background_thread_learns_without_being_called(engine, backend, ask):
     (rid, _), = serve(engine, [ask("Write one short sentence about tea.")], [2])
     engine.feedback(rid, 1.0)
     assert sona.background_step() is None  # frozen: nothing learned
+
+
+def test_background_loop_waits_for_an_idle_engine(engine, backend, ask):
+    """A due update does not compete with serving for the CPU: it waits (up to defer_while_busy)
+    until no request runs, then trains."""
+    import time
+
+    sona = attach(engine, SonaOptions(**{**TRAIN, "interval": 0.05}, min_feedback=1, steps_per_update=1,
+                                      defer_while_busy=120.0))
+    (rid, _), = serve(engine, [ask("Write one short sentence about tea.")], [1])
+    busy = engine.submit_sync(ask("Write a long story about a dragon."),
+                              GenerationParams(max_tokens=96, ignore_eos=True))
+    engine.feedback(rid, 1.0)
+    time.sleep(1.0)  # twenty loop periods with the update due
+    assert engine.metrics().running == 1  # the long request was still being served all along
+    assert sona.version == 0
+    busy.result()
+    deadline = time.monotonic() + 60
+    while sona.version == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sona.version == 1

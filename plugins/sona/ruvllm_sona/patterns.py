@@ -62,15 +62,14 @@ class PatternBank:
     def patterns(self) -> tuple[Pattern, ...]:
         return self._patterns
 
-    def add(self, patterns: list[Pattern]) -> None:
+    def replace(self, patterns: list[Pattern]) -> set[str]:
+        """Route by ``patterns`` from now on (one swap: a concurrent route sees the old bank or the
+        new one); returns the adapters the old patterns pointed at."""
+        matrix = np.stack([p.centroid for p in patterns]) if patterns else None
         with self._lock:
-            self._patterns = self._patterns + tuple(patterns)
-            self._matrix = np.stack([p.centroid for p in self._patterns]) if self._patterns else None
-
-    def drop_adapter(self, adapter: str) -> None:
-        with self._lock:
-            self._patterns = tuple(p for p in self._patterns if p.adapter != adapter)
-            self._matrix = np.stack([p.centroid for p in self._patterns]) if self._patterns else None
+            old = {p.adapter for p in self._patterns}
+            self._patterns, self._matrix = tuple(patterns), matrix
+        return old
 
     def clear(self) -> None:
         with self._lock:

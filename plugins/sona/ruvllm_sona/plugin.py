@@ -86,6 +86,7 @@ def ruvllm_step_idle(engine: Any) -> None:
 
 
 @ruvllm.hookimpl
-def ruvllm_select_adapter(engine: Any, prompt_ids: tuple[int, ...], embedding: Any) -> str | None:
+def ruvllm_select_adapter(engine: Any, prompt_ids: tuple[int, ...], embedding: Any,
+                          tenant: str | None) -> str | None:
     sona = _attached.get(engine)
-    return None if sona is None else sona.select_adapter(prompt_ids)
+    return None if sona is None else sona.select_adapter(prompt_ids, tenant)

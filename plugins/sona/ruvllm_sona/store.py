@@ -71,6 +71,12 @@ class TrajectoryStore:
     def pending_feedback(self) -> list[Record]:
         return [r for r in self.snapshot() if r.feedback is not None and not r.trained]
 
+    def forget(self, tenant: str | None) -> None:
+        """Drop ``tenant``'s requests (a tenant's reset)."""
+        with self._lock:
+            for rid in [rid for rid, r in self._records.items() if r.trajectory.tenant == tenant]:
+                del self._records[rid]
+
     def clear(self) -> None:
         with self._lock:
             self._records.clear()

@@ -17,7 +17,7 @@ float32 even when the served model is bf16.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import torch
@@ -27,6 +27,8 @@ from ruvllm_candle_like.attention_ops import attend_sequence
 from ruvllm_candle_like.cpu_dtype import fast_cpu_dtype, native_on, warn_if_slow
 from ruvllm_candle_like.lora import LoraPlan
 from ruvllm_candle_like.model import Transformer
+
+from ruvllm_sona.micro_lora import MicroLora
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -109,6 +111,22 @@ def reward_loss(logp: torch.Tensor, owners: torch.Tensor, weights: torch.Tensor)
     counts = torch.bincount(owners, minlength=n).clamp_min(1).to(per_token.dtype)
     per_example = torch.zeros(n, dtype=per_token.dtype).index_add(0, owners, per_token) / counts
     return per_example.sum() / max(int((weights != 0).sum()), 1)
+
+
+def train_step(model: Transformer, micro: MicroLora, optimizer: torch.optim.Optimizer,
+               examples: Sequence[Example], max_len: int, penalty: Callable[[], torch.Tensor] | None = None,
+               ) -> tuple[float, float]:
+    """One Adam step of the MicroLoRA on ``examples`` (plus ``penalty()``, EWC++'s): the online
+    loop's step, and the offline fine-tune's (benchmarks) on the same loss. Returns (loss, penalty)."""
+    weights = torch.tensor([e.weight for e in examples], dtype=torch.float32)
+    logp, owners = token_logprobs(model, examples, micro.as_plan(model.dtype), max_len)
+    loss = reward_loss(logp.float(), owners, weights)
+    pen = penalty() if penalty is not None else torch.zeros(())
+    optimizer.zero_grad(set_to_none=True)
+    (loss + pen).backward()
+    torch.nn.utils.clip_grad_norm_(micro.parameters(), 1.0)
+    optimizer.step()
+    return loss.item(), pen.item()
 
 
 def perplexity(model: Transformer, token_ids: Sequence[int], lora: LoraPlan | None,

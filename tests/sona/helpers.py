@@ -1,0 +1,24 @@
+"""What the SONA tests on the real engine share: the prompts' topics, a small training budget, and
+sampled and greedy requests (optionally for a tenant)."""
+
+from __future__ import annotations
+
+from ruvllm.types import GenerationParams
+
+TOPICS = ["the sea", "a cat", "coffee", "winter"]
+SAMPLE = dict(max_tokens=8, temperature=0.8)
+#: Small training batches of short sequences (prompt tail + response) and few Fisher samples.
+TRAIN = dict(interval=0, batch_size=4, fisher_batch=2, max_seq_len=40)
+
+
+def serve(engine, prompts, seeds, **params):
+    handles = [engine.submit_sync(p, GenerationParams(seed=s, **{**SAMPLE, **params})) for s in seeds
+               for p in prompts]
+    return [(h.request_id, h.result()) for h in handles]
+
+
+def greedy(engine, ask, tenant: str | None = None):
+    """One request at a time: batch composition depends on arrival timing, bf16 results on it."""
+    return [list(engine.submit_sync(ask(f"Write one short sentence about {t}."),
+                                    GenerationParams(max_tokens=12, tenant=tenant)).result().token_ids)
+            for t in TOPICS[:2]]
