@@ -1,26 +1,35 @@
-"""SONA proof: the model learns a preferred behaviour from feedback while serving, without
-forgetting what it knew.
+"""SONA proof: the served model learns a user's preference (short answers, see sona_task.py) from
+feedback alone while it serves, beyond noise, without forgetting.
 
-Task (scored automatically): answers to "Write one short sentence about <topic>." that contain
-a given word (default "ancient"). Each round serves the training prompts through the real
-ServingEngine (sampling, batched), scores every answer (+1 with the word, ``--miss-score``
-without), sends the scores through the feedback API (``engine.feedback``: the same path as
-``POST /v1/feedback``), and runs SONA's background loop. Measured:
+Per seed (each seed changes the sampling, the order of the training prompts and SONA's own init):
 
-- the preferred behaviour's rate on held-out topics before and after (target >= 3x);
-- perplexity on a held-out text before and after, with EWC++ and, in a second run from the
-  same start, without it (the forgetting EWC++ prevents);
-- the instant loop's cost on the serving path (p99, target < 1 ms), timed around the engine's
-  call of the hook for every finished request while the engine serves;
-- that reset restores the base model's greedy output exactly.
+1. base: the held-out prompts (other topics than training) answered by the base model, and by the
+   base model with the instruction appended (what a user gets without learning);
+2. SONA online: ``--rounds`` rounds; each serves ``--per-round`` training prompts through the real
+   ServingEngine (sampled, batched), scores every answer with the program-given reward, sends the
+   scores through ``engine.feedback`` (the path ``POST /v1/feedback`` takes) and runs the
+   background loop, then the deep loop (consolidation into the base LoRA, pattern bank);
+3. ablations: without the pattern bank, the same learned weights on every request (no routing);
+   without EWC++, and (``--ablate-deep``) without the deep loop, a SONA fed the online run's served
+   answers and scores in the same rounds (the same feedback events, replayed);
+4. upper bound: an offline LoRA of the same rank and layers fine-tuned on the same rated examples
+   for ``--offline-epochs`` passes;
+5. each variant answers the held-out prompts with the seed's sampling seeds; held-out perplexity on
+   general text with the variant's adapter.
 
-    .venv/bin/python benchmarks/sona_learning.py            # ~16 min on 2 CPU cores
+The ratio's 95 % interval is a paired bootstrap over (prompt, seed) cells (sona_stats.py). Costs:
+the instant loop timed around the engine's call for every finished request while it serves, the
+background loop's seconds per update, serving throughput at C=16 with and without learning (same
+run), and the memory one tenant's adapter takes. Reset is checked against the base greedy output.
+
+    nice -n 10 .venv/bin/python benchmarks/sona_learning.py   # 36.5 min on 2 AVX2 cores at load 3.5-5
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 
 import numpy as np
@@ -30,41 +39,28 @@ from ruvllm.chat import render_chat
 from ruvllm.engine import EngineOptions, ServingEngine
 from ruvllm.models import ModelSource
 from ruvllm.registry import embedded_model_path
-from ruvllm.types import GenerationParams
+from ruvllm.types import GenerationParams, Trajectory
 from ruvllm_candle_like.backend import CandleLikeBackend
 from ruvllm_candle_like.lora import LoraPlan
 from ruvllm_sona import SonaOptions, attach, detach
+from ruvllm_sona.controller import Sona
 from ruvllm_sona.trainer import perplexity
+from sona_costs import adapter_bytes, throughput
+from sona_offline import offline_adapter
+from sona_stats import rate_ratio
+from sona_task import GENERAL_TEXT, HELD_OUT_TOPICS, MAX_TOKENS, TRAIN_TOPICS, is_short, questions
 
-#: Many topics, one sample each per round: with few topics sampled many times the adapter
-#: learned those topics (training-prompt rate 3-4x) and little of it reached held-out topics.
-TRAIN_TOPICS = ["the sea", "a cat", "coffee", "winter", "a city at night", "music", "a forest", "bread",
-                "the moon", "trains", "a library", "rain", "a bridge", "horses", "a lighthouse", "cheese",
-                "a castle", "the wind", "a violin", "apples", "a harbour", "clocks", "a village", "honey",
-                "a museum", "the stars", "a road", "candles", "a lake", "dogs", "a temple", "spring",
-                "a kite", "the ocean floor", "a farm", "maps", "a cave", "summer", "a ship", "owls",
-                "a chair", "fire", "a valley", "books", "a well", "salt", "a tower", "the morning"]
-EVAL_TOPICS = ["a garden", "the desert", "a market", "autumn", "a mountain", "tea", "a river", "birds",
-               "a festival", "the sky", "a bakery", "snow"]
-GREEDY_CHECK = ["The capital of France is", "Write one short sentence about a lighthouse.",
+GREEDY_CHECK = ["The capital of France is", "Tell me briefly about a lighthouse.",
                 "List three primary colors:"]
-#: Held-out text for perplexity: plain expository prose, unlike the task's answers.
-HELD_OUT = (
-    "The water cycle describes how water moves between the oceans, the air and the land. Heat from "
-    "the sun evaporates water from the surface of seas and lakes, and plants release water vapour "
-    "through their leaves. As the warm, moist air rises it cools, and the vapour condenses into tiny "
-    "droplets that form clouds. When the droplets grow heavy enough they fall as rain or snow. Some of "
-    "this water runs off into rivers and flows back to the sea, some soaks into the ground and "
-    "refills underground stores called aquifers, and some is taken up again by plants. The cycle has "
-    "no beginning or end, and the total amount of water on Earth stays almost the same over time. "
-    "Understanding it helps farmers plan irrigation, engineers design reservoirs, and scientists "
-    "predict droughts and floods. A bicycle is a simple machine that turns the rider's pedalling into "
-    "forward motion. The pedals turn a crank, the crank turns a toothed wheel, and a chain carries "
-    "that motion to a smaller wheel fixed to the rear hub. Because the rear sprocket is smaller, each "
-    "turn of the pedals turns the back wheel more than once. Gears let the rider choose between easy "
-    "pedalling on hills and higher speed on flat roads. Brakes press pads against the rim or a disc to "
-    "slow the wheel by friction, and the tyres, filled with air, absorb small bumps in the road."
-)
+VARIANTS = ("SONA", "no EWC++", "no pattern bank", "no deep loop", "offline LoRA")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def say(self, text: str) -> None:
+        print(f"[{time.perf_counter() - self.start:6.0f} s] {text}", flush=True)
 
 
 def chat_ids(backend, text: str) -> list[int]:
@@ -74,34 +70,39 @@ def chat_ids(backend, text: str) -> list[int]:
     return backend.tokenizer.encode(rendered, add_special=False, parse_special=True)
 
 
-def topic_prompts(backend, topics) -> list[list[int]]:
-    return [chat_ids(backend, f"Write one short sentence about {t}.") for t in topics]
+def serve(engine, prompts, seed: int, temperature: float, adapters=None, skip=frozenset()):
+    """One sampled answer per prompt (but those at indices in ``skip``), all submitted at once
+    (batched); ``adapters[i]`` is the adapter prompt i runs with. Prompt i's sampling seed
+    depends on ``seed`` and i only, so every variant samples a prompt with the same seed."""
+    adapters = adapters or [None] * len(prompts)
+    handles = [(i, engine.submit_sync(p, GenerationParams(max_tokens=MAX_TOKENS, temperature=temperature,
+                                                          seed=seed * 10_000 + i, adapter=adapters[i])))
+               for i, p in enumerate(prompts) if i not in skip]
+    return {i: (h.request_id, h.result()) for i, h in handles}
 
 
-def sample(engine, prompts, seeds, max_tokens, temperature, adapter=None):
-    handles = [(engine.submit_sync(p, GenerationParams(max_tokens=max_tokens, temperature=temperature,
-                                                       seed=s, adapter=adapter)))
-               for s in seeds for p in prompts]
-    return [(h.request_id, h.result()) for h in handles]
-
-
-def rate(results, word: str) -> float:
-    return float(np.mean([word in r.text.lower() for _, r in results]))
 
 
 def greedy(engine, backend, max_tokens=24):
-    """Greedy tokens of each check prompt, one request at a time: a batch's composition depends
-    on arrival timing, and bf16 results on the batch's shapes, so like is compared with like."""
+    """One request at a time, so each check prompt runs in the same batch shape every time."""
     params = GenerationParams(max_tokens=max_tokens)
     return [list(engine.submit_sync(backend.tokenizer.encode(t), params).result().token_ids)
             for t in GREEDY_CHECK]
 
 
-def run(engine, backend, args, *, ewc_lambda: float, label: str, held_out_ids, eval_prompts,
-        train_prompts) -> dict:
-    opts = SonaOptions(rank=args.rank, alpha=args.alpha, learning_rate=args.lr, steps_per_update=args.steps,
-                       batch_size=args.batch, ewc_lambda=ewc_lambda, interval=0, seed=args.seed)
-    sona = attach(engine, opts, start=False)
+def sona_options(args, seed: int, **over) -> SonaOptions:
+    base = dict(rank=args.rank, alpha=args.alpha, learning_rate=args.lr, steps_per_update=args.steps,
+                batch_size=args.batch, ewc_lambda=args.ewc_lambda, layers=args.layers,
+                max_seq_len=args.max_seq_len, fisher_batch=args.fisher_batch, interval=0, seed=seed,
+                apply="routed", route_threshold=args.route_threshold)
+    return SonaOptions(**{**base, **over})
+
+
+def online(engine, backend, args, seed: int, train_prompts, clock: Clock) -> tuple[Sona, list, dict]:
+    """SONA attached to the serving engine, learning from the feedback on what it serves. Returns
+    it, each round's (trajectory, score) events, and the costs seen."""
+    sona = attach(engine, sona_options(args, seed), start=False)
+    order = random.Random(seed).sample(range(len(train_prompts)), len(train_prompts))
     served: list[float] = []
     original = engine._finished
 
@@ -111,112 +112,228 @@ def run(engine, backend, args, *, ewc_lambda: float, label: str, held_out_ids, e
         served.append(time.perf_counter() - t)
 
     engine._finished = timed
-    rounds = []
+    rounds, updates = [], []
     try:
         for r in range(args.rounds):
-            t0 = time.perf_counter()
-            results = sample(engine, train_prompts, [1000 * (r + 1) + s for s in range(args.samples)],
-                             args.max_tokens, args.temperature)
-            hits = 0
-            for rid, res in results:
-                good = args.word in res.text.lower()
-                hits += good
-                engine.feedback(rid, 1.0 if good else args.miss_score)
-            gen_s = time.perf_counter() - t0
-            # The background loop, on demand (its thread runs the same step periodically).
-            engine.hooks.ruvllm_step_idle(engine=engine)
-            stats = sona.last_stats
-            rounds.append({"round": r + 1, "train_rate": hits / len(results), "loss": stats.get("loss"),
-                           "ewc_penalty": stats.get("ewc_penalty"), "serve_s": round(gen_s, 1),
-                           "train_s": round(stats.get("seconds", 0.0), 1)})
-            print(f"  [{label}] round {r + 1}: train-prompt rate {hits}/{len(results)}, loss "
-                  f"{stats.get('loss', 0):.3f}, ewc {stats.get('ewc_penalty', 0):.4f}, serve {gen_s:.1f}s, "
-                  f"train {stats.get('seconds', 0):.1f}s", flush=True)
-        final = sample(engine, eval_prompts, range(args.eval_seeds), args.max_tokens, args.temperature)
-        final_rate = rate(final, args.word)
-        adapter = backend.adapters.get(opts.adapter_name)
-        ppl = perplexity(backend.model, held_out_ids, LoraPlan([(adapter, None)]))
-        p99_hook = float(np.percentile(sona.instant_seconds, 99))
-        p99_served = float(np.percentile(served, 99))
-        sona.reset()
-        after_reset = greedy(engine, backend)
+            picked = [order[(r * args.per_round + i) % len(order)] for i in range(args.per_round)]
+            prompts = [train_prompts[i] for i in picked]
+            results = serve(engine, prompts, seed * 100 + r, args.temperature)
+            events = []
+            for prompt, (rid, res) in zip(prompts, results.values(), strict=True):
+                score = 1.0 if is_short(res) else args.miss_score
+                engine.feedback(rid, score)
+                events.append((Trajectory(request_id=rid, prompt_ids=tuple(prompt), output_ids=res.token_ids),
+                               score))
+            stats = sona.background_step() or {}
+            updates.append(stats.get("seconds", 0.0))
+            deep = sona.deep("round") if args.deep else {}
+            rounds.append(events)
+            n_hit = sum(s > 0 for _, s in events)
+            clock.say(f"  seed {seed} round {r + 1}/{args.rounds}: {n_hit}/{len(events)} short, loss "
+                      f"{stats.get('loss', 0):.3f}, update {stats.get('seconds', 0):.1f} s, "
+                      f"patterns {deep.get('patterns', 0)}")
     finally:
         engine._finished = original
-        detach(engine)
-    return {"label": label, "ewc_lambda": ewc_lambda, "rounds": rounds, "final_rate": final_rate,
-            "perplexity": ppl, "instant_p99_ms": p99_hook * 1e3, "instant_served_p99_ms": p99_served * 1e3,
-            "instant_calls": len(served), "greedy_after_reset": after_reset}
+    costs = {"instant_served_s": served, "instant_hook_s": list(sona.instant_seconds), "update_s": updates}
+    return sona, rounds, costs
+
+
+def replay(engine, args, seed: int, rounds, *, deep: bool, **over) -> Sona:
+    """A SONA (not attached: it sees only these events) fed the online run's events round by round."""
+    sona = Sona(engine, sona_options(args, seed, **over))
+    for events in rounds:
+        for trajectory, score in events:
+            sona.on_finished(trajectory)
+            sona.feedback(trajectory.request_id, score)
+        sona.background_step()
+        if deep:
+            sona.deep("round")
+    return sona
+
+
+def _served_name(sona: Sona) -> str:
+    """The adapter SONA's requests run with: the pattern bank's snapshot once there is one."""
+    bank = sona.learner().bank
+    return bank.patterns[0].adapter if bank.patterns else sona.adapter_name()
+
+
+def evaluate(engine, backend, args, seed, eval_prompts, general_ids, choose, adapter_name=None,
+             known: dict[int, int] | None = None) -> dict:
+    """Held-out hits and held-out perplexity (the adapter on the general text, whatever routes).
+    ``known``: hits already measured for some prompts with the same weights and sampling seed."""
+    known = known or {}
+    adapters = [choose(p) for p in eval_prompts]
+    results = serve(engine, eval_prompts, seed, args.temperature, adapters, skip=frozenset(known))
+    out = np.array([known[i] if i in known else is_short(results[i][1]) for i in range(len(eval_prompts))],
+                   dtype=np.int8)
+    adapter = backend.adapters.get(adapter_name) if adapter_name else None
+    ppl = perplexity(backend.model, general_ids, LoraPlan([(adapter, None)]) if adapter else None)
+    return {"hits": out, "perplexity": ppl, "adapters": adapters,
+            "routed": sum(a is not None for a in adapters) / len(adapters),
+            "general_routed": choose(general_ids[:128]) is not None}
+
+
+def unload(engine, backend, names) -> None:
+    def drop() -> None:
+        for n in names:
+            if n in backend.adapter_names():
+                backend.unload_adapter(n)
+
+    engine.publish(drop).result()
+
+
+def one_seed(engine, backend, args, seed, train_prompts, eval_prompts, instructed, general_ids, clock):
+    res: dict[str, dict] = {}
+    res["base"] = evaluate(engine, backend, args, seed, eval_prompts, general_ids, lambda p: None)
+    res["instructed"] = evaluate(engine, backend, args, seed, instructed, general_ids, lambda p: None)
+    clock.say(f"seed {seed}: base {res['base']['hits'].sum()}/{len(eval_prompts)} short, with the "
+              f"instruction {res['instructed']['hits'].sum()}/{len(eval_prompts)}")
+    sona, rounds, costs = online(engine, backend, args, seed, train_prompts, clock)
+    detach(engine)  # evaluated like the ablations: each request gets what the SONA would route it to
+    last = _served_name(sona)
+    res["SONA"] = evaluate(engine, backend, args, seed, eval_prompts, general_ids,
+                           lambda p: sona.select_adapter(tuple(p)), last)
+    # Without the bank's routing: the same learned weights on every request. Prompts the bank
+    # routed ran those weights already, with the same sampling seed: their answers are reused.
+    done = res["SONA"]
+    routed = {i: int(h) for i, (a, h) in enumerate(zip(done["adapters"], done["hits"], strict=True)) if a}
+    res["no pattern bank"] = evaluate(engine, backend, args, seed, eval_prompts, general_ids,
+                                      lambda p: sona.adapter_name(), sona.adapter_name(), routed)
+    no_ewc = replay(engine, args, seed, rounds, deep=args.deep, ewc_lambda=0.0, adapter_name="noewc")
+    res["no EWC++"] = evaluate(engine, backend, args, seed, eval_prompts, general_ids,
+                               lambda p: no_ewc.select_adapter(tuple(p)), _served_name(no_ewc))
+    replays = [no_ewc]
+    if args.ablate_deep:
+        no_deep = replay(engine, args, seed, rounds, deep=False, apply="all", adapter_name="nodeep")
+        res["no deep loop"] = evaluate(engine, backend, args, seed, eval_prompts, general_ids,
+                                       lambda p: "nodeep", "nodeep")
+        replays.append(no_deep)
+    rated = [e for events in rounds for e in events if e[1] != 0]
+    adapter = offline_adapter(backend, sona_options(args, seed), rated, epochs=args.offline_epochs,
+                              name="offline")
+    engine.publish(lambda: backend.publish_adapter(adapter)).result()
+    res["offline LoRA"] = evaluate(engine, backend, args, seed, eval_prompts, general_ids,
+                                   lambda p: "offline", "offline")
+    costs["adapter_bytes"] = adapter_bytes(sona.learner())
+    line = ", ".join(f"{v} {res[v]['hits'].sum()}" for v in VARIANTS if v in res)
+    clock.say(f"seed {seed}: held-out short answers {line} (of {len(eval_prompts)})")
+    for s in replays:
+        s.reset()
+    unload(engine, backend, ["offline"])
+    return res, costs, sona
+
+
+def table(per_seed: list[dict], base_ppl: float, costs: list[dict], extra: dict) -> dict:
+    base = np.concatenate([r["base"]["hits"] for r in per_seed])
+    rows = {}
+    print(f"\n{'variant':24} {'held-out rate':>14} {'x base':>7} {'95% CI':>15} {'perplexity':>12}")
+    for name in ("instructed", *(v for v in VARIANTS if v in per_seed[0])):
+        v = np.concatenate([r[name]["hits"] for r in per_seed])
+        ratio = rate_ratio(v, base)
+        ppl = float(np.mean([r[name]["perplexity"] for r in per_seed]))
+        label = "base + instruction" if name == "instructed" else name
+        print(f"{label:24} {ratio.base_rate:.3f} -> {ratio.rate:.3f} {ratio.ratio:6.1f}x "
+              f"[{ratio.low:5.1f}, {ratio.high:5.1f}] {100 * (ppl / base_ppl - 1):+10.2f} %")
+        rows[name] = {"rate": ratio.rate, "base_rate": ratio.base_rate, "ratio": ratio.ratio,
+                      "ci": [ratio.low, ratio.high], "perplexity": ppl,
+                      "perplexity_change_pct": 100 * (ppl / base_ppl - 1),
+                      "routed": float(np.mean([r[name]["routed"] for r in per_seed]))}
+    served = np.concatenate([c["instant_served_s"] for c in costs]) * 1e3
+    hook = np.concatenate([c["instant_hook_s"] for c in costs]) * 1e3
+    updates = np.concatenate([c["update_s"] for c in costs])
+    summary = {"instant_served_p99_ms": float(np.percentile(served, 99)),
+               "instant_hook_p99_ms": float(np.percentile(hook, 99)), "instant_calls": int(served.size),
+               "update_s_median": float(np.median(updates)), "update_s_max": float(updates.max()),
+               "adapter_bytes": costs[0]["adapter_bytes"], **extra}
+    print(f"\nrouted by the pattern bank: {rows['SONA']['routed']:.0%} of held-out prompts; general text "
+          f"routed in {sum(r['SONA']['general_routed'] for r in per_seed)} of {len(per_seed)} seeds "
+          "(its perplexity above is measured with the adapter applied, routed or not)")
+    print(f"instant loop: p99 {summary['instant_served_p99_ms']:.3f} ms per finished request on the serving "
+          f"path ({summary['instant_calls']} requests; the hook body alone "
+          f"{summary['instant_hook_p99_ms']:.3f} ms)")
+    print(f"background loop: {summary['update_s_median']:.1f} s per update (median; max "
+          f"{summary['update_s_max']:.1f} s)")
+    b = summary["adapter_bytes"]
+    print(f"adapter memory per tenant: served {b['served'] / 1024:.0f} KiB, training state "
+          f"{b['training'] / 1024:.0f} KiB")
+    if "throughput" in extra:
+        t = extra["throughput"]
+        print(f"serving throughput at C={t['concurrency']} ({t['requests']} requests a window): "
+              f"{t['frozen_tok_s']:.1f} tok/s not learning; learning with updates deferred while busy "
+              f"{t['deferred_tok_s']:.1f} tok/s ({t['deferred_tok_s'] / t['frozen_tok_s']:.2f}x, "
+              f"{t['deferred_updates']} updates); updates beside serving {t['concurrent_tok_s']:.1f} tok/s "
+              f"({t['concurrent_tok_s'] / t['frozen_tok_s']:.2f}x, {t['concurrent_updates']} updates)")
+    print(f"reset restores the base greedy output exactly: {'yes' if extra['reset_exact'] else 'NO'}")
+    return {"rows": rows, **summary}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--word", default="ancient")
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--samples", type=int, default=1, help="samples per training prompt per round")
-    ap.add_argument("--eval-seeds", type=int, default=48, help="samples per held-out prompt")
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--per-round", type=int, default=24, help="training prompts served per round")
+    ap.add_argument("--eval-topics", type=int, default=4, help="held-out topics per seed (x 4 questions)")
     ap.add_argument("--temperature", type=float, default=0.8)
-    ap.add_argument("--miss-score", type=float, default=0.0, help="score of an answer without the word")
+    ap.add_argument("--miss-score", type=float, default=0.0, help="score of an answer that is not short")
     ap.add_argument("--rank", type=int, default=2)
     ap.add_argument("--alpha", type=float, default=4.0)
-    ap.add_argument("--lr", type=float, default=1e-2)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=2e-2)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--max-seq-len", type=int, default=64)
+    ap.add_argument("--fisher-batch", type=int, default=2)
     ap.add_argument("--ewc-lambda", type=float, default=3e4)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--skip-no-ewc", action="store_true")
+    ap.add_argument("--route-threshold", type=float, default=0.85)
+    ap.add_argument("--no-deep", dest="deep", action="store_false", help="SONA without its deep loop")
+    ap.add_argument("--offline-epochs", type=int, default=2)
+    ap.add_argument("--ablate-deep", action="store_true", help="also SONA without its deep loop (replayed)")
+    ap.add_argument("--throughput-requests", type=int, default=48, help="0: skip the throughput check")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
-    torch.manual_seed(args.seed)
 
-    started = time.perf_counter()
+    clock = Clock()
     backend = CandleLikeBackend.load(ModelSource.from_path(embedded_model_path()),
-                                     {"dtype": args.dtype, "kv_cache_tokens": 8192})
+                                     {"dtype": "auto", "kv_cache_tokens": 16384})
     print(machine_line())
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; backend candle_like "
-          f"{args.dtype} ({str(backend.dtype).removeprefix('torch.')}); model {backend.info.name}")
-    print(f"task: answers containing {args.word!r}; {args.rounds} rounds x {len(TRAIN_TOPICS)} prompts x "
-          f"{args.samples} samples (T={args.temperature}); eval {len(EVAL_TOPICS)} held-out topics x "
-          f"{args.eval_seeds} samples")
-    train_prompts = topic_prompts(backend, TRAIN_TOPICS)
-    eval_prompts = topic_prompts(backend, EVAL_TOPICS)
-    held_out_ids = backend.tokenizer.encode(HELD_OUT)
-    # No prefix cache: a cached prefix changes the shapes of the matmuls that compute the rest of
-    # a prompt, and bf16 results depend on those shapes; the reset check compares like with like.
-    # Each sampling wave is submitted at once: the queue must hold the largest one.
-    largest_wave = max(len(EVAL_TOPICS) * args.eval_seeds, len(TRAIN_TOPICS) * args.samples)
-    opts = EngineOptions(max_num_seqs=16, block_size=16, enable_prefix_caching=False,
-                         max_queue=max(256, largest_wave))
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; candle_like "
+          f"{str(backend.dtype).removeprefix('torch.')}; model {backend.info.name}")
+    train_prompts = [chat_ids(backend, q) for q in questions(TRAIN_TOPICS)]
+    general_ids = backend.tokenizer.encode(GENERAL_TEXT)
+    print(f"task: short answers (end within {MAX_TOKENS} tokens); {args.seeds} seeds x {args.rounds} "
+          f"rounds x {args.per_round} of {len(train_prompts)} training prompts; held-out {args.eval_topics} "
+          f"of {len(HELD_OUT_TOPICS)} other topics x 4 questions x 1 sample per seed", flush=True)
+    # No prefix cache: the reset check compares greedy outputs whose prefill shapes must match.
+    opts = EngineOptions(max_num_seqs=16, block_size=16, enable_prefix_caching=False, max_queue=1024)
+    per_seed, costs = [], []
     with ServingEngine(backend, opts) as engine:
         base_greedy = greedy(engine, backend)
-        base_samples = sample(engine, eval_prompts, range(args.eval_seeds), args.max_tokens, args.temperature)
-        base_rate = rate(base_samples, args.word)
-        base_ppl = perplexity(backend.model, held_out_ids, None)
-        print(f"base: rate {base_rate:.3f}, held-out perplexity {base_ppl:.3f}", flush=True)
-        common = dict(held_out_ids=held_out_ids, eval_prompts=eval_prompts, train_prompts=train_prompts)
-        runs = [run(engine, backend, args, ewc_lambda=args.ewc_lambda, label="EWC++", **common)]
-        if not args.skip_no_ewc:
-            runs.append(run(engine, backend, args, ewc_lambda=0.0, label="no EWC", **common))
-    print()
-    print(f"{'run':8} {'rate':>14} {'x base':>7} {'perplexity':>18} {'instant p99':>12} {'reset exact':>12}")
-    for r in runs:
-        ratio = r["final_rate"] / base_rate if base_rate else float("inf")
-        dppl = 100 * (r["perplexity"] / base_ppl - 1)
-        exact = r["greedy_after_reset"] == base_greedy
-        print(f"{r['label']:8} {base_rate:.3f} -> {r['final_rate']:.3f} {ratio:6.1f}x "
-              f"{base_ppl:7.3f} -> {r['perplexity']:7.3f} ({dppl:+.1f}%) "
-              f"{r['instant_served_p99_ms']:9.3f} ms "
-              f"{'yes' if exact else 'NO':>12}")
-        r.update(rate_ratio=ratio, perplexity_change_pct=dppl, reset_exact=exact)
-    first = runs[0]
-    print(f"instant loop: p99 {first['instant_served_p99_ms']:.3f} ms per finished request on the serving "
-          f"path ({first['instant_calls']} requests; hook body alone p99 {first['instant_p99_ms']:.3f} ms)")
-    print(f"total {time.perf_counter() - started:.0f} s")
+        base_ppl = perplexity(backend.model, general_ids, None)
+        sona = None
+        for seed in range(args.seeds):
+            # Each seed its share of the held-out topics, in turn: the seeds together cover them all.
+            topics = [HELD_OUT_TOPICS[(seed * args.eval_topics + i) % len(HELD_OUT_TOPICS)]
+                      for i in range(args.eval_topics)]
+            eval_prompts = [chat_ids(backend, q) for q in questions(tuple(topics))]
+            instructed = [chat_ids(backend, q) for q in questions(tuple(topics), instructed=True)]
+            res, cost, sona = one_seed(engine, backend, args, seed, train_prompts, eval_prompts, instructed,
+                                       general_ids, clock)
+            per_seed.append(res)
+            costs.append(cost)
+            if seed < args.seeds - 1:
+                sona.reset()
+        extra: dict = {}
+        if args.throughput_requests:
+            clock.say("throughput at C=16, learning vs not")
+            extra["throughput"] = throughput(engine, sona_options(args, 0), train_prompts,
+                                             args.throughput_requests)
+        sona.reset()
+        extra["reset_exact"] = greedy(engine, backend) == base_greedy
+    out = table(per_seed, base_ppl, costs, extra)
+    clock.say("done")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"base_rate": base_rate, "base_perplexity": base_ppl, "runs": runs,
-                       "args": vars(args)}, fh, indent=2)
+            json.dump({"args": vars(args), "base_perplexity": base_ppl, **out}, fh, indent=2, default=str)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+"""What SONA costs a server: the memory of one tenant's adapter, and serving throughput at C=16
+while SONA learns against the same engine with SONA not learning (same run, same prompts)."""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+from ruvllm.types import GenerationParams
+from ruvllm_sona import attach, detach
+from ruvllm_sona.learner import Learner
+from ruvllm_sona.options import SonaOptions
+from sona_task import MAX_TOKENS, is_short
+
+
+def adapter_bytes(learner: Learner) -> dict[str, int]:
+    """Bytes of one tenant's served adapter (what an engine step with it reads) and of its training
+    state (float32 masters, their gradients, Adam's two moments, EWC++'s Fisher and anchor)."""
+    served = learner.backend.adapters.get(learner.name)
+    served_bytes = 0 if served is None else sum(p.a.nbytes + p.b.nbytes for p in served.pairs.values())
+    params = learner.micro.parameters()
+    training = sum(p.nbytes for p in params)
+    training += sum(p.grad.nbytes for p in params if p.grad is not None)
+    training += sum(t.nbytes for st in learner.optimizer.state.values() for t in st.values() if t.dim())
+    training += sum(t.nbytes for t in (*learner.ewc.fisher, *learner.ewc.anchor))
+    return {"served": served_bytes, "training": training}
+
+
+def _window(engine, prompts, n: int, seed: int) -> float:
+    """Serve ``n`` requests, all submitted at once (the engine runs 16 at a time), scoring each as it
+    finishes (the feedback SONA learns from). Generated tokens per second."""
+    start = time.perf_counter()
+    handles = [engine.submit_sync(prompts[i % len(prompts)], GenerationParams(
+        max_tokens=MAX_TOKENS, temperature=0.8, seed=seed + i)) for i in range(n)]
+    tokens = 0
+    for h in handles:
+        res = h.result()
+        tokens += len(res.token_ids)
+        engine.feedback(h.request_id, 1.0 if is_short(res) else 0.0)
+    return tokens / (time.perf_counter() - start)
+
+
+def throughput(engine, options: SonaOptions, prompts, n: int, seed: int = 777) -> dict:
+    """Tokens/s at C=16 with SONA attached but not learning (no background thread), then learning
+    as configured (its background loop waits up to ``defer_while_busy`` s for an idle engine), then
+    learning with no wait (updates run beside serving). The same ``n`` prompts and seeds each time;
+    each SONA is detached (its update in flight finished) before the next window."""
+    out: dict = {"concurrency": engine.options.max_num_seqs, "requests": n}
+    modes = {"frozen": None, "deferred": options.defer_while_busy, "concurrent": 0.0}
+    for mode, defer in modes.items():
+        opts = attrs.evolve(options, interval=0.5, min_feedback=8, defer_while_busy=defer or 0.0)
+        sona = attach(engine, opts, start=defer is not None)
+        try:
+            out[f"{mode}_tok_s"] = _window(engine, prompts, n, seed)
+            out[f"{mode}_updates"] = sona.version
+        finally:
+            detach(engine)
+            sona.reset()
+    return out

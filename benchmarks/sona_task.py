@@ -1,0 +1,69 @@
+"""The behaviour SONA's benchmark teaches: short answers, a preference a user states by scoring.
+
+Why this one: "keep it short" is among the commonest things users ask of a chat model, a program
+can score it exactly (the answer ends by itself within ``MAX_TOKENS`` tokens, as a real sentence),
+and SmolLM2-135M already does it now and then (a fifth to a quarter of its answers to these
+questions, none of 16 to plain "Tell me about X"), so reward-weighted learning has rated examples
+to start from. A bullet list, the other house style considered, appeared in 1 of 528 sampled
+answers (two list lines within 32 tokens): a reward of 0 on nearly every answer, nothing to learn.
+
+Training and held-out prompts share the question forms (the preference is about how to answer
+this kind of question) but not their topics: training topics are everyday things, held-out
+topics are science, technology and history.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ruvllm.types import FinishReason, GenerationResult
+
+#: An answer longer than this is not short (and generation stops here).
+MAX_TOKENS = 32
+#: A real answer, not an evasion: at least this many words, ending like a sentence.
+MIN_WORDS = 4
+_SENTENCE_END = re.compile(r"[.!?)\"'*]\s*$")
+
+TEMPLATES = ("Tell me briefly about {}.", "What is {} in short?", "Define {}.", "In a few words, what is {}?")
+#: What a user would add to every message to get the same behaviour without learning.
+INSTRUCTION = " Answer in one sentence."
+
+TRAIN_TOPICS = ("the sea", "a cat", "coffee", "winter", "music", "a forest", "bread", "the moon", "trains",
+                "a library", "rain", "a bridge", "horses", "a lighthouse", "cheese", "a castle", "the wind",
+                "a violin", "apples", "a harbour", "clocks", "a village", "honey", "a museum", "candles",
+                "a lake", "dogs", "a garden", "spring", "a farm", "owls", "a kite")
+HELD_OUT_TOPICS = ("photosynthesis", "the printing press", "vaccines", "electricity", "the Roman empire",
+                   "volcanoes", "the internet", "gravity", "the Silk Road", "DNA", "the steam engine",
+                   "plate tectonics", "democracy", "antibiotics", "the French revolution", "semiconductors")
+
+#: General text for the forgetting check: plain expository prose, unlike any answer trained on.
+GENERAL_TEXT = (
+    "The water cycle describes how water moves between the oceans, the air and the land. Heat from "
+    "the sun evaporates water from the surface of seas and lakes, and plants release water vapour "
+    "through their leaves. As the warm, moist air rises it cools, and the vapour condenses into tiny "
+    "droplets that form clouds. When the droplets grow heavy enough they fall as rain or snow. Some of "
+    "this water runs off into rivers and flows back to the sea, some soaks into the ground and "
+    "refills underground stores called aquifers, and some is taken up again by plants. The cycle has "
+    "no beginning or end, and the total amount of water on Earth stays almost the same over time. "
+    "Understanding it helps farmers plan irrigation, engineers design reservoirs, and scientists "
+    "predict droughts and floods. A bicycle is a simple machine that turns the rider's pedalling into "
+    "forward motion. The pedals turn a crank, the crank turns a toothed wheel, and a chain carries "
+    "that motion to a smaller wheel fixed to the rear hub. Because the rear sprocket is smaller, each "
+    "turn of the pedals turns the back wheel more than once. Gears let the rider choose between easy "
+    "pedalling on hills and higher speed on flat roads. Brakes press pads against the rim or a disc to "
+    "slow the wheel by friction, and the tyres, filled with air, absorb small bumps in the road."
+)
+
+
+def questions(topics: tuple[str, ...], *, instructed: bool = False) -> list[str]:
+    """Every topic in every question form (the instruction appended when ``instructed``)."""
+    suffix = INSTRUCTION if instructed else ""
+    return [t.format(topic) + suffix for topic in topics for t in TEMPLATES]
+
+
+def is_short(result: GenerationResult) -> bool:
+    """The reward's test: the answer ended by itself (not cut at MAX_TOKENS), with a sentence of
+    at least MIN_WORDS words: a short answer, not an empty or broken-off one."""
+    text = result.text.strip()
+    return (result.finish_reason == FinishReason.STOP and len(result.token_ids) <= MAX_TOKENS
+            and len(text.split()) >= MIN_WORDS and bool(_SENTENCE_END.search(text)))
