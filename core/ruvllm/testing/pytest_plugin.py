@@ -22,6 +22,7 @@ with session scope, so pytest groups the tests by backend and each model is load
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -54,6 +55,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--ruvllm-option", action="append", default=[], metavar="KEY=VALUE",
         help="backend option passed to every backend the suite loads (repeatable)",
+    )
+    group.addoption(
+        "--ruvllm-engine-option", action="append", default=[], metavar="KEY=VALUE",
+        help="[engine] option of every ServingEngine the suite builds (repeatable; a test's own "
+             "settings win), e.g. speculative_method=ngram to run the engine tests speculating",
     )
     group.addoption(
         "--ruvllm-max-context", type=int, default=None, metavar="TOKENS",
@@ -163,6 +169,21 @@ def ruvllm_backend_options(pytestconfig: pytest.Config) -> dict[str, Any]:
     from ruvllm.config import parse_option
 
     return dict(parse_option(text) for text in pytestconfig.getoption("ruvllm_option"))
+
+
+@pytest.fixture(scope="session")
+def ruvllm_engine_options(pytestconfig: pytest.Config) -> Callable[..., Any]:
+    """``ruvllm_engine_options(**fixed)``: the EngineOptions a suite test builds, what the test
+    fixes over the ``--ruvllm-engine-option`` ones."""
+    from ruvllm.config import parse_option
+    from ruvllm.engine import EngineOptions
+
+    given = dict(parse_option(text) for text in pytestconfig.getoption("ruvllm_engine_option"))
+
+    def make(**fixed: Any) -> Any:
+        return EngineOptions.from_mapping({**given, **fixed})
+
+    return make
 
 
 @pytest.fixture(scope="session")

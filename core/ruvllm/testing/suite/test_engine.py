@@ -23,7 +23,7 @@ import threading
 import attrs
 import pytest
 
-from ruvllm.engine import EngineOptions, ServingEngine
+from ruvllm.engine import ServingEngine
 from ruvllm.errors import ContextLengthExceeded
 from ruvllm.llm import LLM
 from ruvllm.testing.isolation import LogitsRecorder, NearTieRule, TeacherForcer, max_distance
@@ -52,9 +52,9 @@ SLOT_REUSE_LENGTHS = (9, 3, 7, 2, 6, 4, 8, 5)
 
 
 @pytest.fixture(scope="module")
-def engine(ruvllm_llm: LLM):
+def engine(ruvllm_llm: LLM, ruvllm_engine_options):
     """One engine per backend over the suite's loaded model (the model stays the LLM's)."""
-    eng = ServingEngine(ruvllm_llm.backend, EngineOptions(max_num_seqs=16), owns_backend=False)
+    eng = ServingEngine(ruvllm_llm.backend, ruvllm_engine_options(max_num_seqs=16), owns_backend=False)
     try:
         yield eng
     finally:
@@ -205,9 +205,9 @@ class TestEngine:
         assert core.blocks.num_used_blocks == 0
         core.blocks.check_invariants()
 
-    def test_prefix_cache_hit_equals_miss(self, ruvllm_llm: LLM) -> None:
+    def test_prefix_cache_hit_equals_miss(self, ruvllm_llm: LLM, ruvllm_engine_options) -> None:
         """A request served from cached prefix blocks gives the tokens a cold one gives."""
-        eng = ServingEngine(ruvllm_llm.backend, EngineOptions(max_num_seqs=4, block_size=16),
+        eng = ServingEngine(ruvllm_llm.backend, ruvllm_engine_options(max_num_seqs=4, block_size=16),
                             owns_backend=False)
         try:
             _require_executor(eng)
@@ -230,10 +230,10 @@ class TestEngine:
         finally:
             eng.close()
 
-    def test_priority_order_is_honoured(self, ruvllm_llm: LLM) -> None:
+    def test_priority_order_is_honoured(self, ruvllm_llm: LLM, ruvllm_engine_options) -> None:
         """With one running slot, queued requests start in priority order, not arrival order."""
-        eng = ServingEngine(ruvllm_llm.backend, EngineOptions(max_num_seqs=1, max_in_flight=1,
-                                                              policy="priority"), owns_backend=False)
+        eng = ServingEngine(ruvllm_llm.backend, ruvllm_engine_options(max_num_seqs=1, max_in_flight=1,
+                                                                      policy="priority"), owns_backend=False)
         gate = threading.Event()
         try:
             prompt = _ids(eng, PROMPT_A)
@@ -249,13 +249,13 @@ class TestEngine:
             gate.set()
             eng.close()
 
-    def test_slot_reuse_keeps_each_request_its_rows(self, ruvllm_llm: LLM) -> None:
+    def test_slot_reuse_keeps_each_request_its_rows(self, ruvllm_llm: LLM, ruvllm_engine_options) -> None:
         """8 requests of different lengths through 3 running slots: as requests finish, freed
         slots go to later requests and a step's entries are no longer in slot order. Every
         request still gets its own logits row and its own KV: its output equals its solo run
         (exactly, or within the near-tie rule, as in the isolation test). An executor that
         returns rows in slot order, or keeps a freed slot's KV, fails."""
-        eng = ServingEngine(ruvllm_llm.backend, EngineOptions(max_num_seqs=SLOT_REUSE_SLOTS),
+        eng = ServingEngine(ruvllm_llm.backend, ruvllm_engine_options(max_num_seqs=SLOT_REUSE_SLOTS),
                             owns_backend=False)
         try:
             texts = SIXTEEN_PROMPTS[: len(SLOT_REUSE_LENGTHS)]

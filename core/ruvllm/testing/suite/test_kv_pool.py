@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 import pytest
 
-from ruvllm.engine import EngineOptions, ServingEngine
+from ruvllm.engine import ServingEngine
 from ruvllm.errors import ContextLengthExceeded
 from ruvllm.llm import LLM
 from ruvllm.testing.isolation import LogitsRecorder, NearTieRule, TeacherForcer
@@ -43,13 +43,13 @@ FINISHED = (FinishReason.LENGTH, FinishReason.STOP)
 
 
 @pytest.fixture(scope="module")
-def engine(ruvllm_llm: LLM, ruvllm_max_context: int | None):
+def engine(ruvllm_llm: LLM, ruvllm_max_context: int | None, ruvllm_engine_options):
     """The engine ``ruvllm serve`` builds by default, over the suite's loaded model; with
     ``--ruvllm-max-context`` its pool is lowered so one request may use at most that many
     tokens (the tests then work at that boundary, and four long requests overflow the pool)."""
-    options = EngineOptions()
+    options = ruvllm_engine_options()
     if ruvllm_max_context is not None:
-        options = EngineOptions(num_blocks=ruvllm_max_context // options.block_size)
+        options = ruvllm_engine_options(num_blocks=ruvllm_max_context // options.block_size)
     eng = ServingEngine(ruvllm_llm.backend, options, owns_backend=False)
     try:
         yield eng
@@ -167,7 +167,8 @@ class TestKvPool:
         ok = engine.submit_sync(prompt[:ctx - 1], GenerationParams(max_tokens=1)).result(timeout=1200)
         assert ok.finish_reason in FINISHED and ok.usage.prompt_tokens == ctx - 1
 
-    def test_demand_beyond_the_pool_completes_every_request(self, ruvllm_llm: LLM) -> None:
+    def test_demand_beyond_the_pool_completes_every_request(self, ruvllm_llm: LLM,
+                                                            ruvllm_engine_options) -> None:
         """A pool of 640 tokens and six requests of 200 + 12: every one finishes (some are
         preempted and recomputed), each gives its solo tokens under the isolation rule, and
         the pool is empty afterwards."""
@@ -175,7 +176,7 @@ class TestKvPool:
         if not backend.capabilities().executor:
             pytest.skip(f"backend {backend.name!r} has no iteration-level executor: it schedules "
                         "requests by itself and the engine keeps no KV pool for it")
-        options = EngineOptions(block_size=16, num_blocks=DEMAND_POOL_TOKENS // 16, max_num_seqs=6)
+        options = ruvllm_engine_options(block_size=16, num_blocks=DEMAND_POOL_TOKENS // 16, max_num_seqs=6)
         with ServingEngine(backend, options, owns_backend=False) as eng:
             if eng.metrics().kv_capacity_tokens > DEMAND_POOL_TOKENS:
                 pytest.fail(f"[engine] num_blocks did not lower {backend.name!r}'s pool: "
