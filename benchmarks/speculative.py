@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -131,7 +132,10 @@ def main() -> None:
                 with engine_for(backend, options, args.threads) as engine:
                     run_workload(engine, "chat", 8)  # warm-up: threads, allocations
                     for w in args.workloads:
-                        figures.setdefault((side, w), []).append(run_workload(engine, w, args.max_tokens))
+                        figure = run_workload(engine, w, args.max_tokens)
+                        figures.setdefault((side, w), []).append(figure)
+                        print(f"{backend} {side} {w}: {figure['tok_s']:.1f} tok/s, {figure['accepted']} of "
+                              f"{figure['drafted']} drafted tokens accepted", file=sys.stderr, flush=True)
         for w in args.workloads:
             plain, spec = figures[("plain", w)], figures[("spec", w)]
             p = statistics.median(r["tok_s"] for r in plain)
