@@ -144,10 +144,12 @@ def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=8)
+    # Below the panels, one target per line: labels name every option and would cover the data.
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=1, fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, min(0.05 * len(series) + 0.02, 0.5), 1, 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
