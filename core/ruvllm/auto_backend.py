@@ -57,20 +57,26 @@ class AutoRecord:
     measured_at: str
     measurements: tuple[Measurement, ...] = attrs.field(converter=tuple)
 
-    def ranking(self, load: int) -> tuple[tuple[str, ...], int]:
-        """Backends by measured throughput at the client count nearest ``load`` (on a log scale:
-        12 clients are nearer 16 than 4), fastest first, and that client count."""
+    def measured_at_load(self, load: int) -> tuple[tuple[Measurement, ...], int]:
+        """The measurements at the client count nearest ``load`` (on a log scale: 12 clients are
+        nearer 16 than 4), fastest first, and that client count."""
         counts = sorted({m.clients for m in self.measurements})
         if not counts:
             return (), 0
         nearest = min(counts, key=lambda c: (abs(math.log(c) - math.log(max(load, 1))), -c))
         at = sorted((m for m in self.measurements if m.clients == nearest), key=lambda m: -m.output_tok_s)
-        return tuple(m.backend for m in at), nearest
+        return tuple(at), nearest
+
+    def ranking(self, load: int) -> tuple[tuple[str, ...], int]:
+        """Backends by measured throughput for ``load`` clients, fastest first, and the client
+        count measured (see :meth:`measured_at_load`)."""
+        at, clients = self.measured_at_load(load)
+        return tuple(m.backend for m in at), clients
 
     def preference(self, load: int, fallback: Sequence[str]) -> Preference:
-        ranked, clients = self.ranking(load)
-        figures = ", ".join(f"{m.backend} {m.output_tok_s:.1f} tok/s" for m in sorted(
-            (m for m in self.measurements if m.clients == clients), key=lambda m: -m.output_tok_s))
+        at, clients = self.measured_at_load(load)
+        ranked = tuple(m.backend for m in at)
+        figures = ", ".join(f"{m.backend} {m.output_tok_s:.1f} tok/s" for m in at)
         order = ranked + tuple(b for b in fallback if b not in ranked)
         return Preference(order, f"measured by `ruvllm tune` on this machine ({self.measured_at}) at "
                                  f"{clients} client(s), the nearest to a load of {load}: {figures}")

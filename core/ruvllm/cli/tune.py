@@ -20,13 +20,11 @@ from ruvllm.cli.benchmark import concurrency_levels, level_ticks, progress_bar
 from ruvllm.errors import InvalidRequest, RuvllmError
 
 
-def _candidates(config, wanted: str | None) -> tuple[list[str], list[str]]:
-    """Backends to measure, and why the others are not measured."""
+def _candidates(source, wanted: str | None) -> tuple[list[str], list[str]]:
+    """Backends to measure on model ``source``, and why the others are not measured."""
     from ruvllm.plugins import get_registry
-    from ruvllm.registry import resolve
 
     registry = get_registry()
-    source = resolve(config.model, config.cache_dir)
     names = sorted(registry.backends) if wanted is None else [w.strip() for w in wanted.split(",")
                                                                 if w.strip()]
     chosen, skipped = [], []
@@ -91,7 +89,8 @@ def tune(ctx: click.Context, model: str | None, backends: str | None, concurrenc
     console = Console(stderr=True)
     # Figures taken while other work runs mislead auto for as long as they are kept: say so.
     console.print(machine_line())
-    names, skipped = _candidates(config, backends)
+    source = resolve(config.model, config.cache_dir)
+    names, skipped = _candidates(source, backends)
     for line in skipped:
         console.print(f"[yellow]not measured[/] {line}")
     measurements: list[Measurement] = []
@@ -107,7 +106,6 @@ def tune(ctx: click.Context, model: str | None, backends: str | None, concurrenc
         measurements += [Measurement(name, r["concurrency"], round(r["output_tok_s"], 2)) for r in results]
     if not measurements:
         raise InvalidRequest("backends", "no backend could be measured: nothing recorded")
-    source = resolve(config.model, config.cache_dir)
     record = save_record(config.cache_dir, source, measurements)
     table = Table(title=f"output tokens/s, {prompt_length}-token prompts, {gen_length} new tokens")
     table.add_column("backend")
