@@ -143,6 +143,20 @@ class ModelLoadError(ModelError):
         super().__init__(f"could not load model {model!r}: {reason}")
 
 
+class DraftVocabularyMismatch(ModelLoadError):
+    """A speculative-decoding draft model does not share the target model's vocabulary: its
+    drafted token ids would mean other text to the target, so it is refused at start-up.
+    ``target`` and ``draft`` name both models, ``difference`` says what differs."""
+
+    def __init__(self, target: str, draft: str, difference: str):
+        self.target = target
+        self.draft = draft
+        self.difference = difference
+        super().__init__(draft, f"a draft model must share the target model's vocabulary, and {draft!r} "
+                         f"does not share {target!r}'s: {difference}; pick a draft model of the same "
+                         "family and tokenizer ([engine] speculative_model)")
+
+
 class InvalidRequest(RuvllmError):
     """A request parameter is out of range or malformed; names the field and what is accepted."""
 

@@ -1,4 +1,5 @@
-"""Prompt-lookup speculation on candle_like's paged executor (fp32): greedy output identical.
+"""Prompt-lookup and draft-model speculation on candle_like's paged executor (fp32): greedy
+output identical.
 
 Drafted positions run as one chunk through the prefill attention path, their rejected tail's
 blocks go back to the engine, and the next step overwrites those positions: in fp32 the tokens
@@ -7,12 +8,43 @@ must be plain decoding's exactly.
 
 from __future__ import annotations
 
-from ruvllm.testing.speculative import COPY_PROMPT, with_and_without
+import pytest
+from ruvllm.engine import EngineOptions, ServingEngine
+from ruvllm.errors import DraftVocabularyMismatch
+from ruvllm.testing.speculative import COPY_PROMPT, FIXED_DRAFTS, SELF_DRAFT, generate
 from ruvllm.types import GenerationParams
 
+from .tiny import write_tiny
 
-def test_greedy_output_is_plain_decodings(backend_fp32):
-    params = GenerationParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    plain, spec, snap = with_and_without(backend_fp32, [COPY_PROMPT, "def fibonacci(n):"], params)
+GREEDY = GenerationParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+PROMPTS = [COPY_PROMPT, "def fibonacci(n):"]
+
+
+@pytest.fixture(scope="module")
+def plain(backend_fp32):
+    return generate(backend_fp32, PROMPTS, GREEDY, {})[0]
+
+
+def test_greedy_output_is_plain_decodings(backend_fp32, plain):
+    spec, snap = generate(backend_fp32, PROMPTS, GREEDY, FIXED_DRAFTS)
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
     assert snap.spec_decode_draft_tokens > snap.spec_decode_accepted_tokens > 6, snap
+
+
+def test_the_model_as_its_own_draft_gives_plain_decodings_tokens(backend_fp32, embedded_source, plain):
+    """The draft runs as a second paged executor over the same weights (its own blocks): fp32
+    greedy tokens are plain decoding's exactly, and nearly every draft is kept."""
+    options = {**SELF_DRAFT, "speculative_model": str(embedded_source.path)}
+    spec, snap = generate(backend_fp32, PROMPTS, GREEDY, options)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
+    assert snap.spec_decode_accepted_tokens >= 0.9 * snap.spec_decode_draft_tokens > 0, snap
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(backend_fp32, tmp_path):
+    gguf, _, _ = write_tiny("llama", tmp_path)
+    options = EngineOptions(**SELF_DRAFT, speculative_model=str(gguf))
+    with pytest.raises(DraftVocabularyMismatch) as caught:
+        ServingEngine(backend_fp32, options, owns_backend=False)
+    message = str(caught.value)
+    assert "tiny-llama" in message and backend_fp32.info.name in message, message
+    assert "49152 tokens" in message, message

@@ -17,7 +17,7 @@ from ruvllm.engine import EngineOptions, ServingEngine
 from ruvllm.guided import guided_processor
 from ruvllm.guided.grammar import GrammarSpec
 from ruvllm.testing.isolation import LogitsRecorder, NearTieRule
-from ruvllm.testing.speculative import COPY_PROMPT, FIXED_DRAFTS
+from ruvllm.testing.speculative import COPY_PROMPT, FIXED_DRAFTS, SELF_DRAFT
 from ruvllm.types import GenerationParams
 
 ruvllm_llamacpp = pytest.importorskip("ruvllm_llamacpp")
@@ -35,21 +35,29 @@ def backend(model_path, test_options):
     b.close()
 
 
-def recorded(backend, options, prompts, params):
+GREEDY = GenerationParams(max_tokens=36, temperature=0.0, ignore_eos=True)
+PROMPTS = [COPY_PROMPT, FREE]
+
+
+def recorded(backend, options, prompts, params, check=None):
+    """Results, logits recorders and metrics; ``check(engine)`` runs before the engine closes."""
     with ServingEngine(backend, options, owns_backend=False) as eng:
         recorders = [LogitsRecorder() for _ in prompts]
         handles = [eng.submit_sync(eng.encode(p), params, logits_processors=[r])
                    for p, r in zip(prompts, recorders, strict=True)]
         results = [h.result() for h in handles]
+        if check is not None:
+            check(eng)
         return results, recorders, eng.metrics()
 
 
-def test_greedy_output_is_plain_decodings_up_to_near_ties(backend):
-    params = GenerationParams(max_tokens=36, temperature=0.0, ignore_eos=True)
-    prompts = [COPY_PROMPT, FREE]
-    plain, plain_rows, _ = recorded(backend, EngineOptions(max_num_seqs=4), prompts, params)
-    spec, spec_rows, snap = recorded(backend, SPEC, prompts, params)
-    assert snap.spec_decode_draft_tokens > snap.spec_decode_accepted_tokens > 16, snap
+@pytest.fixture(scope="module")
+def plain_greedy(backend):
+    return recorded(backend, EngineOptions(max_num_seqs=4), PROMPTS, GREEDY)
+
+
+def assert_plain_up_to_near_ties(backend, plain_greedy, spec, spec_rows):
+    plain, plain_rows, _ = plain_greedy
     rule = NearTieRule()
     for a, b, ra, rb in zip(plain, spec, plain_rows, spec_rows, strict=True):
         for k, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=True)):
@@ -57,7 +65,31 @@ def test_greedy_output_is_plain_decodings_up_to_near_ties(backend):
             assert d is None or d.allowed, d.describe(backend.tokenizer.token_text)
             if x != y:
                 break  # a near-tie flipped: the contexts differ from here on
+
+
+def test_greedy_output_is_plain_decodings_up_to_near_ties(backend, plain_greedy):
+    spec, spec_rows, snap = recorded(backend, SPEC, PROMPTS, GREEDY)
+    assert snap.spec_decode_draft_tokens > snap.spec_decode_accepted_tokens > 16, snap
+    assert_plain_up_to_near_ties(backend, plain_greedy, spec, spec_rows)
     assert spec[0].usage.accepted_draft_tokens > 16  # the copy prompt is mostly drafted
+
+
+def test_own_model_as_draft_keeps_greedy_output_and_frees_its_cells(backend, plain_greedy, model_path):
+    """The embedded model drafts for itself: a second llama.cpp context over the same weights,
+    with cells of its own that rejected drafts are trimmed from and finished requests free."""
+    def check(eng):
+        draft = eng._core.speculator.draft
+        assert draft.backend is backend  # the same model is not loaded twice
+        ex = draft.executor
+        held = eng.call(lambda: [ex.seq_len(s) for s in range(ex.max_sequences)])
+        assert held == [0] * ex.max_sequences, f"draft cells left per sequence: {held}"
+        assert eng.call(lambda: (draft.num_sequences, draft.blocks.num_used_blocks)) == (0, 0)
+
+    options = EngineOptions(max_num_seqs=4, speculative_model=str(model_path), **SELF_DRAFT)
+    spec, spec_rows, snap = recorded(backend, options, PROMPTS, GREEDY, check)
+    assert snap.kv_usage == 0.0
+    assert snap.spec_decode_accepted_tokens >= 0.9 * snap.spec_decode_draft_tokens > 40, snap
+    assert_plain_up_to_near_ties(backend, plain_greedy, spec, spec_rows)
 
 
 def test_constrained_sampled_output_keeps_its_grammar_and_seed(backend):

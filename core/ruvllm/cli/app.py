@@ -64,8 +64,9 @@ options_option = click.option("--option", "-o", "options", multiple=True, metava
 speculative_option = click.option(
     "--speculative-config", metavar="JSON",
     help='Speculative decoding, as vLLM\'s flag: e.g. \'{"method": "ngram", "num_speculative_tokens": 8, '
-         '"prompt_lookup_max": 4}\' (keys: method, num_speculative_tokens, prompt_lookup_min, '
-         'prompt_lookup_max, disable_by_batch_size, adaptive; docs/engine.md).')
+         '"prompt_lookup_max": 4}\' or \'{"method": "draft_model", "model": "PATH_OR_NAME"}\' (keys: method, '
+         'model, draft_backend, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, '
+         'disable_by_batch_size, adaptive; docs/engine.md).')
 
 
 def engine_overrides(engine_opts: tuple[str, ...], speculative_config: str | None) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from ruvllm.adapters import AdapterHost, adapter_cache_key
 from ruvllm.backend import LlmBackend
 from ruvllm.config import Config, merged_options
 from ruvllm.embeddings import check_embedding_inputs
+from ruvllm.engine.draft_model import DraftModel
 from ruvllm.engine.executor_core import ExecutorCore
 from ruvllm.engine.handles import AsyncSink, RequestHandle, Sink, SyncRequestHandle, SyncSink
 from ruvllm.engine.live import LiveRequest
@@ -53,11 +54,17 @@ class ServingEngine:
 
     ``backend`` is a loaded backend or a zero-argument factory; with a factory the model is
     loaded on the model thread itself and closed by :meth:`shutdown` (``owns_backend``).
+    ``draft`` (``speculative_method = "draft_model"``): the draft model as a loaded backend (kept
+    open) or a factory (closed at shutdown); None loads ``speculative_model`` through the
+    registry (:mod:`ruvllm.engine.draft_model`).
     """
 
     def __init__(self, backend: BackendSource, options: EngineOptions | None = None, *,
-                 owns_backend: bool | None = None, hooks: Any = None):
+                 owns_backend: bool | None = None, hooks: Any = None, draft: BackendSource | None = None,
+                 config: Config | None = None, registry: Any = None):
+        """``config`` and ``registry`` resolve and load the draft model (default: the process's)."""
         self.options = options or EngineOptions()
+        self._draft_source = (draft, config, registry)
         # The plugins' hook relay (request_finished, select_adapter: e.g. SONA's instant loop
         # and adapter router); None: the process-wide registry's.
         self._hooks = hooks
@@ -100,7 +107,7 @@ class ServingEngine:
                                       cache_dir=config.cache_dir)
         backend_opts = merged_options(config, backend_cls.name)
         engine = cls(lambda: backend_cls.load(source, backend_opts), options, owns_backend=True,
-                     hooks=registry.pm.hook)
+                     hooks=registry.pm.hook, config=config, registry=registry)
         try:
             # Plugins that act on a running engine (SONA) attach here, reading their own config.
             registry.pm.hook.ruvllm_engine_started(engine=engine, config=config)
@@ -407,7 +414,14 @@ class ServingEngine:
                             "%r: no prefix donor sequences were reserved, so cached prefixes die with "
                             "their requests; set executor_kv_layout = 'per_sequence' on the backend class",
                             backend.name, getattr(backend, "executor_kv_layout", "paged"))
-            self._core: ExecutorCore | RequestLevelCore = ExecutorCore(executor, self.options, self._metrics)
+            draft = None
+            if opts.speculative_method == "draft_model" and getattr(executor, "prompt_logits", False):
+                given, config, registry = self._draft_source
+                draft = DraftModel.load(backend, opts.speculative_model, opts.speculative_draft_backend,
+                                        max_sequences=opts.max_num_seqs, block_size=opts.block_size,
+                                        draft=given, config=config, registry=registry)
+            self._core: ExecutorCore | RequestLevelCore = ExecutorCore(executor, self.options, self._metrics,
+                                                                       draft=draft)
         else:
             self._core = RequestLevelCore(backend, self.options, self._metrics)
         self.path = self._core.path

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from ruvllm.engine.block_manager import BlockManager
+from ruvllm.engine.draft_model import DraftModel
 from ruvllm.engine.live import LiveRequest
 from ruvllm.engine.metrics import EngineMetrics
 from ruvllm.engine.options import EngineOptions
@@ -30,7 +31,9 @@ log = logging.getLogger(__name__)
 class ExecutorCore:
     path = "executor"
 
-    def __init__(self, executor: BatchExecutor, options: EngineOptions, metrics: EngineMetrics):
+    def __init__(self, executor: BatchExecutor, options: EngineOptions, metrics: EngineMetrics, *,
+                 draft: DraftModel | None = None):
+        """``draft``: the loaded draft model of ``speculative_method = "draft_model"``."""
         self.executor = executor
         self.metrics = metrics
         prefix = options.enable_prefix_caching
@@ -44,7 +47,7 @@ class ExecutorCore:
         )
         per_sequence = self._per_sequence = executor.kv_layout == "per_sequence"
         #: Verifying drafts needs logits at every position of an entry (``all_logits``).
-        self.speculator = options.speculator() if getattr(executor, "prompt_logits", False) else None
+        self.speculator = options.speculator(draft) if getattr(executor, "prompt_logits", False) else None
         if options.speculative_method != "none" and self.speculator is None:
             log.warning("speculative decoding is off: this executor gives no logits per drafted position")
         if prefix and per_sequence:
@@ -84,6 +87,8 @@ class ExecutorCore:
     def shutdown(self) -> None:
         for live in list(self.live.values()):
             self._end(live, FinishReason.CANCELLED)
+        if self.speculator is not None:
+            self.speculator.close()
         close = getattr(self.executor, "close", None)
         if close is not None:
             close()

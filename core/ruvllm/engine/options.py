@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
@@ -17,6 +17,7 @@ from ruvllm.engine.speculative import Speculator
 from ruvllm.errors import EngineOptionError
 from ruvllm.guided.engine import DEFAULT_ENGINE, engine_option
 from ruvllm.options import (
+    accepts,
     boolean,
     float_range,
     int_range,
@@ -27,12 +28,18 @@ from ruvllm.options import (
     positive_int,
 )
 
+if TYPE_CHECKING:
+    from ruvllm.engine.draft_model import DraftModel
+
 PATHS = ("auto", "executor", "request")
+_NAME = accepts("a non-empty string", lambda v: isinstance(v, str) and bool(v))
 #: ``speculative_method`` values (vLLM's ``speculative_config.method`` names).
-SPECULATIVE_METHODS = ("none", "ngram")
+SPECULATIVE_METHODS = ("none", "ngram", "draft_model")
 #: vLLM's ``--speculative-config`` keys -> the ``[engine]`` options they set.
 SPECULATIVE_CONFIG_KEYS = {
     "method": "speculative_method",
+    "model": "speculative_model",
+    "draft_backend": "speculative_draft_backend",
     "num_speculative_tokens": "num_speculative_tokens",
     "prompt_lookup_min": "prompt_lookup_min",
     "prompt_lookup_max": "prompt_lookup_max",
@@ -106,10 +113,15 @@ class EngineOptions:
     #: Grammar engine of constrained decoding (vLLM's name): "llguidance" or "xgrammar"
     #: (docs/structured-output.md); the library is imported on the first constrained request.
     guided_decoding_backend: str = attrs.field(default=DEFAULT_ENGINE, validator=engine_option())
-    #: Speculative decoding (docs/engine.md, "Speculative decoding"): "none" or "ngram" (prompt
-    #: lookup over the request's prompt + output). Off by default: it pays on input-grounded
-    #: work and costs a little on free text.
+    #: Speculative decoding (docs/engine.md, "Speculative decoding"): "none", "ngram" (prompt
+    #: lookup over the request's prompt + output) or "draft_model" (a smaller model of the same
+    #: vocabulary, ``speculative_model``). Off by default: it pays on input-grounded work (ngram)
+    #: or with a draft much cheaper than the target, and costs a little elsewhere.
     speculative_method: str = attrs.field(default="none", validator=one_of(SPECULATIVE_METHODS))
+    #: The draft model of ``draft_model`` (a path or model reference, as ``--model``).
+    speculative_model: str | None = attrs.field(default=None, validator=optional(_NAME))
+    #: Backend the draft model runs on (None: the target's).
+    speculative_draft_backend: str | None = attrs.field(default=None, validator=optional(_NAME))
     #: Most tokens drafted per request per step (the adaptive length never exceeds it).
     num_speculative_tokens: int = attrs.field(default=10, validator=int_range(1, 32))
     #: Shortest and longest n-gram of the request's tail looked up earlier in it.
@@ -125,16 +137,28 @@ class EngineOptions:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise option_error(self, "prompt_lookup_min", f"must be <= prompt_lookup_max "
                                f"({self.prompt_lookup_max})", self.prompt_lookup_min)
+        if self.speculative_method == "draft_model" and not self.speculative_model:
+            raise option_error(self, "speculative_model", 'is required by speculative_method = "draft_model" '
+                               "(the draft model's path or name)", self.speculative_model)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> EngineOptions:
         """From the ``[engine]`` table; unknown keys are an error listing the known ones."""
         return parse_table(cls, values)
 
-    def speculator(self) -> Speculator | None:
-        """The drafts' policy these options ask for (None: no speculation)."""
+    def speculator(self, draft: DraftModel | None = None) -> Speculator | None:
+        """The drafts' policy these options ask for (None: no speculation); ``draft`` is the
+        loaded draft model of ``draft_model``."""
         if self.speculative_method == "none":
             return None
+        if self.speculative_method == "draft_model":
+            from ruvllm.engine.draft_model import DraftModelSpeculator
+
+            if draft is None:
+                raise ValueError('speculative_method = "draft_model" needs the loaded draft model')
+            return DraftModelSpeculator(draft, num_speculative_tokens=self.num_speculative_tokens,
+                                        disable_by_batch_size=self.speculative_disable_by_batch_size,
+                                        adaptive=self.speculative_adaptive)
         return Speculator(num_speculative_tokens=self.num_speculative_tokens,
                           prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max,
                           disable_by_batch_size=self.speculative_disable_by_batch_size,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -94,7 +94,16 @@ class StepPlan:
 class Drafter(Protocol):
     """Proposes tokens to verify after a decoding request's last one (speculative decoding)."""
 
+    def prepare(self, requests: Sequence[SchedRequest], batch_size: int) -> None:
+        """Before a step's proposals: the running requests that decode (a draft model drafts
+        for all of them at once)."""
+        ...
+
     def propose(self, req: SchedRequest, limit: int, batch_size: int) -> tuple[int, ...]: ...
+
+    def preempted(self, request_id: str) -> None:
+        """``request_id`` was preempted: drop whatever KV its drafts held."""
+        ...
 
 
 class Scheduler:
@@ -156,6 +165,8 @@ class Scheduler:
         plan = StepPlan()
         budget = self.config.max_batch_tokens
         scheduled: set[int] = set()
+        if self.drafter is not None:
+            self.drafter.prepare([r for r in self.running if r.num_pending == 1], len(self.running))
         for req in list(self.running):
             if budget == 0:
                 break
@@ -289,6 +300,8 @@ class Scheduler:
     def _preempt(self, req: SchedRequest) -> None:
         self.running.remove(req)
         self._release(req)
+        if self.drafter is not None:
+            self.drafter.preempted(req.request_id)
         req.num_computed = 0
         req.num_preemptions += 1
         req.state = RequestState.PREEMPTED

@@ -18,11 +18,16 @@ figure for that length is what a new request starts from. A request that drafts 
 with one token every ``PROBE_INTERVAL`` steps, so one that starts quoting later is noticed.
 Above ``disable_by_batch_size`` running requests (vLLM's ``speculative_disable_by_batch_size``)
 nobody drafts: the step is then compute-bound.
+
+The same policy sizes a draft model's proposals (:mod:`ruvllm.engine.draft_model`), whose
+drafts cost a draft-model step each on top of their verification.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
+from collections.abc import Sequence
 
 import attrs
 
@@ -57,7 +62,8 @@ class Acceptance:
 
 @attrs.define
 class _DraftState:
-    lookup: PromptLookup
+    #: The request's n-gram index (None when a draft model proposes).
+    lookup: PromptLookup | None
     acceptance: Acceptance = attrs.field(factory=Acceptance)
     #: Match length of the draft being verified (whose outcome :meth:`Speculator.record` gets).
     match: int = 0
@@ -67,6 +73,9 @@ class _DraftState:
 
 class Speculator:
     """Prompt-lookup drafts for the scheduler, sized per request and per step."""
+
+    #: Per-token acceptance assumed for a request before the engine has seen any drafts.
+    prior_acceptance = 0.5
 
     def __init__(self, *, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int,
                  disable_by_batch_size: int, adaptive: bool = True):
@@ -78,33 +87,49 @@ class Speculator:
         self.max_n = prompt_lookup_max
         self.disable_by_batch_size = disable_by_batch_size
         self.cost = StepCostModel()
-        #: Engine-wide acceptance by match length.
-        self._by_match = {n: Acceptance() for n in range(prompt_lookup_min, prompt_lookup_max + 1)}
+        #: Engine-wide acceptance by match length (prompt lookup; 0 for a draft model).
+        self._by_match: defaultdict[int, Acceptance] = defaultdict(Acceptance)
         self._states: dict[str, _DraftState] = {}
+
+    def prepare(self, requests: Sequence[SchedRequest], batch_size: int) -> None:
+        """Called once per step, before :meth:`propose`, with the running requests that decode
+        (a draft model proposes for all of them in batched passes); prompt lookup needs nothing."""
 
     def propose(self, req: SchedRequest, limit: int, batch_size: int) -> tuple[int, ...]:
         """Drafted tokens to verify after ``req``'s last token (at most ``limit``)."""
         if batch_size > self.disable_by_batch_size or limit < 1:
             return ()
-        state = self._states.get(req.request_id)
-        if state is None:
-            state = self._states[req.request_id] = _DraftState(PromptLookup(self.min_n, self.max_n))
+        state = self._state(req.request_id, lookup=True)
+        assert state.lookup is not None
         drafts, state.match = state.lookup.propose(req.token_ids, min(self.max_length, limit))
         if not drafts or not self.adaptive:
             return drafts
-        k = self._length(self.acceptance(state), self.cost.token_cost(batch_size))
+        return drafts[:self._sized(state, self.cost.token_cost(batch_size))]
+
+    def _state(self, request_id: str, *, lookup: bool) -> _DraftState:
+        """``request_id``'s state, created on its first proposal (with an n-gram index if ``lookup``)."""
+        state = self._states.get(request_id)
+        if state is None:
+            index = PromptLookup(self.min_n, self.max_n) if lookup else None
+            state = self._states[request_id] = _DraftState(index)
+        return state
+
+    def _sized(self, state: _DraftState, cost: float) -> int:
+        """How many tokens ``state``'s request drafts when each costs ``cost``: 0 while drafting
+        does not pay, except a one-token probe every ``PROBE_INTERVAL`` such steps."""
+        k = self._length(self.acceptance(state), cost)
         if k == 0:
             state.idle += 1
             if state.idle < PROBE_INTERVAL:
-                return ()
+                return 0
             k = 1
         state.idle = 0
-        return drafts[:k]
+        return k
 
     def acceptance(self, state: _DraftState) -> float:
         """The request's per-token acceptance, starting from the engine's for its match length
-        (itself starting from 1/2); always below 1."""
-        prior = self._by_match[state.match].rate(0.5, PRIOR_WEIGHT)
+        (itself starting from ``prior_acceptance``); always below 1."""
+        prior = self._by_match[state.match].rate(self.prior_acceptance, PRIOR_WEIGHT)
         return state.acceptance.rate(prior, PRIOR_WEIGHT)
 
     def _length(self, acceptance: float, cost: float) -> int:
@@ -121,5 +146,13 @@ class Speculator:
         state.acceptance.add(drafted, accepted)
         self._by_match[state.match].add(drafted, accepted)
 
+    def preempted(self, request_id: str) -> None:
+        """``request_id`` lost its KV (it will be prefilled again); its history is unchanged, so
+        the n-gram index and acceptance stay."""
+
     def forget(self, request_id: str) -> None:
+        """``request_id`` ended (finished, cancelled, failed)."""
         self._states.pop(request_id, None)
+
+    def close(self) -> None:
+        """The engine shuts down (a draft model releases its executor here)."""

@@ -38,11 +38,27 @@ class StepCostModel:
         """What one more token adds to a step of ``batch_tokens`` decode tokens, as a fraction of
         that step's time per token: a drafted token is worth verifying when the chance it is
         kept exceeds this."""
+        fit = self._fit()
+        if fit is None:
+            return PRIOR_COST
+        base, per_token = fit
+        step = base + per_token * batch_tokens
+        return per_token * batch_tokens / step if step > 0 else PRIOR_COST
+
+    def seconds(self, tokens: int) -> float | None:
+        """Expected time of a step of ``tokens`` tokens: the fit once it is determined, before
+        that the mean time per token observed (steps of one size give no fit), None before any
+        observation. A draft model's cost per drafted token is its step time over the target's."""
+        fit = self._fit()
+        if fit is not None:
+            return fit[0] + fit[1] * tokens
+        return self._t / self._n * tokens if self._n > 0 else None
+
+    def _fit(self) -> tuple[float, float] | None:
+        """``(base, per_token)`` seconds, or None while too few or too alike steps were seen."""
         w, n = self._w, self._n
         variance = w * self._nn - n * n
         if w < MIN_WEIGHT or variance < MIN_SPREAD * w * w:
-            return PRIOR_COST
+            return None
         per_token = max((w * self._nt - n * self._t) / variance, 0.0)
-        base = max((self._t - per_token * n) / w, 0.0)
-        step = base + per_token * batch_tokens
-        return per_token * batch_tokens / step if step > 0 else PRIOR_COST
+        return max((self._t - per_token * n) / w, 0.0), per_token

@@ -24,16 +24,34 @@ FIXED_DRAFTS: dict[str, Any] = {"speculative_method": "ngram", "num_speculative_
                                 "prompt_lookup_min": 1, "prompt_lookup_max": 3, "speculative_adaptive": False}
 
 
+#: The model as its own draft (``speculative_model`` names it), fixed-length drafts: every draft
+#: is verified, and nearly all are kept (only near-ties between two batch shapes differ).
+SELF_DRAFT: dict[str, Any] = {"speculative_method": "draft_model", "num_speculative_tokens": 4,
+                              "speculative_adaptive": False}
+
+
+def generate(backend: LlmBackend, prompts: Sequence[str], params: GenerationParams, options: dict[str, Any],
+             *, max_num_seqs: int = 4) -> tuple[list[GenerationResult], MetricsSnapshot]:
+    """``prompts`` generated together on ``backend`` with the ``[engine]`` ``options``, and the
+    engine's metrics; every KV block of the target, and of a draft model, free afterwards."""
+    opts = EngineOptions(max_num_seqs=max_num_seqs, **options)
+    with ServingEngine(backend, opts, owns_backend=False) as eng:
+        results = eng.generate_sync(list(prompts), params)
+        snapshot = eng.metrics()
+        assert snapshot.kv_usage == 0.0, "a request's KV blocks were not released"
+        draft = getattr(getattr(eng._core, "speculator", None), "draft", None)
+        if draft is not None:
+            held = eng.call(lambda: (draft.num_sequences, draft.blocks.num_used_blocks))
+            assert held == (0, 0), f"the draft model still holds {held[0]} sequences, {held[1]} blocks"
+    return results, snapshot
+
+
 def with_and_without(backend: LlmBackend, prompts: Sequence[str], params: GenerationParams, *,
-                     max_num_seqs: int = 4) -> tuple[list[GenerationResult], list[GenerationResult],
-                                                     MetricsSnapshot]:
-    """``prompts`` generated together on ``backend`` without, then with :data:`FIXED_DRAFTS`
-    speculation; the speculative engine's metrics; every KV block free after each."""
-    runs = []
-    for options in ({}, FIXED_DRAFTS):
-        with ServingEngine(backend, EngineOptions(max_num_seqs=max_num_seqs, **options),
-                           owns_backend=False) as eng:
-            runs.append(eng.generate_sync(list(prompts), params))
-            snapshot = eng.metrics()
-            assert snapshot.kv_usage == 0.0, "a request's KV blocks were not released"
-    return runs[0], runs[1], snapshot
+                     max_num_seqs: int = 4, speculative: dict[str, Any] | None = None,
+                     ) -> tuple[list[GenerationResult], list[GenerationResult], MetricsSnapshot]:
+    """``prompts`` generated together on ``backend`` without, then with ``speculative`` options
+    (default :data:`FIXED_DRAFTS`); the speculative engine's metrics; every KV block free after each."""
+    plain, _ = generate(backend, prompts, params, {}, max_num_seqs=max_num_seqs)
+    spec, snapshot = generate(backend, prompts, params, speculative or FIXED_DRAFTS,
+                              max_num_seqs=max_num_seqs)
+    return plain, spec, snapshot
