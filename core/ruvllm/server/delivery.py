@@ -28,6 +28,7 @@ async def sse_chunks(submission: Submission, fmt: ChunkFormatter, *, include_usa
     event before ``[DONE]`` (its status line was sent long ago)."""
     events = [sse_event(first) for first in map(fmt.opening, submission.indices) if first is not None]
     completion_tokens, failed = 0, False
+    results: list[GenerationResult] = []
     batches = submission.stream()
     try:
         if events:  # the role / echo chunks go out at once, before the first token
@@ -41,6 +42,7 @@ async def sse_chunks(submission: Submission, fmt: ChunkFormatter, *, include_usa
                         events.append(event)
                 elif isinstance(item, GenerationResult):
                     completion_tokens += item.usage.completion_tokens
+                    results.append(item)
                     events.append(fmt.finish_event(index, item))
                 else:
                     events.append(sse_event(ruvllm_error_body(item)[1]))
@@ -51,7 +53,7 @@ async def sse_chunks(submission: Submission, fmt: ChunkFormatter, *, include_usa
                 yield "".join(events)
                 events.clear()
         if not failed and include_usage:
-            events.append(sse_event(fmt.usage(prompt_tokens, completion_tokens)))
+            events.append(sse_event(fmt.usage(prompt_tokens, completion_tokens, results)))
         events.append(DONE)
         yield "".join(events)
     finally:

@@ -1,7 +1,9 @@
 """Engine outputs in OpenAI's JSON shapes (chat.completion, text_completion and their chunks).
 
 Usage is the engine's own token count: prompt tokens once per distinct prompt, completion
-tokens summed over every choice, as OpenAI bills them.
+tokens summed over every choice, as OpenAI bills them. Where speculative decoding drafted tokens
+for the choices, usage also carries ``draft_tokens`` and ``accepted_draft_tokens`` (extension
+fields: how many were proposed, and how many of them are part of ``completion_tokens``).
 """
 
 from __future__ import annotations
@@ -18,9 +20,16 @@ from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import GenerationResult, TokenOutput
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int,
+          results: Sequence[GenerationResult] = ()) -> dict[str, int]:
+    """OpenAI's usage object; with the draft counts of ``results`` when any were drafted."""
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens}
+    drafted = sum(r.usage.draft_tokens for r in results)
+    if drafted:
+        out["draft_tokens"] = drafted
+        out["accepted_draft_tokens"] = sum(r.usage.accepted_draft_tokens for r in results)
+    return out
 
 
 class ChunkFormatter(Protocol):
@@ -34,7 +43,8 @@ class ChunkFormatter(Protocol):
 
     def finish_event(self, index: int, result: GenerationResult) -> str: ...
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]: ...
+    def usage(self, prompt_tokens: int, completion_tokens: int,
+              results: Sequence[GenerationResult] = ()) -> dict[str, Any]: ...
 
     def complete(self, outcomes: Sequence[tuple[list[TokenOutput], GenerationResult]],
                  prompt_lengths: Sequence[int]) -> dict[str, Any]: ...
@@ -56,9 +66,10 @@ class _Base(abc.ABC):
         return {"id": self.id, "object": name, "created": self.created, "model": self.model,
                 "system_fingerprint": None, "choices": choices}
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    def usage(self, prompt_tokens: int, completion_tokens: int,
+              results: Sequence[GenerationResult] = ()) -> dict[str, Any]:
         out = self._envelope(self.chunk_name, [])
-        out["usage"] = usage(prompt_tokens, completion_tokens)
+        out["usage"] = usage(prompt_tokens, completion_tokens, results)
         return out
 
     def _token_text(self, out: TokenOutput) -> str:
@@ -185,7 +196,8 @@ class ChatFormatter(_Base):
             choices.append({"index": index, "message": self._message(result.text),
                             "logprobs": lp, "finish_reason": result.finish_reason.value})
         out = self._envelope(self.object_name, choices)
-        out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for _, r in outcomes))
+        results = [r for _, r in outcomes]
+        out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for r in results), results)
         return out
 
 
@@ -246,5 +258,6 @@ class CompletionFormatter(_Base):
             choices.append({"index": index, "text": echo + result.text, "logprobs": lp,
                             "finish_reason": result.finish_reason.value})
         out = self._envelope(self.object_name, choices)
-        out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for _, r in outcomes))
+        results = [r for _, r in outcomes]
+        out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for r in results), results)
         return out
