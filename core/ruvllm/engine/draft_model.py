@@ -294,8 +294,9 @@ class DraftModelSpeculator(Speculator):
 
     A drafted token costs its verification (the target's learnt step cost) plus its share of a
     draft-model pass (:meth:`DraftModel.relative_cost`): a draft model as large as the target
-    never pays, and the adaptive policy then stops drafting but for its probes. Until the
-    draft's passes have been timed only verification is counted, so the cost gets measured.
+    never pays, and the adaptive policy then stops drafting, probes included (they would cost a
+    catch-up pass each for nothing). Until the draft's passes have been timed only verification
+    is counted, so the cost gets measured.
     """
 
     #: Drafts of a model of the same family are kept more often than an n-gram's (reported
@@ -315,6 +316,8 @@ class DraftModelSpeculator(Speculator):
         if self._failed or batch_size > self.disable_by_batch_size:
             return
         cost = self.cost.token_cost(batch_size) + (self.draft.relative_cost(self.cost, batch_size) or 0.0)
+        if self.adaptive and cost >= 1.0:
+            return  # a drafted token costs more than a token decoded: no acceptance pays, so no probes
         wants = []
         for req in requests:
             limit = min(self.max_length, req.max_tokens - req.num_output - 1)
