@@ -1,7 +1,8 @@
-"""Speculative decoding (prompt lookup) against plain decoding, on the same prompts and engine options.
+"""Speculative decoding (prompt lookup, draft model) against plain decoding, on the same prompts.
 
-Three workloads, greedy, EOS honoured (both sides produce the same tokens, so tok/s compare the
-same work), each timed from submission to the last token (prefill included):
+Three workloads, greedy, EOS honoured (the sides produce the same tokens up to near-ties, whose
+flips llama.cpp's batch shapes cause: the table says whether they were identical), each timed
+from submission to the last token (prefill included):
 
 - ``grounded``: C=1, completions that copy their input (repeat a text, return a function with
   one name changed, continue a list that repeats a template): SmolLM2-135M does not follow chat
@@ -10,11 +11,22 @@ same work), each timed from submission to the last token (prefill included):
 - ``mixed16``: C=16, the grounded and chat prompts together (the batch threshold and the
   learnt cost of a drafted token decide).
 
-For each backend, an engine without speculation and one with ``speculative_method = "ngram"``
-(adaptive draft length, the engine's defaults otherwise) alternate ``--repeats`` times, each
-loaded fresh on its own model thread; figures are medians, and the ratio is spec/plain.
+For each backend, an engine without speculation and one per ``--speculative-config`` (default
+``{"method": "ngram"}``: adaptive draft length, the engine's defaults otherwise) are loaded side
+by side, each on its own model thread, and run each unit of work (one prompt at C=1, the whole
+batch at C=16) back to back, in rotating order, ``--repeats`` times: on a machine whose load
+changes, every side meets the same load. Figures are medians; each ratio is that side over
+plain. A draft model naming the target's own file runs as a second executor over the weights
+already loaded (the only same-vocabulary model shipped here is the embedded one itself, so its
+figure shows what a draft as costly as the target does).
 
-    nice -n 10 .venv/bin/python benchmarks/speculative.py --backends llamacpp candle_like
+    nice -n 10 .venv/bin/python benchmarks/speculative.py --backends llamacpp candle_like \
+        --speculative-config '{"method": "ngram"}' \
+        --speculative-config '{"method": "draft_model", "model": "default"}' \
+        --speculative-config '{"method": "draft_model", "model": "default", "adaptive": false, \
+                               "num_speculative_tokens": 4}'
+
+Writes ``benchmarks/results/speculative.json`` and ``.md`` (or ``--json PATH``).
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from ruvllm.bench.machine import machine_line
@@ -63,6 +76,7 @@ CHAT = ["Write a short story about a dragon who learns to bake.",
         "Describe your ideal weekend in a few sentences."]
 WORKLOADS = {"grounded": (GROUNDED, 1), "chat": (CHAT, 1), "mixed16": (GROUNDED + CHAT, 16)}
 BACKEND_OPTIONS = {"llamacpp": {"n_ctx": 2048}, "candle_like": {"dtype": "float32"}}
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def prompt_ids(engine: ServingEngine, prompt: str) -> list[int]:
@@ -72,31 +86,47 @@ def prompt_ids(engine: ServingEngine, prompt: str) -> list[int]:
     return engine.encode(text, add_special=False, parse_special=True)
 
 
-def run_workload(engine: ServingEngine, name: str, max_tokens: int) -> dict[str, Any]:
+def units(engine: ServingEngine, name: str) -> list[list[list[int]]]:
+    """The workload's timed units: each prompt alone (C=1), or all clients at once."""
     questions, concurrency = WORKLOADS[name]
     prompts = [prompt_ids(engine, q) for q in questions]
+    if concurrency == 1:
+        return [[p] for p in prompts]
+    return [[prompts[i % len(prompts)] for i in range(concurrency)]]
+
+
+def run_unit(engine: ServingEngine, batch: list[list[int]], max_tokens: int) -> dict[str, Any]:
+    """``batch`` submitted at once, timed from submission to the last token."""
     params = GenerationParams(max_tokens=max_tokens, temperature=0.0)
     before = engine.metrics()
-    tokens, seconds, outputs = 0, 0.0, []
-    if concurrency == 1:
-        for p in prompts:
-            start = time.perf_counter()
-            result = engine.submit_sync(p, params).result()
-            seconds += time.perf_counter() - start
-            tokens += len(result.token_ids)
-            outputs.append(result.token_ids)
-    else:
-        batch = [prompts[i % len(prompts)] for i in range(concurrency)]
-        start = time.perf_counter()
-        results = [h.result() for h in [engine.submit_sync(p, params) for p in batch]]
-        seconds = time.perf_counter() - start
-        tokens = sum(len(r.token_ids) for r in results)
-        outputs = [r.token_ids for r in results]
+    start = time.perf_counter()
+    results = [h.result() for h in [engine.submit_sync(p, params) for p in batch]]
+    seconds = time.perf_counter() - start
     after = engine.metrics()
-    drafted = after.spec_decode_draft_tokens - before.spec_decode_draft_tokens
-    accepted = after.spec_decode_accepted_tokens - before.spec_decode_accepted_tokens
-    return {"tok_s": tokens / seconds, "tokens": tokens, "drafted": drafted, "accepted": accepted,
-            "outputs": outputs}
+    return {"seconds": seconds, "tokens": sum(len(r.token_ids) for r in results),
+            "drafted": after.spec_decode_draft_tokens - before.spec_decode_draft_tokens,
+            "accepted": after.spec_decode_accepted_tokens - before.spec_decode_accepted_tokens,
+            "outputs": [r.token_ids for r in results]}
+
+
+def run_workload(engines: dict[str, ServingEngine], name: str, max_tokens: int, turn: int
+                 ) -> dict[str, dict[str, Any]]:
+    """Every side on every unit of the workload, the sides back to back per unit (their order
+    rotating), so a change in the machine's load falls on all sides alike."""
+    sides = list(engines)
+    totals = {side: {"seconds": 0.0, "tokens": 0, "drafted": 0, "accepted": 0, "outputs": []}
+              for side in sides}
+    for i, batch in enumerate(units(engines[sides[0]], name)):
+        k = (i + turn) % len(sides)
+        for side in sides[k:] + sides[:k]:
+            unit = run_unit(engines[side], batch, max_tokens)
+            total = totals[side]
+            for key in ("seconds", "tokens", "drafted", "accepted"):
+                total[key] += unit[key]
+            total["outputs"] += unit["outputs"]
+    for total in totals.values():
+        total["tok_s"] = total["tokens"] / total["seconds"]
+    return totals
 
 
 def engine_for(backend: str, options: EngineOptions, threads: int | None) -> ServingEngine:
@@ -115,46 +145,63 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--threads", type=int, help="llama.cpp threads (default: the backend's)")
-    ap.add_argument("--speculative-config", default='{"method": "ngram"}',
-                    help="vLLM-style JSON for the speculative side (see docs/engine.md)")
-    ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--speculative-config", action="append",
+                    help="vLLM-style JSON for one speculative side (repeatable; see docs/engine.md); "
+                         'default {"method": "ngram"}')
+    ap.add_argument("--json", default=str(RESULTS / "speculative.json"),
+                    help="write every figure here (and a markdown table next to it)")
     args = ap.parse_args()
     from ruvllm.engine.options import speculative_config_options
 
-    sides = {"plain": EngineOptions(),
-             "spec": EngineOptions.from_mapping(speculative_config_options(args.speculative_config))}
+    sides = {"plain": EngineOptions()}
+    for text in args.speculative_config or ['{"method": "ngram"}']:
+        options = EngineOptions.from_mapping(speculative_config_options(text))
+        name = options.speculative_method + ("" if options.speculative_adaptive
+                                             else f"-fixed{options.num_speculative_tokens}")
+        sides[name] = options
     print(machine_line())
     rows, record = [], {}
     for backend in args.backends:
         figures: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for _ in range(args.repeats):
-            for side, options in sides.items():
-                with engine_for(backend, options, args.threads) as engine:
-                    run_workload(engine, "chat", 8)  # warm-up: threads, allocations
-                    for w in args.workloads:
-                        figure = run_workload(engine, w, args.max_tokens)
+        engines = {side: engine_for(backend, options, args.threads) for side, options in sides.items()}
+        try:
+            for engine in engines.values():
+                run_unit(engine, units(engine, "chat")[0], 8)  # warm-up: threads, allocations
+            for turn in range(args.repeats):
+                for w in args.workloads:
+                    for side, figure in run_workload(engines, w, args.max_tokens, turn).items():
                         figures.setdefault((side, w), []).append(figure)
                         print(f"{backend} {side} {w}: {figure['tok_s']:.1f} tok/s, {figure['accepted']} of "
                               f"{figure['drafted']} drafted tokens accepted", file=sys.stderr, flush=True)
+        finally:
+            for engine in engines.values():
+                engine.close()
         for w in args.workloads:
-            plain, spec = figures[("plain", w)], figures[("spec", w)]
+            plain = figures[("plain", w)]
             p = statistics.median(r["tok_s"] for r in plain)
-            s = statistics.median(r["tok_s"] for r in spec)
-            drafted = sum(r["drafted"] for r in spec)
-            accepted = sum(r["accepted"] for r in spec)
-            same = all(a["outputs"] == b["outputs"] for a, b in zip(plain, spec, strict=True))
-            rows.append((backend, w, p, s, s / p, accepted / drafted if drafted else 0.0, drafted, same))
-            record[f"{backend}/{w}"] = {"plain": [r["tok_s"] for r in plain],
-                                        "spec": [r["tok_s"] for r in spec], "drafted": drafted,
-                                        "accepted": accepted, "same_tokens": same}
-    print(f"{'backend':<12} {'workload':<9} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} "
-          f"{'accepted':>8} {'drafted':>7}  same tokens")
-    for backend, w, p, s, ratio, rate, drafted, same in rows:
-        print(f"{backend:<12} {w:<9} {p:>11.1f} {s:>10.1f} {ratio:>5.2f}x {rate:>8.0%} {drafted:>7}  "
-              f"{'yes' if same else 'no'}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine_line(), "results": record}, f, indent=1)
+            for side in list(sides)[1:]:
+                spec = figures[(side, w)]
+                s = statistics.median(r["tok_s"] for r in spec)
+                drafted = sum(r["drafted"] for r in spec)
+                accepted = sum(r["accepted"] for r in spec)
+                same = all(a["outputs"] == b["outputs"] for a, b in zip(plain, spec, strict=True))
+                rows.append((backend, w, side, p, s, s / p, accepted / drafted if drafted else 0.0, drafted,
+                             same))
+                record[f"{backend}/{w}/{side}"] = {"plain": [r["tok_s"] for r in plain],
+                                                   "spec": [r["tok_s"] for r in spec], "drafted": drafted,
+                                                   "accepted": accepted, "same_tokens": same}
+    header = ("| backend | workload | method | plain tok/s | spec tok/s | ratio | drafted tokens kept | "
+              "same tokens |\n|---|---|---|---|---|---|---|---|")
+    lines = [f"| {b} | {w} | {side} | {p:.1f} | {s:.1f} | {ratio:.2f}x | "
+             f"{f'{rate:.0%} of {drafted}' if drafted else 'none drafted'} | {'yes' if same else 'no'} |"
+             for b, w, side, p, s, ratio, rate, drafted, same in rows]
+    table = "\n".join([header, *lines])
+    print(table)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"machine": machine_line(), "argv": sys.argv[1:], "sides": list(sides)}
+    out.write_text(json.dumps({**meta, "results": record}, indent=1))
+    out.with_suffix(".md").write_text(f"{meta['machine']}\n\n`{' '.join(sys.argv[1:])}`\n\n{table}\n")
 
 
 if __name__ == "__main__":
