@@ -48,3 +48,15 @@ def test_a_draft_model_of_another_vocabulary_is_refused(backend_fp32, tmp_path):
     message = str(caught.value)
     assert "tiny-llama" in message and backend_fp32.info.name in message, message
     assert "49152 tokens" in message, message
+
+
+def test_a_draft_on_another_backend_shares_the_vocabulary(backend_fp32, embedded_source, plain):
+    """The same GGUF drafted by llama.cpp for candle_like, loaded through the registry: the two
+    backends' tokenizers agree token for token (their BOS/EOS conventions differ, which must not
+    refuse it), the tokens are plain decoding's, and the draft's blocks are freed."""
+    pytest.importorskip("ruvllm_llamacpp", reason="the llamacpp plugin is not installed")
+    options = {**SELF_DRAFT, "speculative_model": str(embedded_source.path),
+               "speculative_draft_backend": "llamacpp"}
+    spec, snap = generate(backend_fp32, PROMPTS, GREEDY, options)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
+    assert snap.spec_decode_accepted_tokens >= 0.8 * snap.spec_decode_draft_tokens > 0, snap

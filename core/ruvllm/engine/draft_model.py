@@ -48,15 +48,16 @@ log = logging.getLogger(__name__)
 
 def vocabulary_difference(target: LlmBackend, draft: LlmBackend) -> str | None:
     """What differs between the two models' vocabularies (None: the same ids mean the same
-    tokens): size, BOS/EOS ids, or the first id whose token text differs."""
+    tokens): their sizes, or the first id whose token text differs.
+
+    BOS/EOS ids are not compared: the draft is fed the target's token ids, never a text of its
+    own to tokenize, and backends report them by different conventions for one file (llama.cpp
+    lists every end-of-generation token as EOS), which would refuse a model as its own draft."""
     t, d = target.tokenizer, draft.tokenizer
     if t is d:
         return None
     if t.vocab_size != d.vocab_size:
         return f"the target has {t.vocab_size} tokens and the draft {d.vocab_size}"
-    if t.bos_id != d.bos_id or set(t.eos_ids) != set(d.eos_ids):
-        return (f"BOS/EOS ids differ (target {t.bos_id}/{sorted(t.eos_ids)}, "
-                f"draft {d.bos_id}/{sorted(d.eos_ids)})")
     for i in range(t.vocab_size):
         a, b = t.token_text(i), d.token_text(i)
         if a != b:
@@ -286,7 +287,7 @@ class _Sequence:
 
 def _describe(backend: LlmBackend) -> str:
     info = backend.info
-    return f"{info.name} ({info.path})" if info.path else info.name
+    return f"{info.name} on {backend.name}" + (f" ({info.path})" if info.path else "")
 
 
 class DraftModelSpeculator(Speculator):
