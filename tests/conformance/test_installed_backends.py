@@ -9,12 +9,14 @@ once. ``RUVLLM_CONFORMANCE_BACKENDS=a,b`` restricts the run to those backends.
 from __future__ import annotations
 
 import os
+import re
 
 import attrs
 import pytest
 from conformance_helpers import skip_unless_installed
 from ruvllm.plugins import get_registry
 from ruvllm.testing.isolation import BOUNDS_ENV
+from ruvllm.testing.speculative import FIXED_DRAFTS
 
 SELECT_ENV = "RUVLLM_CONFORMANCE_BACKENDS"
 MUST_PASS = (
@@ -222,3 +224,37 @@ def test_candle_like_two_tier_run_fails_a_kv_leak(suite_runner, monkeypatch, mut
     out = run.result.stdout.str()
     assert "NOT a near-tie" in out and f"kv_cache=two_tier): {spec.kv_line}" in out, run.tail()
     assert _bounds_line(spec) in out or "isolation" not in killer, run.tail()
+
+
+#: The suite's engine classes (the path speculative decoding runs on) with prompt lookup drafting
+#: at a fixed length whenever a tail matches, at every batch size: rejected drafts on free text
+#: and accepted ones on repeats, their KV released, under the isolation and pool tests' rules.
+SPECULATING_CLASSES = "TestEngine or TestKvPool"
+#: Backends whose speculating run is in ``make test`` (the rest: ``make test-all``): llamacpp,
+#: what ``auto`` picks (55 s pinned to one CPU of the AVX2 kind).
+SPECULATING_IN_MAKE_TEST = {"llamacpp"}
+_DRAFTED = re.compile(r"speculative decoding \(ngram\) in TestEngine: (\d+) tokens drafted, (\d+) accepted")
+
+
+def _speculating_args() -> list[str]:
+    options = {**FIXED_DRAFTS, "speculative_disable_by_batch_size": 64}
+    return [arg for key, value in options.items()
+            for arg in ("--ruvllm-engine-option", f"{key}={str(value).lower()}")]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.spread
+@pytest.mark.parametrize("backend", [
+    pytest.param(p, marks=pytest.mark.slow) if isinstance(p, str) and p not in SPECULATING_IN_MAKE_TEST else p
+    for p in _params()])
+def test_engine_classes_pass_speculating(suite_runner, backend: str) -> None:
+    """Issue 23's "the suite with speculation on": the engine and KV-pool classes pass with
+    every request drafting, and drafts were verified (a run that drafted nothing would pass as
+    plain decoding)."""
+    run = _run(suite_runner, backend, "-k", SPECULATING_CLASSES, "-s", *_speculating_args(), kv_reset=False)
+    out = run.result.stdout.str()
+    if "has no iteration-level executor" in out and not _DRAFTED.search(out):
+        pytest.skip(f"{backend} is served request by request: the engine does not speculate for it")
+    found = _DRAFTED.search(out)
+    assert found and int(found[1]) > 0 and int(found[2]) > 0, run.tail()
+    assert sum(o.outcome == "passed" for o in run.outcomes.values()) >= 8, run.outcomes

@@ -37,6 +37,9 @@ class RequestLevelCore:
         self.waiting: list[LiveRequest] = []
         self.in_flight: dict[str, tuple[LiveRequest, Iterator[SampledToken]]] = {}
         self._seq = 0
+        if options.speculative_method != "none":
+            log.warning("speculative decoding is off: backend %r is served request by request (drafts "
+                        "are verified in the executor path's steps)", backend.name)
 
     def max_request_tokens(self) -> int:
         return self.backend.info.context_length

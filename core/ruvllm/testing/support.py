@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from ruvllm.engine import ServingEngine
 from ruvllm.llm import LLM
 from ruvllm.tokenizer import REPLACEMENT, Tokenizer
 from ruvllm.types import GenerationResult
@@ -147,3 +148,14 @@ def stop_inside_text(text: str) -> str | None:
                 return piece
     return None
 
+
+
+def report_speculation(engine: ServingEngine, where: str) -> None:
+    """Print what an engine of a speculating run drafted and kept (run with ``-s``), so a run
+    given ``--ruvllm-engine-option speculative_method=...`` shows that it did speculate: one
+    that silently drafted nothing would pass every test as plain decoding."""
+    if engine.options.speculative_method == "none":
+        return
+    m = engine.metrics()
+    print(f"\nspeculative decoding ({engine.options.speculative_method}) in {where}: "
+          f"{m.spec_decode_draft_tokens} tokens drafted, {m.spec_decode_accepted_tokens} accepted")

@@ -27,7 +27,7 @@ from ruvllm.engine import ServingEngine
 from ruvllm.errors import ContextLengthExceeded
 from ruvllm.llm import LLM
 from ruvllm.testing.isolation import LogitsRecorder, NearTieRule, TeacherForcer, max_distance
-from ruvllm.testing.support import PROMPT_A, PROMPT_C
+from ruvllm.testing.support import PROMPT_A, PROMPT_C, report_speculation
 from ruvllm.types import FinishReason, GenerationParams
 
 #: Sixteen prompts of different kinds and lengths (the isolation test needs them distinct).
@@ -57,6 +57,7 @@ def engine(ruvllm_llm: LLM, ruvllm_engine_options):
     eng = ServingEngine(ruvllm_llm.backend, ruvllm_engine_options(max_num_seqs=16), owns_backend=False)
     try:
         yield eng
+        report_speculation(eng, "TestEngine")
     finally:
         eng.close()
 

@@ -21,7 +21,7 @@ from ruvllm.engine import ServingEngine
 from ruvllm.errors import ContextLengthExceeded
 from ruvllm.llm import LLM
 from ruvllm.testing.isolation import LogitsRecorder, NearTieRule, TeacherForcer
-from ruvllm.testing.support import prompt_of_tokens
+from ruvllm.testing.support import prompt_of_tokens, report_speculation
 from ruvllm.types import FinishReason, GenerationParams, GenerationResult
 
 #: New tokens of each long request (the prompt takes the rest of the context).
@@ -57,6 +57,7 @@ def engine(ruvllm_llm: LLM, ruvllm_max_context: int | None, ruvllm_engine_option
     eng = ServingEngine(ruvllm_llm.backend, options, owns_backend=False)
     try:
         yield eng
+        report_speculation(eng, "TestKvPool")
     finally:
         eng.close()
 
