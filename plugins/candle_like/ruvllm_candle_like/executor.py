@@ -13,8 +13,9 @@ part:
 
 Storage is one of two kinds, chosen by the backend's ``kv_cache`` option:
 
-- ``fp16``: a 16-bit pool per layer, ``[num_blocks * block_size, Hkv, D]``, written in place and
-  gathered from directly (:class:`_PoolStep`);
+- ``fp16``: a 16-bit pool per layer, ``[num_blocks * block_size, 2, Hkv, D]`` (a slot's K and V
+  side by side), written in place and gathered from directly, K and V in one op each
+  (:class:`_PoolStep`);
 - ``two_tier``: :class:`~ruvllm_candle_like.kv_paged_two_tier.PagedTwoTier`, packed Q4/Q8 cold
   rows for every block plus 16-bit hot slots for the blocks in each sequence's recent window;
   a step gathers from a per-layer workspace of the cold blocks it reads (dequantised), the hot
@@ -50,7 +51,15 @@ class _Prefill:
 
 
 class _PoolStep:
-    """One step over the 16-bit pool: positions are pool slots, new K/V are written in place."""
+    """One step over the 16-bit pool: positions are pool slots, new K/V are written in place.
+
+    K and V of a slot sit side by side (``[slots, 2, Hkv, D]``), so a layer writes its new K/V
+    with one ``index_copy_`` and reads a gather's K and V with one ``index_select`` and one
+    conversion to the compute dtype: half the small ops per layer of separate K and V pools,
+    each of which costs a parallel region (docs/benchmark.md, candle_like at 16 sequences)."""
+
+    #: :meth:`sources` returns one pool holding K and V (see _StepAttention.attend).
+    paired = True
 
     def __init__(self, ex: PagedExecutor, batch: Sequence[BatchEntry]):
         self.ex = ex
@@ -62,12 +71,11 @@ class _PoolStep:
         e = self.batch[i]
         return self.ex._slots(e.block_table, 0, e.start_pos + len(e.tokens))
 
-    def sources(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sources(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ex = self.ex
-        k_pool, v_pool = ex.k[layer], ex.v[layer]
-        k_pool.index_copy_(0, self.slots, k.to(ex.kv_dtype))
-        v_pool.index_copy_(0, self.slots, v.to(ex.kv_dtype))
-        return k_pool, v_pool
+        pool = ex.kv[layer]
+        pool.index_copy_(0, self.slots, torch.stack((k, v), dim=1).to(ex.kv_dtype))
+        return pool
 
     def finish(self) -> None:
         return None
@@ -92,14 +100,24 @@ class _StepAttention:
         return out if out.dtype == self.ex.compute_dtype else out.to(self.ex.compute_dtype)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        k_pool, v_pool = self.kv.sources(layer, k, v)
+        if getattr(self.kv, "paired", False):
+            pool = self.kv.sources(layer, k, v)
+
+            def read(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                keys, values = self._read(pool, index).unbind(1)
+                return keys, values
+        else:
+            k_pool, v_pool = self.kv.sources(layer, k, v)
+
+            def read(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return self._read(k_pool, index), self._read(v_pool, index)
         t, h, d = q.shape
         h_kv = k.shape[1]
         if self.decode_gather is not None:
             b, length = self.decode_gather.shape
-            flat = self.decode_gather.reshape(-1)
-            keys = self._read(k_pool, flat).view(b, length, h_kv, d).transpose(1, 2)
-            values = self._read(v_pool, flat).view(b, length, h_kv, d).transpose(1, 2)
+            keys, values = read(self.decode_gather.reshape(-1))
+            keys = keys.view(b, length, h_kv, d).transpose(1, 2)
+            values = values.view(b, length, h_kv, d).transpose(1, 2)
             if self.all_decode_in_order:
                 return attend_decode_batch(q, keys, values, self.decode_valid)
             out = q.new_empty((t, h * d))
@@ -107,8 +125,8 @@ class _StepAttention:
         else:
             out = q.new_empty((t, h * d))
         for p in self.prefills:
-            keys = self._read(k_pool, p.gather).transpose(0, 1)
-            values = self._read(v_pool, p.gather).transpose(0, 1)
+            keys, values = read(p.gather)
+            keys, values = keys.transpose(0, 1), values.transpose(0, 1)
             out[p.rows] = attend_sequence(q[p.rows], keys, values, p.start)
         return out
 
@@ -148,17 +166,21 @@ class PagedExecutor:
         cfg = model.cfg
         #: The two-tier store (None: the 16-bit pool in ``k``/``v``).
         self.two_tier: PagedTwoTier | None = None
+        #: Per layer ``[slots, 2, Hkv, D]``: K (``[:, 0]``) and V (``[:, 1]``) of each slot.
+        self.kv: list[torch.Tensor] = []
+        #: Views of K and of V of each layer's pool.
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         if two_tier is not None:
             self.two_tier = PagedTwoTier(cfg, two_tier, num_blocks=self.num_blocks, block_size=block_size,
                                          max_sequences=max_sequences, kv_dtype=kv_dtype, device=self.device)
             return
-        shape = (self.num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (self.num_blocks * block_size, 2, cfg.num_kv_heads, cfg.head_dim)
         # Zeros, not empty: padded gather positions are masked out, but NaN garbage in V would
         # still poison the output (0 * NaN = NaN).
-        self.k = [torch.zeros(shape, dtype=kv_dtype, device=self.device) for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros(shape, dtype=kv_dtype, device=self.device) for _ in range(cfg.num_layers)]
+        self.kv = [torch.zeros(shape, dtype=kv_dtype, device=self.device) for _ in range(cfg.num_layers)]
+        self.k = [pool[:, 0] for pool in self.kv]
+        self.v = [pool[:, 1] for pool in self.kv]
 
     @property
     def kv_cache(self) -> str:
@@ -169,7 +191,7 @@ class PagedExecutor:
         """Bytes of every tensor holding KV (allocated once, whatever is in use)."""
         if self.two_tier is not None:
             return self.two_tier.nbytes()
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+        return sum(t.numel() * t.element_size() for t in self.kv)
 
     def describe(self) -> str:
         """One line on the KV storage and its size (logged at creation, printed by serve)."""
@@ -307,6 +329,6 @@ class PagedExecutor:
             return
         src = torch.tensor([p[0] for p in pairs], device=self.device)
         dst = torch.tensor([p[1] for p in pairs], device=self.device)
-        for pool in (*self.k, *self.v):
+        for pool in self.kv:
             view = pool.view(self.num_blocks, self.block_size, *pool.shape[1:])
             view[dst] = view[src]
