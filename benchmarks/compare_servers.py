@@ -19,7 +19,15 @@ requests are then served one after another).
 ``--backends`` serves the same model with several ruvllm backends in turn, one line each in the
 table and the plot; ``-o BACKEND:KEY=VALUE`` passes a backend option to one of them, and
 ``--variant 'BACKEND:FLAGS'`` adds one more run of a backend with other serve flags (say, as
-llama-server is run: ``'llamacpp:--max-concurrent 32 -o flash_attn=auto'``). Defaults:
+llama-server is run: ``'llamacpp:--max-concurrent 32 -o flash_attn=auto'``);
+``--peer-variant 'llama-server:FLAGS'`` does the same for llama-server (say, its speculation:
+``'llama-server:--spec-type ngram-simple'``). ``--workload grounded`` sends the input-grounded
+completions of benchmarks/speculative.py (copy a text, rename a function) instead of synthetic
+prompts of ``--prompt-length`` tokens; each server's drafted and accepted tokens (ruvllm's
+``/metrics``, llama-server's ``draft acceptance`` log lines, warm-up included) are printed with
+its tok/s and its ratio over the first configuration of the same server. ``--repeats N`` (N > 1)
+starts every server at once and measures them in turn, the order rotating each repeat, so that on
+a loaded machine every server meets the same load (medians and per-repeat ratios printed). Defaults:
 llamacpp gets ``n_threads=--threads`` (everything else as ``ruvllm serve`` sets it: the 256 MiB
 pool, the model's context); candle_like gets ``dtype=bfloat16``, in which it batches well on
 CPUs with bf16 matrix instructions (on one without, say ``-o candle_like:dtype=float32``). Every
@@ -29,6 +37,9 @@ option is named in the target's label.
     .venv/bin/python benchmarks/compare_servers.py                  # writes benchmarks/results/
     .venv/bin/python benchmarks/compare_servers.py --clients 1,4,16,32 --prompt-length 512 \
         --backends llamacpp,candle_like --peers llama-server,llama_cpp.server
+    .venv/bin/python benchmarks/compare_servers.py --workload grounded --clients 1 --backends llamacpp \
+        --variant "llamacpp:--speculative-config '{\"method\": \"ngram\"}'" \
+        --peer-variant 'llama-server:--spec-type ngram-simple'
 """
 
 from __future__ import annotations
@@ -37,9 +48,11 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shlex
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -80,6 +93,30 @@ def parse_variant(text: str, options: dict[str, dict[str, str]]) -> tuple[str, l
         raise SystemExit(f"--variant {text!r}: expected BACKEND:FLAGS with BACKEND one of --backends "
                          f"{','.join(options)}")
     return backend, shlex.split(flags)
+
+
+def parse_peer_variant(text: str) -> list[str]:
+    """``llama-server:FLAGS`` -> the extra llama-server flags."""
+    peer, sep, flags = text.partition(":")
+    if not sep or peer != "llama-server":
+        raise SystemExit(f"--peer-variant {text!r}: expected 'llama-server:FLAGS'")
+    return shlex.split(flags)
+
+
+def ruvllm_drafts(url: str) -> tuple[int, int]:
+    """(drafted, accepted) tokens so far, from ruvllm's ``/metrics``."""
+    text = httpx.get(url + "/metrics").text
+    found = {name: int(float(value)) for name, value in
+             re.findall(r"^ruvllm:spec_decode_num_(draft|accepted)_tokens_total(?:\{[^}]*\})? (\S+)$", text,
+                        re.MULTILINE)}
+    return found.get("draft", 0), found.get("accepted", 0)
+
+
+def llama_server_drafts(log: Path) -> tuple[int, int]:
+    """(drafted, accepted) tokens, summed over llama-server's ``draft acceptance`` log lines (one
+    per finished request that drafted)."""
+    pairs = re.findall(r"draft acceptance = \S+ \(\s*(\d+) accepted /\s*(\d+) generated\)", log.read_text())
+    return sum(int(g) for _, g in pairs), sum(int(a) for a, _ in pairs)
 
 
 def free_port() -> int:
@@ -171,6 +208,16 @@ def main() -> int:
     ap.add_argument("--variant", action="append", default=[], metavar="BACKEND:FLAGS",
                     help="one more ruvllm serve run of BACKEND with these serve flags (repeatable), e.g. "
                          "'llamacpp:--max-concurrent 32 -o flash_attn=auto' (llama-server's settings)")
+    ap.add_argument("--peer-variant", action="append", default=[], metavar="llama-server:FLAGS",
+                    help="one more llama-server run with these extra flags (repeatable), e.g. "
+                         "'llama-server:--spec-type ngram-simple --spec-ngram-simple-size-m 8'")
+    ap.add_argument("--workload", choices=["synthetic", "grounded"], default="synthetic",
+                    help="synthetic: prompts of --prompt-length tokens; grounded: the completions of "
+                         "benchmarks/speculative.py that copy their input")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="above 1: every server is started at once and measured in turn, the order rotating "
+                         "each repeat (on a loaded machine, every server meets the same load); ratios are "
+                         "per repeat")
     ap.add_argument("--kv-budget-mib", type=int, default=256,
                     help="KV memory of ruvllm's llamacpp pool and of llama-server's unified KV")
     args = ap.parse_args()
@@ -188,68 +235,105 @@ def main() -> int:
     with LLM(backend="llamacpp") as llm:
         model_path = llm.info.path
         eos_ids = llm.info.special_tokens.eos_ids
-        prompts = [prompt_text(llm.tokenizer, args.prompt_length, i) for i in range(64)]
+        if args.workload == "grounded":
+            from speculative import GROUNDED
+
+            prompts = list(GROUNDED)
+        else:
+            prompts = [prompt_text(llm.tokenizer, args.prompt_length, i) for i in range(64)]
         model_name = llm.info.name
         cells = pool_cells(llm.backend, max(levels), args.kv_budget_mib)
     bin_dir = Path(sys.executable).parent
-    results: list[dict] = []
 
     options = backend_options(backends, args.option, args.threads)
+    # every server to measure: (kind, label settings, command, url, log, request body extras)
+    servers: list[tuple[str, list[str], list[str], str, Path, dict]] = []
     runs = [(backend, []) for backend in backends] + [parse_variant(v, options) for v in args.variant]
     for n, (backend, flags) in enumerate(runs):
         opts = dict(options[backend])
         if backend == "llamacpp":
             opts.setdefault("kv_budget_mib", str(args.kv_budget_mib))
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        print(f"ruvllm serve --backend {backend} {' '.join(flags)} on {url}", file=sys.stderr)
-        cmd = [str(bin_dir / "ruvllm"), "serve", "--backend", backend, "--port", str(port),
+        url = f"http://127.0.0.1:{free_port()}"
+        cmd = [str(bin_dir / "ruvllm"), "serve", "--backend", backend, "--port", url.rsplit(":", 1)[1],
                "--log-level", "warning"]
         for key, value in opts.items():
             cmd += ["-o", f"{key}={value}"]
-        proc = run_server([*cmd, *flags], url, args.output_dir / f"ruvllm-serve-{backend}-{n}.log")
-        try:
-            health = httpx.get(url + "/health").json()
-            label = ", ".join([health["backend"], health["engine_path"],
-                               *(f"{k}={v}" for k, v in opts.items()), *([" ".join(flags)] if flags else [])])
-            results += asyncio.run(measure(url, f"ruvllm serve ({label})", prompts, {"ignore_eos": True},
-                                           args))
-        finally:
-            stop(proc)
-
-    if "llama-server" in peers:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
+        settings = [*(f"{k}={v}" for k, v in opts.items()), *([" ".join(flags)] if flags else [])]
+        servers.append(("ruvllm serve", settings, [*cmd, *flags], url,
+                        args.output_dir / f"ruvllm-serve-{backend}-{n}.log", {"ignore_eos": True}))
+    peer_runs = [[], *(parse_peer_variant(v) for v in args.peer_variant)] if "llama-server" in peers else []
+    for n, extra in enumerate(peer_runs):
+        url = f"http://127.0.0.1:{free_port()}"
         flags = ["--parallel", str(max(levels)), "--ctx-size", str(cells), "--kv-unified",
-                 "--threads", str(args.threads), "--threads-batch", str(args.threads)]
-        print(f"llama-server {' '.join(flags)} on {url}", file=sys.stderr)
-        proc = run_server([str(llama_server), "--model", str(model_path), "--host", "127.0.0.1",
-                           "--port", str(port), *flags], url, args.output_dir / "llama-server.log")
-        try:
-            results += asyncio.run(measure(url, f"llama-server (-np {max(levels)}, -c {cells}, kv-unified)",
-                                           prompts, {"ignore_eos": True}, args))
-        finally:
-            stop(proc)
-
+                 "--threads", str(args.threads), "--threads-batch", str(args.threads), *extra]
+        settings = [f"-np {max(levels)}", f"-c {cells}", "kv-unified", *([" ".join(extra)] if extra else [])]
+        servers.append(("llama-server", settings, [str(llama_server), "--model", str(model_path), "--host",
+                                                   "127.0.0.1", "--port", url.rsplit(":", 1)[1], *flags], url,
+                        args.output_dir / (f"llama-server-{n}.log" if n else "llama-server.log"),
+                        {"ignore_eos": True}))
     peer_settings = {"defaults": [], "interrupt_requests=False": ["--interrupt_requests", "False"]}
     bias = {str(t): -100 for t in eos_ids}
     for setting, extra in (peer_settings if "llama_cpp.server" in peers else {}).items():
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        print(f"llama_cpp.server ({setting}) on {url}", file=sys.stderr)
-        proc = run_server([sys.executable, "-m", "llama_cpp.server", "--model", str(model_path),
-                           "--port", str(port), "--n_threads", str(args.threads), "--n_ctx", "4096", *extra],
-                          url, args.output_dir / f"llama_cpp-server-{setting.replace('=', '-')}.log")
+        url = f"http://127.0.0.1:{free_port()}"
+        servers.append(("llama_cpp.server", [setting],
+                        [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path), "--port",
+                         url.rsplit(":", 1)[1], "--n_threads", str(args.threads), "--n_ctx", "4096", *extra],
+                        url,
+                        args.output_dir / f"llama_cpp-server-{setting.replace('=', '-')}.log",
+                        {"logit_bias": bias}))
+
+    def start(kind: str, settings: list[str], cmd: list[str], url: str, log: Path
+              ) -> tuple[subprocess.Popen, str]:
+        print(f"{' '.join(cmd)} on {url}", file=sys.stderr)
+        proc = run_server(cmd, url, log)
+        if kind == "ruvllm serve":
+            health = httpx.get(url + "/health").json()
+            settings = [health["backend"], health["engine_path"], *settings]
+        return proc, f"{kind} ({', '.join(settings)})"
+
+    def speculation(kind: str, url: str, log: Path) -> tuple[int, int]:
+        return ruvllm_drafts(url) if kind == "ruvllm serve" else (
+            llama_server_drafts(log) if kind == "llama-server" else (0, 0))
+
+    results: list[dict] = []
+    drafts: dict[str, tuple[int, int]] = {}
+    if args.repeats == 1:  # one server at a time, alone on the machine
+        for kind, settings, cmd, url, log, body in servers:
+            proc, name = start(kind, settings, cmd, url, log)
+            try:
+                results += asyncio.run(measure(url, name, prompts, body, args))
+                if kind == "ruvllm serve":
+                    drafts[name] = speculation(kind, url, log)
+            finally:
+                stop(proc)
+            if kind != "ruvllm serve":
+                drafts[name] = speculation(kind, url, log)
+    else:  # every server up at once, measured in turn, the order rotating each repeat
+        procs: list[subprocess.Popen] = []
         try:
-            results += asyncio.run(measure(url, f"llama_cpp.server ({setting})", prompts,
-                                           {"logit_bias": bias}, args))
+            names = []
+            for kind, settings, cmd, url, log, _ in servers:
+                proc, name = start(kind, settings, cmd, url, log)
+                procs.append(proc)
+                names.append(name)
+            for turn in range(args.repeats):
+                order = list(range(len(servers)))
+                order = order[turn % len(order):] + order[:turn % len(order)]
+                for i in order:
+                    for r in asyncio.run(measure(servers[i][3], names[i], prompts, servers[i][5], args)):
+                        results.append({**r, "repeat": turn})
+            for (kind, _, _, url, log, _), name in zip(servers, names, strict=True):
+                drafts[name] = speculation(kind, url, log)
         finally:
-            stop(proc)
+            for proc in procs:
+                stop(proc)
 
     report = {"machine": machine_info(), "model": model_name, "serving": results,
+              "drafts": {name: {"drafted": d, "accepted": a} for name, (d, a) in drafts.items()},
               "settings": {"clients": args.clients, "gen_length": args.gen_length,
                            "prompt_length": args.prompt_length, "threads": args.threads,
                            "backends": options, "variants": args.variant,
+                           "peer_variants": args.peer_variant, "workload": args.workload,
                            "peers": sorted(peers),
                            "load_average": os.getloadavg()}}
     (args.output_dir / "compare_servers.json").write_text(rep.to_json(report))
@@ -261,13 +345,31 @@ def main() -> int:
     peers = [r for r in results if not r["target"].startswith("ruvllm")]
     for r in ours:
         for b in peers:
-            if b["concurrency"] != r["concurrency"]:
+            if b["concurrency"] != r["concurrency"] or b.get("repeat") != r.get("repeat"):
                 continue
             ratio = r["output_tok_s"] / b["output_tok_s"] if b["output_tok_s"] else float("inf")
             print(f"{r['concurrency']:>3} clients: {r['target']} {r['output_tok_s']:.1f} tok/s vs "
                   f"{b['target']} {b['output_tok_s']:.1f} (x{ratio:.2f}); TTFT p50 "
                   f"{r['ttft_s']['p50']:.2f} s vs {b['ttft_s']['p50']:.2f} s; "
                   f"cut short {r['cut_short']} vs {b['cut_short']}")
+    def kind(r: dict) -> str:
+        return r["target"].split(" (")[0]
+
+    first: dict[str, str] = {}  # each kind of server's first configuration (as listed, not as run)
+    for name in drafts:
+        first.setdefault(kind({"target": name}), name)
+    by_side: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for r in results:  # each run over its kind's first configuration (same concurrency and repeat)
+        base = next(b for b in results if b["target"] == first[kind(r)]
+                    and b["concurrency"] == r["concurrency"] and b.get("repeat") == r.get("repeat"))
+        by_side.setdefault((r["target"], r["concurrency"]), []).append(
+            (r["output_tok_s"], r["output_tok_s"] / base["output_tok_s"]))
+    for (target, c), figures in by_side.items():
+        drafted, accepted = drafts.get(target, (0, 0))
+        kept = f"{accepted} of {drafted} drafted kept" if drafted else "nothing drafted"
+        print(f"{c:>3} clients: {target}: {statistics.median(t for t, _ in figures):.1f} tok/s, "
+              f"x{statistics.median(x for _, x in figures):.2f} of {kind({'target': target})}'s first run "
+              f"(median of {', '.join(f'{x:.2f}' for _, x in figures)}); {kept} (whole run, warm-ups in)")
     print(json.dumps({"written": str(args.output_dir)}))
     return 0
 
