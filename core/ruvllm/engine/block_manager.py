@@ -328,16 +328,6 @@ class BlockManager:
         self._blocks[block_id].ref_count = 1
         return block_id
 
-    def drop_cache(self) -> None:
-        """Forget every cached prefix that no sequence uses (e.g. after the executor reset)."""
-        for block_id in list(self._evictable):
-            block = self._blocks[block_id]
-            assert block.block_hash is not None
-            del self._cached[block.block_hash]
-            block.block_hash = None
-            self._free.append(block_id)
-        self._evictable.clear()
-
     def check_invariants(self) -> None:
         """Raise AssertionError when the accounting is inconsistent (for tests)."""
         refs = [0] * self.num_blocks

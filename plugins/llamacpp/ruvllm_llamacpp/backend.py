@@ -18,11 +18,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar
 
+import attrs
 import numpy as np
 from ruvllm.backend import LlmBackend, sample_stream
 from ruvllm.embeddings import check_embedding_inputs, normalise_rows
-from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest, ModelLoadError
+from ruvllm.errors import BackendError, ModelLoadError
 from ruvllm.executor import KvLayout
+from ruvllm.generation import check_prompt
 from ruvllm.models import ModelSource
 from ruvllm.options import parse_options
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
@@ -306,14 +308,9 @@ class LlamaCppBackend(LlmBackend):
     def generate(self, prompt_ids: Sequence[int], params: GenerationParams) -> Iterator[SampledToken]:
         self._check_open()
         prompt = list(prompt_ids)
-        if not prompt:
-            raise InvalidRequest("prompt", "must contain at least one token; got an empty prompt")
-        n_vocab = self._tokenizer.vocab_size
-        bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise InvalidRequest("prompt", f"token id {bad} is outside the vocabulary [0, {n_vocab})", bad)
-        if len(prompt) >= self.n_ctx:
-            raise ContextLengthExceeded(len(prompt), 1, self.n_ctx)
+        # The answer may run on to the end of the context (sample_stream stops there), so the
+        # prompt needs room for one token, whatever max_tokens says.
+        check_prompt(prompt, attrs.evolve(params, max_tokens=1), self.n_ctx, self._tokenizer.vocab_size)
         # Validated eagerly (above); the generator below touches the KV only once iterated.
         return self._run(prompt, params)
 
