@@ -116,6 +116,15 @@ class BackendRegistry:
                     f"pick another backend or a model in one of those formats"
                 )
             return _class_of(cls)
+        name, why = self.auto_choice(model, load=load, cache_dir=cache_dir)
+        log.info("backend auto -> %s (%s)", name, why)
+        return _class_of(self.backends[name])
+
+    def auto_choice(self, model: ModelSource | None = None, *, load: int = 1,
+                    cache_dir: Path | None = None) -> tuple[str, str]:
+        """The backend ``auto`` picks for ``load`` clients, and why: what ``ruvllm serve`` prints at
+        start-up and ``/health`` reports, so a user sees whether a measurement or a fixed order
+        chose it."""
         fixed = AUTO_PREFERENCE[platform_key()]
         preference = None
         if model is not None and cache_dir is not None:
@@ -138,9 +147,7 @@ class BackendRegistry:
             if model is not None and model.format not in cls.formats:
                 skipped.append(f"{candidate}: cannot read {model.format} models")
                 continue
-            log.info("backend auto -> %s (%s%s)", candidate, preference.why,
-                     "; skipped " + "; ".join(skipped) if skipped else "")
-            return _class_of(cls)
+            return candidate, preference.why + ("; skipped " + "; ".join(skipped) if skipped else "")
         raise BackendUnavailable("auto", "no installed backend can run here: " + "; ".join(skipped))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
+import attrs
 import pytest
 from click.testing import CliRunner
 from ruvllm.auto_backend import (
@@ -16,9 +17,11 @@ from ruvllm.auto_backend import (
     save_record,
 )
 from ruvllm.cli import main
+from ruvllm.config import Config
 from ruvllm.models import ModelSource
 from ruvllm.plugins import get_registry
 from ruvllm.registry import embedded_model_path
+from ruvllm.server.runner import auto_backend_choice
 
 #: Figures shaped like the AVX-512 + bf16 machine's (issue 22): llama.cpp leads for one client,
 #: candle_like for sixteen.
@@ -98,3 +101,19 @@ def test_tune_refuses_a_backend_that_cannot_run(tmp_path) -> None:
     assert res.exit_code != 0
     assert "no-such-backend" in res.output
     assert not (tmp_path / "auto-backend").exists()
+
+
+def test_serve_says_why_auto_picked_its_backend(tmp_path, model) -> None:
+    """The start-up line and /health name the measurement (or the fixed order) behind the pick,
+    for the load the server's engine is sized for; a named backend needs no reason."""
+    registry = get_registry()
+    if not {"llamacpp", "candle_like"} <= set(registry.backends):
+        pytest.skip("needs the llamacpp and candle_like backends installed")
+    save_record(tmp_path, model, CROSSING)
+    config = Config(cache_dir=tmp_path)
+    assert auto_backend_choice(config).startswith("auto -> candle_like: measured by `ruvllm tune`")
+    one = auto_backend_choice(attrs.evolve(config, engine={"max_num_seqs": 1}))
+    assert one.startswith("auto -> llamacpp: measured") and "llamacpp 100.0 tok/s" in one
+    unmeasured = auto_backend_choice(Config(cache_dir=tmp_path / "empty"))
+    assert unmeasured.startswith("auto -> ") and "not measured on this machine" in unmeasured
+    assert auto_backend_choice(attrs.evolve(config, backend="llamacpp")) is None
