@@ -66,6 +66,17 @@ def _class_of(entry: BackendEntry) -> type[LlmBackend]:
     return entry.resolve() if isinstance(entry, LazyBackend) else entry
 
 
+@attrs.frozen
+class AutoChoice:
+    """The backend ``auto`` picked and why (tune's figures, or the fixed order and what was skipped)."""
+
+    name: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"auto -> {self.name}: {self.why}"
+
+
 @attrs.define
 class BackendRegistry:
     """Every backend that plugins registered, plus the plugins that failed.
@@ -116,15 +127,15 @@ class BackendRegistry:
                     f"pick another backend or a model in one of those formats"
                 )
             return _class_of(cls)
-        name, why = self.auto_choice(model, load=load, cache_dir=cache_dir)
-        log.info("backend auto -> %s (%s)", name, why)
-        return _class_of(self.backends[name])
+        choice = self.auto_choice(model, load=load, cache_dir=cache_dir)
+        log.info("backend %s", choice)
+        return _class_of(self.backends[choice.name])
 
     def auto_choice(self, model: ModelSource | None = None, *, load: int = 1,
-                    cache_dir: Path | None = None) -> tuple[str, str]:
-        """The backend ``auto`` picks for ``load`` clients, and why: what ``ruvllm serve`` prints at
-        start-up and ``/health`` reports, so a user sees whether a measurement or a fixed order
-        chose it."""
+                    cache_dir: Path | None = None) -> AutoChoice:
+        """The backend ``auto`` picks for ``load`` clients, and why: the serving engine keeps it,
+        so ``ruvllm serve`` prints it at start-up and ``/health`` reports it, and a user sees
+        whether a measurement or a fixed order chose it."""
         fixed = AUTO_PREFERENCE[platform_key()]
         preference = None
         if model is not None and cache_dir is not None:
@@ -147,7 +158,8 @@ class BackendRegistry:
             if model is not None and model.format not in cls.formats:
                 skipped.append(f"{candidate}: cannot read {model.format} models")
                 continue
-            return candidate, preference.why + ("; skipped " + "; ".join(skipped) if skipped else "")
+            skips = "; skipped " + "; ".join(skipped) if skipped else ""
+            return AutoChoice(candidate, preference.why + skips)
         raise BackendUnavailable("auto", "no installed backend can run here: " + "; ".join(skipped))
 
 

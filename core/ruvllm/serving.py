@@ -130,6 +130,9 @@ class AsyncEngine(Protocol):
     #: Why ``info.context_length`` is below the model's own context ("" when it is not), for
     #: the 400 of a request that does not fit.
     context_limit_note: str
+    #: Why ``backend = "auto"`` picked ``backend_name`` (None when it was named), for the
+    #: start-up banner and ``/health``.
+    backend_choice: str | None
 
     def memory_summary(self) -> str | None:
         """The memory the backend sized from a setting (its KV cache), for the start-up banner."""

@@ -18,10 +18,11 @@ from ruvllm.auto_backend import (
 )
 from ruvllm.cli import main
 from ruvllm.config import Config
+from ruvllm.engine import ServingEngine
 from ruvllm.models import ModelSource
 from ruvllm.plugins import get_registry
 from ruvllm.registry import embedded_model_path
-from ruvllm.server.runner import auto_backend_choice
+from ruvllm.server.runner import settings_for, startup_banner
 
 #: Figures shaped like the AVX-512 + bf16 machine's (issue 22): llama.cpp leads for one client,
 #: candle_like for sixteen.
@@ -104,16 +105,25 @@ def test_tune_refuses_a_backend_that_cannot_run(tmp_path) -> None:
 
 
 def test_serve_says_why_auto_picked_its_backend(tmp_path, model) -> None:
-    """The start-up line and /health name the measurement (or the fixed order) behind the pick,
-    for the load the server's engine is sized for; a named backend needs no reason."""
+    """The engine ``auto`` builds keeps what decided its backend, for the load it is sized for
+    (tune's figures, or the fixed order), and the start-up banner shows it (``/health`` reads the
+    same attribute); a named backend needs no reason."""
     registry = get_registry()
     if not {"llamacpp", "candle_like"} <= set(registry.backends):
         pytest.skip("needs the llamacpp and candle_like backends installed")
     save_record(tmp_path, model, CROSSING)
     config = Config(cache_dir=tmp_path)
-    assert auto_backend_choice(config).startswith("auto -> candle_like: measured by `ruvllm tune`")
-    one = auto_backend_choice(attrs.evolve(config, engine={"max_num_seqs": 1}))
+
+    def choice(cfg: Config) -> str | None:
+        with ServingEngine.from_config(cfg) as engine:
+            banner = startup_banner(engine, settings_for(cfg, engine))
+            said = f"ruvllm: backend {engine.backend_choice}" in banner
+            assert said == (engine.backend_choice is not None), banner
+            return engine.backend_choice
+
+    assert choice(config).startswith("auto -> candle_like: measured by `ruvllm tune`")
+    one = choice(attrs.evolve(config, engine={"max_num_seqs": 1}))
     assert one.startswith("auto -> llamacpp: measured") and "llamacpp 100.0 tok/s" in one
-    unmeasured = auto_backend_choice(Config(cache_dir=tmp_path / "empty"))
+    unmeasured = choice(Config(cache_dir=tmp_path / "empty", engine={"max_num_seqs": 1}))
     assert unmeasured.startswith("auto -> ") and "not measured on this machine" in unmeasured
-    assert auto_backend_choice(attrs.evolve(config, backend="llamacpp")) is None
+    assert choice(attrs.evolve(config, backend="llamacpp", engine={"max_num_seqs": 1})) is None

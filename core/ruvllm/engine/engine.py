@@ -64,6 +64,9 @@ class ServingEngine:
                  config: Config | None = None, registry: Any = None):
         """``config`` and ``registry`` resolve and load the draft model (default: the process's)."""
         self.options = options or EngineOptions()
+        #: Why ``backend = "auto"`` picked this engine's backend (set by :meth:`from_config`); None
+        #: when the backend was named or given.
+        self.backend_choice: str | None = None
         self._draft_source = (draft, config, registry)
         # The plugins' hook relay (request_finished, select_adapter: e.g. SONA's instant loop
         # and adapter router); None: the process-wide registry's.
@@ -102,12 +105,17 @@ class ServingEngine:
             options = EngineOptions.from_mapping(getattr(config, "engine", {}) or {})
         elif not isinstance(options, EngineOptions):
             options = EngineOptions.from_mapping(options)
-        # `auto` picks for the load this engine is sized for: max_num_seqs clients.
-        backend_cls = registry.select(backend or config.backend, source, load=options.max_num_seqs,
-                                      cache_dir=config.cache_dir)
+        name, choice = backend or config.backend, None
+        if name == "auto":
+            # `auto` picks for the load this engine is sized for: max_num_seqs clients.
+            choice = registry.auto_choice(source, load=options.max_num_seqs, cache_dir=config.cache_dir)
+            log.info("backend %s", choice)
+            name = choice.name
+        backend_cls = registry.select(name, source)
         backend_opts = merged_options(config, backend_cls.name)
         engine = cls(lambda: backend_cls.load(source, backend_opts), options, owns_backend=True,
                      hooks=registry.pm.hook, config=config, registry=registry)
+        engine.backend_choice = None if choice is None else str(choice)
         try:
             # Plugins that act on a running engine (SONA) attach here, reading their own config.
             registry.pm.hook.ruvllm_engine_started(engine=engine, config=config)

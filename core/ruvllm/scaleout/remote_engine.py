@@ -266,6 +266,10 @@ class RemoteEngine:
     def context_limit_note(self) -> str:
         return self._desc.context_limit_note
 
+    @property
+    def backend_choice(self) -> str | None:
+        return self._desc.backend_choice
+
     def memory_summary(self) -> str | None:
         return f"each replica: {self._desc.memory}" if self._desc.memory else None
 

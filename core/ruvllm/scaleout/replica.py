@@ -63,6 +63,7 @@ class EngineReplica:
         return ReplicaDescription(info=e.info, capabilities=e.capabilities, backend_name=e.backend_name,
                                   path=e.path, policy=e.scheduling_policy,
                                   context_limit_note=e.context_limit_note, memory=e.memory_summary(),
+                                  backend_choice=e.backend_choice,
                                   block_size=e.options.block_size, replica_id=self._id, pid=os.getpid())
 
     async def embed(self, inputs: Sequence[Sequence[int]]) -> Any:

@@ -56,6 +56,8 @@ class ReplicaDescription:
     context_limit_note: str = ""
     #: The KV memory one replica sized from a setting, for the start-up banner.
     memory: str | None = None
+    #: Why ``auto`` picked the replicas' backend (None when it was named).
+    backend_choice: str | None = None
 
 
 @attrs.frozen

@@ -82,9 +82,6 @@ class ServerSettings:
     #: Loads the single engine again after a request's ``keep_alive`` unloaded it (Ollama's API);
     #: None: it is never unloaded (e.g. a Ray replica set, which is not this process's to reload).
     reload: Callable[[], AsyncEngine] | None = None
-    #: Why ``backend = "auto"`` picked the single engine's backend (``/health`` shows it); None
-    #: when the configuration named the backend.
-    backend_choice: str | None = None
 
 
 def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> FastAPI:
@@ -168,7 +165,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
                 models[e.name]["max_request_tokens"] = max_request_tokens(e.engine)
         return {"status": "ok", "model": pool.default.name,
                 "backend": first.backend_name if first is not None else None,
-                "backend_choice": settings.backend_choice,
+                "backend_choice": first.backend_choice if first is not None else None,
                 "engine_path": first.path if first is not None else None,
                 "models": models, "machine": cpu_info().as_dict()}
 

@@ -44,24 +44,7 @@ def settings_for(config: Config, engine: AsyncEngine | None, *, served_name: str
                           max_body_bytes=srv.max_body_bytes,
                           limits=Limits(max_tokens=srv.max_tokens_limit, max_n=srv.max_n,
                                         max_context=max_context, reasoning_format=srv.reasoning_format),
-                          lora_adapters=dict(srv.lora_adapters), allow_runtime_lora=srv.allow_runtime_lora,
-                          backend_choice=auto_backend_choice(config) if engine is not None else None)
-
-
-def auto_backend_choice(config: Config) -> str | None:
-    """Why ``backend = "auto"`` serves on the backend it picked, for the load the engine is sized
-    for (``max_num_seqs`` clients, as ServingEngine.from_config selects); None when the
-    configuration names its backend."""
-    if config.backend != "auto":
-        return None
-    from ruvllm.engine import EngineOptions
-    from ruvllm.plugins import get_registry
-    from ruvllm.registry import resolve
-
-    load = EngineOptions.from_mapping(config.engine or {}).max_num_seqs
-    name, why = get_registry().auto_choice(resolve(config.model, config.cache_dir), load=load,
-                                           cache_dir=config.cache_dir)
-    return f"auto -> {name}: {why}"
+                          lora_adapters=dict(srv.lora_adapters), allow_runtime_lora=srv.allow_runtime_lora)
 
 
 def _model_bytes(config: Config, ref: str) -> int:
@@ -118,8 +101,8 @@ def startup_banner(engine: AsyncEngine, settings: ServerSettings) -> str:
     room = settings.limits.context_length(engine.info.context_length)
     lines = [f"ruvllm: serving {settings.model_name} with backend {engine.backend_name} "
              f"({engine.path} path); prompt + max_tokens of one request: up to {room} tokens"]
-    if settings.backend_choice:
-        lines.append(f"ruvllm: backend {settings.backend_choice}")
+    if engine.backend_choice:
+        lines.append(f"ruvllm: backend {engine.backend_choice}")
     memory = engine.memory_summary()
     if memory:
         lines.append(f"ruvllm: {memory}")
