@@ -15,10 +15,11 @@ Flash attention for the pool (``flash_attn = "auto"``, llama-server's own defaul
 a unified buffer each token's attention spans every cell in use, its own sequence's and all the
 others' (masked), and only llama.cpp's flash-attention kernel skips the masked cells; without it
 a step of 16 sequences costs as if each attended to all 16 (0.68x the throughput of
-per-sequence streams, docs/engine.md). It stays off by default: with it, the KV a prefix-cache
-hit reuses was computed by another kernel tiling than a fresh prefill, and a repeated greedy
-request flipped a near-tie (measured on the AVX2 kind), which users of a deterministic server
-rely on not happening.
+per-sequence streams, docs/engine.md). It stays off by default: with it a prefix-cache hit, a
+neighbour's prefill or the micro-batch size moves a row's logits (its tiled and split-KV
+kernels), and even with those kept out, repeated greedy requests in the server tests got two
+answers (benchmarks/llamacpp_row_invariance.py and docs/engine.md have the measurements); users
+of a deterministic server rely on the same request answering the same.
 """
 
 from __future__ import annotations
