@@ -360,9 +360,15 @@ class ServingEngine:
         )
 
     async def shutdown(self) -> None:
-        """Cancel what is still running, stop the model thread (closing an owned backend)."""
+        """Cancel what is still running, stop the model thread (closing an owned backend).
+
+        The thread is polled, not joined from an executor thread: a caller that stops waiting
+        (``asyncio.wait_for``, as the server does at exit while a backend call such as a long
+        mistral.rs prefill cannot be interrupted) leaves no joining thread behind to hold the
+        process open."""
         if self._stop():
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+            while self._thread.is_alive():
+                await asyncio.sleep(0.02)
 
     def close(self) -> None:
         """:meth:`shutdown` for plain threads."""

@@ -116,7 +116,8 @@ class ModelPool:
     """Served models by name; see the module docstring."""
 
     def __init__(self, specs: Iterable[ModelSpec], *, load_wait: float = 30.0,
-                 memory_budget: int | None = None, clock: Callable[[], float] = time.monotonic):
+                 memory_budget: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 shutdown_grace: float = 10.0):
         self.entries: dict[str, ModelEntry] = {}
         self._names: dict[str, ModelEntry] = {}
         for spec in specs:
@@ -134,6 +135,9 @@ class ModelPool:
                 self._claim_adapter(adapter, entry)
         self.load_wait = load_wait
         self.memory_budget = memory_budget
+        #: Seconds :meth:`shutdown` waits for each engine to stop before the process may exit
+        #: without it (SIGTERM during a backend call that cannot be interrupted).
+        self.shutdown_grace = shutdown_grace
         self._clock = clock
         self._reaper: asyncio.Task | None = None
         #: Called with the entry after it loaded / before its engine shuts down (metrics).
@@ -318,8 +322,9 @@ class ModelPool:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def unload(self, entry: ModelEntry) -> None:
-        """Shut ``entry``'s engine down; the next request loads it again."""
+    async def unload(self, entry: ModelEntry, *, wait: float | None = None) -> None:
+        """Shut ``entry``'s engine down; the next request loads it again. ``wait``: give up
+        waiting for the engine to stop after that many seconds (it stops on its own later)."""
         engine = entry.engine
         if engine is None:
             return
@@ -329,7 +334,12 @@ class ModelPool:
         entry.engine, entry.state, entry.memory, entry.task = None, ModelState.UNLOADED, 0, None
         for adapter in list(entry.adapters):
             self.remove_adapter(adapter)
-        await engine.shutdown()
+        try:
+            await asyncio.wait_for(engine.shutdown(), wait)
+        except TimeoutError:
+            log.warning("model %r: its engine is still inside a backend call after %.1f s (a long "
+                        "prefill cannot be interrupted); not waiting for it", entry.name, wait)
+            return
         log.info("model %r unloaded", entry.name)
 
     async def reap(self) -> list[str]:
@@ -378,7 +388,7 @@ class ModelPool:
             if entry.task is not None and not entry.task.done():
                 with contextlib.suppress(BaseException):
                     await entry.task
-            await self.unload(entry)
+            await self.unload(entry, wait=self.shutdown_grace)
 
     # ------------------------------------------------------------------ /v1/models
 
