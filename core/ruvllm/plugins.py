@@ -127,9 +127,7 @@ class BackendRegistry:
                     f"pick another backend or a model in one of those formats"
                 )
             return _class_of(cls)
-        choice = self.auto_choice(model, load=load, cache_dir=cache_dir)
-        log.info("backend %s", choice)
-        return _class_of(self.backends[choice.name])
+        return _class_of(self.backends[self.auto_choice(model, load=load, cache_dir=cache_dir).name])
 
     def auto_choice(self, model: ModelSource | None = None, *, load: int = 1,
                     cache_dir: Path | None = None) -> AutoChoice:
@@ -159,7 +157,9 @@ class BackendRegistry:
                 skipped.append(f"{candidate}: cannot read {model.format} models")
                 continue
             skips = "; skipped " + "; ".join(skipped) if skipped else ""
-            return AutoChoice(candidate, preference.why + skips)
+            choice = AutoChoice(candidate, preference.why + skips)
+            log.info("backend %s", choice)  # logged where decided, whoever asked
+            return choice
         raise BackendUnavailable("auto", "no installed backend can run here: " + "; ".join(skipped))
 
 

@@ -109,7 +109,6 @@ class ServingEngine:
         if name == "auto":
             # `auto` picks for the load this engine is sized for: max_num_seqs clients.
             choice = registry.auto_choice(source, load=options.max_num_seqs, cache_dir=config.cache_dir)
-            log.info("backend %s", choice)
             name = choice.name
         backend_cls = registry.select(name, source)
         backend_opts = merged_options(config, backend_cls.name)
