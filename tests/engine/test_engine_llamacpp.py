@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from ruvllm.config import default_cache_dir
 from ruvllm.engine import EngineOptions, ServingEngine
+from ruvllm.errors import BackendError
 from ruvllm.executor import BatchEntry
 from ruvllm.registry import resolve
 from ruvllm.testing.isolation import LogitsRecorder, NearTieRule
@@ -180,6 +181,24 @@ def test_a_copied_prefix_shares_cells_and_a_trim_frees_them():
         ex.execute([BatchEntry(seq_id=3, tokens=tuple(tokens), start_pos=0, block_table=[],
                                sample=True)])
         assert ex.seq_len(0) == 16 and ex.seq_len(3) == 230
+        ex.close()
+    finally:
+        b.close()
+
+
+def test_a_pool_smaller_than_the_batch_caps_the_step():
+    """llama.cpp caps a context's batch at its cell count and aborts the whole process on a
+    larger step; the executor says the capped size, so the engine plans within it and a caller
+    that asks more gets an error, not a dead server."""
+    b = ruvllm_llamacpp.LlamaCppBackend.load(resolve("default", default_cache_dir()),
+                                             {"n_ctx": 1024, "n_threads": 1, "kv_budget_mib": 1})
+    try:
+        assert b.n_batch > 256
+        ex = b.create_executor(max_sequences=2, block_size=16)
+        assert ex.pool.tokens == 256 and ex.max_batch_tokens == 256
+        tokens = tuple((b.tokenizer.encode(LONG) * 12)[:300])
+        with pytest.raises(BackendError, match="a step holds 300 tokens"):
+            ex.execute([BatchEntry(seq_id=0, tokens=tokens, start_pos=0, block_table=[], sample=True)])
         ex.close()
     finally:
         b.close()

@@ -68,7 +68,6 @@ class LlamaCppExecutor:
         #: Whole blocks only, so the engine never plans a position past the last usable cell.
         self.max_seq_len = pool.per_request // block_size * block_size
         self.num_blocks = pool.tokens // block_size
-        self.max_batch_tokens = max_batch_tokens
         self.n_vocab = n_vocab
 
         self._context = BatchContext(
@@ -79,6 +78,9 @@ class LlamaCppExecutor:
                      "sequences; lower [backends.llamacpp] kv_budget_mib or [engine] max_num_seqs"))
         c = self._context
         self._ctx, self._mem, self._batch = c.ctx, c.mem, c.batch
+        # llama.cpp caps a context's batch at its cell count (a pool smaller than n_batch) and
+        # aborts the process on a larger step: the engine must plan within the cap.
+        self.max_batch_tokens = min(max_batch_tokens, int(llama_cpp.llama_n_batch(c.ctx)))
         self._tok, self._pos, self._want, self._seq_ptrs = c.tokens, c.positions, c.wants_output, c.seq_ptrs
         self._cur_seq = [-1] * max_batch_tokens
 
