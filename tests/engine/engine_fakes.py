@@ -160,6 +160,50 @@ class PerSeqFakeExecutor:
         raise AssertionError("per-sequence executor asked for a block copy")
 
 
+class ParkingFakeExecutor(PerSeqFakeExecutor):
+    """A per-sequence executor that keeps prefix donors outside its pool, as the llama.cpp
+    executor parks them in host memory: a retired sequence's cells are freed at once, and a
+    copy from it takes new cells, which must be free (the engine's account must have left them)."""
+
+    detached_donors = True
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        #: Parked donor -> the tokens of the positions it keeps.
+        self.parked: dict[int, list[int]] = {}
+        self.restored = 0
+
+    def retire(self, seq_id: int, num_tokens: int) -> None:
+        self.trim(seq_id, num_tokens)
+        if seq_id not in self.parked:
+            self.parked[seq_id] = self.tokens(seq_id)
+            del self.seqs[seq_id]
+
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        if seq_id in self.parked:
+            del self.parked[seq_id][num_tokens:]
+        else:
+            super().trim(seq_id, num_tokens)
+
+    def free(self, seq_id: int) -> None:
+        self.parked.pop(seq_id, None)
+        super().free(seq_id)
+
+    def copy_prefix(self, src_seq_id: int, dst_seq_id: int, num_tokens: int) -> None:
+        if src_seq_id not in self.parked:
+            return super().copy_prefix(src_seq_id, dst_seq_id, num_tokens)
+        tokens = self.parked[src_seq_id]
+        assert len(tokens) >= num_tokens, f"seq {src_seq_id} parks {len(tokens)} positions, not {num_tokens}"
+        pool = self.num_blocks * self.block_size
+        assert self.cells_used + num_tokens <= pool, f"no free KV cell to restore {num_tokens} positions into"
+        self.seqs[dst_seq_id] = []
+        for t in tokens[:num_tokens]:
+            self.cells[self._next_cell] = t
+            self.seqs[dst_seq_id].append(self._next_cell)
+            self._next_cell += 1
+        self.restored += 1
+
+
 def reference_greedy(prompt: Sequence[int], max_tokens: int) -> list[int]:
     """What greedy decoding of the fake model gives, computed directly."""
     hist, out = list(prompt), []

@@ -186,6 +186,41 @@ def test_a_copied_prefix_shares_cells_and_a_trim_frees_them():
         b.close()
 
 
+def test_a_parked_donor_frees_its_cells_and_comes_back_as_the_same_kv():
+    """Without flash attention a donor leaves the pool for host memory: in a pool of 256 cells a
+    230-token prompt fits beside a 192-token donor (both in the pool would need 422), and a
+    restored part of the donor gives the logits a fresh prefill gives, bit for bit (its bytes
+    are the ones the prefill computed, cut at position 160)."""
+    b = ruvllm_llamacpp.LlamaCppBackend.load(resolve("default", default_cache_dir()),
+                                             {"n_ctx": 256, "n_threads": 1, "kv_budget_mib": 1})
+    try:
+        ex = b.create_executor(max_sequences=4, block_size=16)
+        assert ex.pool.tokens == 256 and ex.detached_donors
+        tokens = (b.tokenizer.encode(LONG) * 12)[:230]
+
+        def run(seq, start, end):
+            return ex.execute([BatchEntry(seq_id=seq, tokens=tuple(tokens[start:end]), start_pos=start,
+                                          block_table=[], sample=True)])[0]
+
+        run(0, 0, 200)
+        ex.retire(0, 192)
+        assert ex.seq_len(0) == 192
+        run(1, 0, 230)  # llama.cpp refuses a step it has no cells for
+        ex.free(1)
+        ex.copy_prefix(0, 2, 160)
+        assert ex.seq_len(2) == 160
+        restored = run(2, 160, 162)
+        ex.free(2)
+        np.testing.assert_array_equal(restored, run(3, 0, 162))
+        ex.retire(0, 64)  # a parked donor cut shorter (the engine reused its later blocks)
+        assert ex.seq_len(0) == 64
+        ex.copy_prefix(0, 2, 64)
+        assert ex.seq_len(2) == 64
+        ex.close()
+    finally:
+        b.close()
+
+
 def test_a_pool_smaller_than_the_batch_caps_the_step():
     """llama.cpp caps a context's batch at its cell count and aborts the whole process on a
     larger step; the executor says the capped size, so the engine plans within it and a caller

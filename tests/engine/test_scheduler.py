@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_fakes import EOS, PagedFakeExecutor, PerSeqFakeExecutor, reference_greedy
+from engine_fakes import EOS, PagedFakeExecutor, ParkingFakeExecutor, PerSeqFakeExecutor, reference_greedy
 from ruvllm.engine.block_manager import BlockManager
 from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.scheduler import Policy, Scheduler, SchedulerConfig
@@ -28,7 +28,8 @@ def make(executor, *, budget=64, max_seqs=8, policy="fcfs", prefix=True, aging=5
     cfg = SchedulerConfig(max_batch_tokens=budget, max_num_seqs=max_seqs, policy=policy,
                           aging_interval=aging, max_prefill_chunk=chunk)
     per_seq = executor.kv_layout == "per_sequence" and prefix
-    slots = (DonorSlotPool(executor.max_sequences, executor.max_sequences - max_seqs, blocks)
+    slots = (DonorSlotPool(executor.max_sequences, executor.max_sequences - max_seqs, blocks,
+                           detached=getattr(executor, "detached_donors", False))
              if per_seq else SlotPool(max_seqs))
     return Scheduler(cfg, blocks, clock=clock or Clock(), slots=slots, copy_prefixes=per_seq)
 
@@ -67,9 +68,10 @@ def step(sched: Scheduler, executor, on_admit=None):
 
 
 def apply_released(sched: Scheduler, executor) -> None:
+    retire = getattr(executor, "retire", None) or executor.trim
     for slot, keep in sched.take_released_slots():
-        if keep:
-            executor.trim(slot, keep)
+        if keep:  # a prefix donor
+            retire(slot, keep)
         else:
             executor.free(slot)
 
@@ -288,14 +290,41 @@ def test_config_rejects_bad_values_by_name():
         SchedulerConfig(policy="lottery")
 
 
+def test_a_parked_donor_is_not_restored_beside_a_running_copy_of_its_blocks():
+    """r0's prompt (head H, then X) ends parked. r1 (H, then Y) restores H from it and keeps
+    running; r2 (H, X, then Z) would hit H and X in the parked donor, but restoring it would
+    hold H twice (r1's cells and the restore's) where the engine counts it once. So r2 shares
+    H with r1 and computes X itself, and the cells stay within the engine's account."""
+    head, x, y, z = prompts(4, seed=40, lo=8, hi=9)
+    ex = ParkingFakeExecutor(num_blocks=40, block_size=4, max_sequences=3)
+    sched = make(ex, max_seqs=2)  # 2 running slots + 1 donor slot
+    run_all(sched, ex, [SchedRequest("r0", [*head, *x], 2)])
+    assert list(ex.parked.values()) == [[*head, *x]]  # its whole blocks; the generated ones are partial
+    r1 = SchedRequest("r1", [*head, *y], 30)
+    sched.add(r1)
+    step(sched, ex)
+    assert ex.restored == 1 and sched.prefix_hits == 8
+    r2 = SchedRequest("r2", [*head, *x, *z], 2)
+    sched.add(r2)
+    while r2.num_computed < r2.num_prompt:
+        step(sched, ex)
+        assert ex.cells_used <= sched.blocks.num_resident_blocks * ex.block_size
+    assert ex.restored == 1 and sched.prefix_hits == 16
+    run_all(sched, ex, [])
+    assert r2.token_ids[r2.num_prompt:] == reference_greedy([*head, *x, *z], 2)
+
+
+@pytest.mark.parametrize("parking", [False, True], ids=["donors_in_pool", "donors_parked"])
 @pytest.mark.parametrize("donors", [0, 1, 3])
-def test_per_sequence_prefix_cache_under_churn_stays_exact(donors):
+def test_per_sequence_prefix_cache_under_churn_stays_exact(donors, parking):
     """Shared prefixes, KV pressure (preemption), donor eviction and cancellations at once:
-    every finished output equals the reference and no block or slot leaks."""
+    every finished output equals the reference and no block or slot leaks. With donors parked
+    outside the pool, every restore must also find free cells (the fake asserts it)."""
     rng = np.random.default_rng(7)
     heads = [prompts(1, seed=10 + i, lo=9, hi=14)[0] for i in range(3)]
     ps = [[*heads[i % 3], *map(int, rng.integers(0, 38, size=int(rng.integers(1, 6))))] for i in range(24)]
-    ex = PerSeqFakeExecutor(num_blocks=30, block_size=4, max_sequences=3 + donors)
+    kind = ParkingFakeExecutor if parking else PerSeqFakeExecutor
+    ex = kind(num_blocks=30, block_size=4, max_sequences=3 + donors)
     sched = make(ex, max_seqs=3, budget=16)
     reqs = [SchedRequest(f"r{i}", list(p), 8) for i, p in enumerate(ps)]
     cancelled = set()
@@ -308,9 +337,14 @@ def test_per_sequence_prefix_cache_under_churn_stays_exact(donors):
     guard = 0
     while sched.has_work:
         step(sched, ex)
+        # The executor's cells never exceed the engine's account (a restored copy beside a
+        # running one would hold a shared prefix twice).
+        assert ex.cells_used <= sched.blocks.num_resident_blocks * ex.block_size
         guard += 1
         assert guard < 3000
     assert sched.prefix_hits > 0
+    if parking and donors:
+        assert ex.restored > 0
     for i, r in enumerate(reqs):
         if r.request_id not in cancelled:
             assert r.token_ids[r.num_prompt:] == reference_greedy(ps[i], 8)

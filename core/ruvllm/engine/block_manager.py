@@ -113,6 +113,12 @@ class BlockManager:
         return self.num_used_blocks / self.num_blocks
 
     @property
+    def num_resident_blocks(self) -> int:
+        """Blocks whose KV is kept: held by a sequence, or cached for a later hit (the most a
+        per-sequence executor's memory may hold, in blocks)."""
+        return self.num_blocks - len(self._free)
+
+    @property
     def num_cached_blocks(self) -> int:
         return len(self._cached)
 

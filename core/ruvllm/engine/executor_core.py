@@ -52,8 +52,8 @@ class ExecutorCore:
             log.warning("speculative decoding is off: this executor gives no logits per drafted position")
         if prefix and per_sequence:
             # KV lives per sequence id: cached prefixes are kept alive in donor sequences.
-            slots: SlotPool = DonorSlotPool(executor.max_sequences,
-                                            executor.max_sequences - max_running, self.blocks)
+            slots: SlotPool = DonorSlotPool(executor.max_sequences, executor.max_sequences - max_running,
+                                            self.blocks, detached=getattr(executor, "detached_donors", False))
         else:
             slots = SlotPool(max_running)
         self.scheduler = Scheduler(config, self.blocks, slots=slots, copy_prefixes=prefix and per_sequence,
@@ -232,9 +232,10 @@ class ExecutorCore:
         live.end(reason, self.metrics, error=error, now=now)
 
     def _free_released(self) -> None:
+        retire = getattr(self.executor, "retire", None) or self.executor.trim
         for slot, keep in self.scheduler.take_released_slots():
-            if keep:
-                self.executor.trim(slot, keep)  # type: ignore[attr-defined]
+            if keep:  # the slot is a prefix donor: it keeps its first ``keep`` positions, runs no more
+                retire(slot, keep)
             else:
                 self.executor.free(slot)
 

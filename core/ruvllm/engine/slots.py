@@ -21,6 +21,12 @@ run out of cells the engine believes free. Three rules keep them equal:
   other sequences hold as well goes at once; past the bound, the one holding the fewest blocks
   nobody else holds goes first, the least recently used among equals.
 
+An executor may keep its donors *detached*, outside the memory running sequences share (the
+llama.cpp executor parks them in host memory, where they cost no attention). A copy from a
+detached donor then takes new cells, so it is only made when no running sequence holds any of
+the donor's blocks (the cells it restores are then ones its account holds and nothing uses);
+otherwise a running holder of the hit's head serves it, by sharing.
+
 Every change for the executor (free a slot, or trim it to N tokens) is queued and handed out by
 :meth:`SlotPool.take_released`, which the engine applies before copies and the forward pass.
 """
@@ -78,10 +84,12 @@ class SlotPool:
 
 
 class DonorSlotPool(SlotPool):
-    def __init__(self, num_slots: int, max_donors: int, blocks: BlockManager):
+    def __init__(self, num_slots: int, max_donors: int, blocks: BlockManager, *, detached: bool = False):
         super().__init__(num_slots)
         self.max_donors = max_donors
         self.blocks = blocks
+        #: The executor keeps donors outside the running sequences' memory (see above).
+        self.detached = detached
         #: Donor slot -> the cached blocks its KV holds, in position order (least recent first).
         self._chains: OrderedDict[int, list[int]] = OrderedDict()
         #: Block -> the donor slots whose KV holds it.
@@ -109,7 +117,7 @@ class DonorSlotPool(SlotPool):
         self._chains[slot] = chain
         for b in chain:
             self._holders.setdefault(b, set()).add(slot)
-        if num_computed > len(chain) * bs or len(table) > len(chain):
+        if self.detached or num_computed > len(chain) * bs or len(table) > len(chain):
             self._released.append((slot, len(chain) * bs))
 
     def take_released(self) -> list[tuple[int, int]]:
@@ -121,17 +129,20 @@ class DonorSlotPool(SlotPool):
         bs = self.blocks.block_size
         for n in range(len(hit.block_ids), 0, -1):
             last = hit.block_ids[n - 1]
-            donors = self._holders.get(last)
+            # A running sequence whose table holds a cached block has its KV: it computed the
+            # block, or had it copied in before any step that could read it.
+            running = self.blocks.holders(last)
+            donors = self._holders.get(last, set())
+            if self.detached:
+                donors = set() if running else {
+                    d for d in donors if not any(self.blocks.holders(b) for b in self._chains[d])}
             if donors:
                 donor = max(donors, key=list(self._chains).index)  # the most recently used
                 self._chains.move_to_end(donor)
-            else:
-                # A running sequence whose table holds a cached block has its KV: it computed
-                # the block, or had it copied in before any step that could read it.
-                running = self.blocks.holders(last)
-                if not running:
-                    continue
+            elif running:
                 donor = running[0]
+            else:
+                continue
             return donor, PrefixHit(hit.block_ids[:n], n * bs)
         return None, NO_HIT
 

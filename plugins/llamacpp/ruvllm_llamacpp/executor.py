@@ -10,10 +10,13 @@ KV is one unified pool (``kv_unified``, as llama-server's default with several s
 sequence takes cells from it as it grows, so one request may use the model's whole context
 while the pool has room (ruvllm_llamacpp.kv_pool sizes it). The engine's block manager accounts
 the same cells in blocks and decides who gets them; the executor keeps llama.cpp's cells equal
-to that account: it frees a finished sequence, trims a prefix donor to the blocks the engine
-still caches (:meth:`trim`), and shares a cached prefix by adding a sequence id to the donor's
-cells (``llama_memory_seq_cp`` within one stream copies no data), so a prefix shared by N
-requests occupies its cells once, as its blocks are counted once.
+to that account: it frees a finished sequence, and shares a running sequence's cached prefix by
+adding a sequence id to its cells (``llama_memory_seq_cp`` within one stream copies no data), so
+a prefix shared by N requests occupies its cells once, as its blocks are counted once. A prefix
+donor (a finished request kept for its cached blocks, :meth:`retire`) leaves the pool for host
+memory when flash attention is off (ruvllm_llamacpp.parked says why) and comes back as the same
+bytes into the sequence that hits it; the engine then never restores one donor beside a running
+copy of its blocks (``detached_donors``), so the cells still never exceed its account.
 
 A unified pool is one KV stream, so llama.cpp runs a whole step as one micro-batch whatever the
 sequence ids (``split_simple``). Attention reads every cell in use up to the highest one
@@ -26,6 +29,7 @@ Every call must come from the engine's model thread (llama.cpp's OpenMP pool is 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Sequence
 from types import ModuleType
@@ -37,6 +41,7 @@ from ruvllm.executor import BatchEntry
 
 from ruvllm_llamacpp.batch_context import BatchContext
 from ruvllm_llamacpp.kv_pool import KV_TYPES, LLAMA_MAX_SEQ, KvPool, plan_pool
+from ruvllm_llamacpp.parked import ParkedPrefix, truncate
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +55,7 @@ class LlamaCppExecutor:
 
     def __init__(self, llama_cpp: ModuleType, model: Any, *, owner: Any = None, pool: KvPool,
                  max_sequences: int, block_size: int, max_batch_tokens: int, n_threads: int,
-                 n_vocab: int, flash_attn: bool = False):
+                 n_vocab: int, flash_attn: bool = False, park_prefixes: bool = True):
         if block_size < 1 or pool.per_request < block_size:
             raise InvalidRequest("block_size", f"must be in [1, {pool.per_request}], got {block_size}",
                                  block_size)
@@ -83,6 +88,10 @@ class LlamaCppExecutor:
         self.max_batch_tokens = min(max_batch_tokens, int(llama_cpp.llama_n_batch(c.ctx)))
         self._tok, self._pos, self._want, self._seq_ptrs = c.tokens, c.positions, c.wants_output, c.seq_ptrs
         self._cur_seq = [-1] * max_batch_tokens
+        #: Donors parked in host memory (only without flash attention, whose attention spans
+        #: every cell in use; flash attention skips other sequences' cells, so there they stay).
+        self.detached_donors = park_prefixes and not flash_attn
+        self._parked: dict[int, ParkedPrefix] = {}
 
     # ------------------------------------------------------------------ the step
 
@@ -136,21 +145,59 @@ class LlamaCppExecutor:
 
     def free(self, seq_id: int) -> None:
         self._check_open()
+        self._parked.pop(seq_id, None)
         self._lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
 
     def trim(self, seq_id: int, num_tokens: int) -> None:
         """Keep only the first ``num_tokens`` positions of ``seq_id`` (cells no other sequence
         shares become free)."""
         self._check_open()
+        parked = self._parked.get(seq_id)
+        if parked is not None:
+            if num_tokens < parked.num_tokens:
+                self._parked[seq_id] = ParkedPrefix(truncate(parked.data, num_tokens), num_tokens)
+            return
         if not self._lib.llama_memory_seq_rm(self._mem, seq_id, num_tokens, -1):
             raise BackendError(f"llama.cpp could not trim sequence {seq_id} to {num_tokens} tokens")
 
+    @property
+    def parked_bytes(self) -> int:
+        """Host memory the parked prefixes take (at most the pool's size: the engine accounts
+        their blocks in it)."""
+        return sum(len(p.data) for p in self._parked.values())
+
+    def retire(self, seq_id: int, num_tokens: int) -> None:
+        """``seq_id`` is a prefix donor now: it keeps its first ``num_tokens`` positions for
+        :meth:`copy_prefix` and runs no more steps; parked in host memory when
+        ``detached_donors``, else trimmed in place."""
+        self.trim(seq_id, num_tokens)
+        if not self.detached_donors or seq_id in self._parked:
+            return
+        lib, ctx = self._lib, self._ctx
+        size = lib.llama_state_seq_get_size(ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        if lib.llama_state_seq_get_data(ctx, buf, size, seq_id) != size:
+            raise BackendError(f"llama.cpp could not save sequence {seq_id}'s KV ({size} bytes)")
+        self._parked[seq_id] = ParkedPrefix(bytes(buf), num_tokens)
+        lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+
     def copy_prefix(self, src_seq_id: int, dst_seq_id: int, num_tokens: int) -> None:
         """Give ``dst`` the first ``num_tokens`` positions of ``src``: the same cells, now also
-        tagged with ``dst`` (one stream, so no data is copied and no cell is taken)."""
+        tagged with ``dst`` (one stream, so no data is copied and no cell is taken), or, from
+        a parked donor, its saved bytes restored into ``dst``'s own cells."""
         self._check_open()
+        self._parked.pop(dst_seq_id, None)
         self._lib.llama_memory_seq_rm(self._mem, dst_seq_id, -1, -1)
-        self._lib.llama_memory_seq_cp(self._mem, src_seq_id, dst_seq_id, 0, num_tokens)
+        parked = self._parked.get(src_seq_id)
+        if parked is None:
+            self._lib.llama_memory_seq_cp(self._mem, src_seq_id, dst_seq_id, 0, num_tokens)
+            return
+        data = parked.data if num_tokens >= parked.num_tokens else truncate(parked.data, num_tokens)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if self._lib.llama_state_seq_set_data(self._ctx, buf, len(data), dst_seq_id) != len(data):
+            self._lib.llama_memory_seq_rm(self._mem, dst_seq_id, -1, -1)
+            raise BackendError(f"llama.cpp could not restore a cached prefix of {num_tokens} tokens "
+                               f"into sequence {dst_seq_id} (no free cells)")
 
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
         if pairs:
@@ -158,7 +205,11 @@ class LlamaCppExecutor:
                                "'per_sequence'); it has no physical blocks to copy")
 
     def seq_len(self, seq_id: int) -> int:
-        """Positions llama.cpp holds for ``seq_id`` (for tests and diagnostics)."""
+        """Positions llama.cpp holds for ``seq_id``, parked or in the pool (for tests and
+        diagnostics)."""
+        parked = self._parked.get(seq_id)
+        if parked is not None:
+            return parked.num_tokens
         return int(self._lib.llama_memory_seq_pos_max(self._mem, seq_id)) + 1
 
     # ------------------------------------------------------------------ lifetime
@@ -183,7 +234,7 @@ def create_executor(backend: Any, *, max_sequences: int, block_size: int) -> Lla
     executor = LlamaCppExecutor(
         backend.llama_cpp, backend.model_handle, owner=backend, pool=pool, max_sequences=max_sequences,
         block_size=block_size, max_batch_tokens=backend.n_batch, n_threads=opts.n_threads,
-        n_vocab=backend.tokenizer.vocab_size, flash_attn=pool.flash_attn,
+        n_vocab=backend.tokenizer.vocab_size, flash_attn=pool.flash_attn, park_prefixes=opts.park_prefixes,
     )
     # A pool that cannot hold one whole context is a limit the user did not ask for: say so loudly.
     log.log(logging.WARNING if pool.over_budget or pool.per_request < pool.n_ctx else logging.INFO,

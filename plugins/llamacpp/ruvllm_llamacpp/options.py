@@ -57,6 +57,11 @@ class LlamaCppOptions:
     #: its whole 8,192-token context, and ``ruvllm serve`` stays under 500 MB resident.
     kv_budget_mib: int = attrs.field(default=256, validator=int_range(
         0, note="0: n_ctx for every running request"))
+    #: Keep cached prefixes (finished requests kept for a later prefix-cache hit) in host memory
+    #: instead of the KV pool while flash attention is off, whose attention spans every cell in
+    #: use: then a step attends over the running requests' cells only (see parked.py). Costs
+    #: host memory up to the cached prefixes' KV, at most the pool's size.
+    park_prefixes: bool = attrs.field(default=True, validator=boolean())
     #: Cell types of the keys and values (llama.cpp's type_k / type_v): q8_0 halves the bytes per
     #: token of f16, q4_0 takes 28 %; a quantised V turns flash attention on (llama.cpp needs it).
     type_k: str = attrs.field(default="f16", validator=one_of(tuple(KV_TYPES)))
