@@ -17,7 +17,10 @@ Two KV layouts exist:
   kept for its cached prefix is cut to it with :meth:`BatchExecutor.trim`. The engine's block
   count is the executor's whole KV: the executor must hold no position the engine did not
   allocate (an executor that shares a copied prefix's memory, as llama.cpp's unified pool
-  does, matches the engine's shared blocks exactly).
+  does, matches the engine's shared blocks exactly). An executor may keep such a prefix donor
+  outside that memory: it sets ``detached_donors = True`` and defines ``retire(seq_id,
+  num_tokens)``, which the engine then calls instead of ``trim`` for a donor (the llama.cpp
+  executor parks donors in host memory; docs/engine.md, "Parked prefixes").
 """
 
 from __future__ import annotations

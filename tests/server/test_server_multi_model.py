@@ -177,3 +177,26 @@ def test_memory_budget_unloads_the_least_recently_used_idle_model():
         assert all(e.closed for e in made.values())
 
     asyncio.run(run())
+
+
+def test_a_model_loading_for_a_request_is_not_unloaded_before_the_request_gets_it():
+    """keep_alive 0 (an earlier request asked the model to go when idle): the reaper ran just
+    as the load finished, before the waiting request resumed, unloaded the model, and the
+    request failed with a 500 (an assertion). The request holds its lease while it waits."""
+    made: list[FakeEngine] = []
+
+    async def run() -> None:
+        pool = ModelPool([ModelSpec(name="a", loader=lambda: made.append(FakeEngine("a")) or made[-1],
+                                    keep_alive=0)], load_wait=5)
+        # The reaper's turn right after the load, ahead of the request's own wake-up.
+        pool.on_loaded.append(lambda entry: asyncio.ensure_future(pool.reap()))
+        for _ in range(3):
+            async with pool.route("a") as route:
+                assert route.engine is made[-1] and not made[-1].closed
+                await asyncio.sleep(0)  # the reaper's task runs while the request holds the model
+                assert not made[-1].closed
+            await pool.reap()  # idle now, with keep_alive 0: it goes
+            assert made[-1].closed and pool.entries["a"].state is ModelState.UNLOADED
+        await pool.shutdown()
+
+    asyncio.run(run())

@@ -224,31 +224,39 @@ class ModelPool:
             raise InvalidRequest("keep_alive", f"model {entry.name!r} was handed to this server already "
                                  "loaded and cannot be loaded again, so it is never unloaded; leave "
                                  "keep_alive out or make it negative (keep loaded)")
-        engine = await self.engine_of(entry)
-        if adapter is not None and adapter not in entry.adapters:
-            raise ModelNotFound(f"adapter {adapter!r} of model {entry.name!r} is not loaded (it was "
-                                "unloaded); load it again with POST /v1/load_lora_adapter")
+        # The lease is held while the model loads too: the reaper must not unload what this
+        # request waits for (a keep_alive of 0 from an earlier request unloaded it between the
+        # load finishing and this request resuming: a 500).
         entry.leases += 1
-        entry.last_used = self._clock()
+        served = False
         try:
+            engine = await self.engine_of(entry)
+            if adapter is not None and adapter not in entry.adapters:
+                raise ModelNotFound(f"adapter {adapter!r} of model {entry.name!r} is not loaded (it was "
+                                    "unloaded); load it again with POST /v1/load_lora_adapter")
+            entry.last_used = self._clock()
+            served = True
             yield Route(engine, adapter, adapter or entry.name, entry.name)
         finally:
             entry.leases -= 1
-            entry.last_used = self._clock()
-            entry.keep_alive = entry.spec.keep_alive if keep_alive is KeepAlive.CONFIGURED else keep_alive
+            if served:
+                entry.last_used = self._clock()
+                entry.keep_alive = entry.spec.keep_alive if keep_alive is KeepAlive.CONFIGURED else keep_alive
 
     async def engine_of(self, entry: ModelEntry) -> AsyncEngine:
         """``entry``'s engine, loading it if needed; 503 + Retry-After if it is not up within
         ``load_wait`` seconds, the load's own error if it failed."""
-        if entry.state is ModelState.LOADED and entry.engine is not None:
-            return entry.engine
-        task = self._start_load(entry)
-        try:
-            await asyncio.wait_for(asyncio.shield(task), timeout=self.load_wait)
-        except asyncio.TimeoutError:
-            raise Overloaded(f"model {entry.name!r} is loading; retry shortly (Retry-After)",
-                             retry_after=max(1.0, min(self.load_wait, 5.0))) from None
-        assert entry.engine is not None
+        deadline = asyncio.get_running_loop().time() + self.load_wait
+        # A loop, not one wait: a caller without a lease (runtime LoRA loading) may find the
+        # model unloaded again between the load finishing and this coroutine resuming.
+        while entry.state is not ModelState.LOADED or entry.engine is None:
+            task = self._start_load(entry)
+            try:
+                await asyncio.wait_for(asyncio.shield(task),
+                                       timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                raise Overloaded(f"model {entry.name!r} is loading; retry shortly (Retry-After)",
+                                 retry_after=max(1.0, min(self.load_wait, 5.0))) from None
         return entry.engine
 
     def _start_load(self, entry: ModelEntry) -> asyncio.Task:
