@@ -214,6 +214,8 @@ def test_a_parked_donor_frees_its_cells_and_comes_back_as_the_same_kv():
         np.testing.assert_array_equal(restored, run(3, 0, 162))
         ex.retire(0, 64)  # a parked donor cut shorter (the engine reused its later blocks)
         assert ex.seq_len(0) == 64
+        with pytest.raises(BackendError, match="keeps 64 positions; 80 were asked for"):
+            ex.copy_prefix(0, 2, 80)
         ex.copy_prefix(0, 2, 64)
         assert ex.seq_len(2) == 64
         ex.close()

@@ -192,7 +192,10 @@ class LlamaCppExecutor:
         if parked is None:
             self._lib.llama_memory_seq_cp(self._mem, src_seq_id, dst_seq_id, 0, num_tokens)
             return
-        data = parked.data if num_tokens >= parked.num_tokens else truncate(parked.data, num_tokens)
+        if num_tokens > parked.num_tokens:
+            raise BackendError(f"sequence {src_seq_id} keeps {parked.num_tokens} positions; "
+                               f"{num_tokens} were asked for")
+        data = parked.data if num_tokens == parked.num_tokens else truncate(parked.data, num_tokens)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         if self._lib.llama_state_seq_set_data(self._ctx, buf, len(data), dst_seq_id) != len(data):
             self._lib.llama_memory_seq_rm(self._mem, dst_seq_id, -1, -1)
