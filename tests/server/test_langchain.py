@@ -46,7 +46,7 @@ def _sampled(runnable, question, seeds: range) -> list:
 def assert_plain_reply(answer) -> None:
     """A reply: text, not JSON the server should have read (a call, or the reply_or_call
     envelope) passed through. The model's own words may hold a brace: a sampled reply began
-    "{<your reply in JSON, ..." (the instruction's placeholder echoed), which is text."""
+    with "{<your reply in JSON" (the instruction's placeholder, echoed), which is text."""
     assert answer.content, answer
     try:
         parsed = json.loads(answer.content)
