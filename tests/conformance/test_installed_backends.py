@@ -14,7 +14,6 @@ import re
 import attrs
 import pytest
 from conformance_helpers import skip_unless_installed
-from ruvllm.hardware import cpu_info
 from ruvllm.plugins import get_registry
 from ruvllm.testing.isolation import BOUNDS_ENV
 from ruvllm.testing.speculative import FIXED_DRAFTS
@@ -88,16 +87,6 @@ SUBSET_IN_MAKE_TEST = {
 }
 
 
-#: Isolation-rule bounds on a CPU without AVX-512, where llama.cpp's batched and solo kernels
-#: differ (rows move by up to 1.60 there, docs/conformance.md). Measured on the 2-core AVX2 kind,
-#: TestKvPool's demand test (six requests preempted in a 320-token pool): rows moved by
-#: 0.3-0.9 at every position, and one top token with a solo lead of 0.563 flipped (lead dropped
-#: by 0.64), at the commit before prefix donors were parked and after alike. A margin bound of
-#: 1.0 covers that with room; the distance bound stays the default 3.0, under the 4.9-9.1 a
-#: stale-KV leak moves rows by, so the mutation proof's leaks still fail.
-AVX2_BOUNDS = {"llamacpp": "1.0,3.0"}
-
-
 def _whole_suite_params() -> list:
     # _params() gives the skipped "none" param (not a name) when no backend is installed.
     return [pytest.param(p, marks=pytest.mark.slow) if isinstance(p, str) and p in SUBSET_IN_MAKE_TEST else p
@@ -108,9 +97,8 @@ def _whole_suite_params() -> list:
 @pytest.mark.timeout(900)
 @pytest.mark.spread
 @pytest.mark.parametrize("backend", _whole_suite_params())
-def test_suite_passes(suite_runner, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if backend in AVX2_BOUNDS and not cpu_info().has("avx512f"):
-        monkeypatch.setenv(BOUNDS_ENV, AVX2_BOUNDS[backend])  # the child pytest inherits it
+def test_suite_passes(suite_runner, backend: str, cpu_isolation_bounds) -> None:
+    cpu_isolation_bounds(backend)  # the child pytest inherits them
     run = _run(suite_runner, backend)
     assert sum(o.outcome == "passed" for o in run.outcomes.values()) >= 30, run.outcomes
 

@@ -31,3 +31,9 @@ def model_path():
 def llm(test_options):
     with LLM(backend="llamacpp", options=test_options) as instance:
         yield instance
+
+
+@pytest.fixture(autouse=True)
+def llamacpp_isolation_bounds(cpu_isolation_bounds) -> None:
+    """The isolation rule's bounds for llama.cpp on this CPU, as its conformance run has them."""
+    cpu_isolation_bounds("llamacpp")
