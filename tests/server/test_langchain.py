@@ -56,10 +56,12 @@ def assert_plain_reply(answer) -> None:
 
 
 class Capital(BaseModel):
-    """A country and its capital."""
+    """A country and its capital. The bounds are the schema's, so the server's grammar enforces
+    them: a greedy answer once named the country and left the capital empty, which a schema
+    without ``minLength`` admits."""
 
-    country: str = Field(max_length=20)
-    capital: str = Field(max_length=20)
+    country: str = Field(min_length=1, max_length=20)
+    capital: str = Field(min_length=1, max_length=20)
 
 
 @pytest.fixture(scope="module")
