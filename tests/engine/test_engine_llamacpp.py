@@ -122,6 +122,26 @@ def test_prefix_cache_copy_from_a_donor_sequence(backend):
     assert_solo_within_near_ties(backend, ids, first + second, first_rows + second_rows)
 
 
+def test_a_request_repeated_after_other_traffic_computes_the_same_logits(backend):
+    """The same greedy request twice on an idle engine, other requests (and its own cached
+    prefix) between: every row it samples from is bit-identical. The pool's flash attention runs
+    63-row micro-batches, so the repeat's few rows after its prefix-cache hit take the per-row
+    kernel the first run's 66-row prefill took too; with llama.cpp's default micro-batch (its
+    tiled kernel for 64 rows or more) the first row already differs."""
+    question = backend.tokenizer.encode(LONG * 2 + " Why did they measure it?")
+    assert len(question) >= 64
+    params = GenerationParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    others = [backend.tokenizer.encode(p) for p in PROMPTS[:3]] + [backend.tokenizer.encode(LONG)]
+    with ServingEngine(backend, EngineOptions(max_num_seqs=4), owns_backend=False) as eng:
+        first, first_rows = run_recorded(eng, [question], params)
+        run_recorded(eng, others, GenerationParams(max_tokens=21, ignore_eos=True))
+        again, again_rows = run_recorded(eng, [question], params)
+        assert eng.metrics().prefix_cache_hits >= 48
+    assert again[0].token_ids == first[0].token_ids
+    for a, b in zip(first_rows[0].rows, again_rows[0].rows, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_executor_rows_follow_entry_order_whatever_the_sequence_ids(backend):
     """The executor returns logits rows in the caller's entry order, whatever the ids."""
     ids = [backend.tokenizer.encode(p) for p in PROMPTS[:3]]
@@ -187,10 +207,10 @@ def test_a_copied_prefix_shares_cells_and_a_trim_frees_them():
 
 
 def test_a_parked_donor_frees_its_cells_and_comes_back_as_the_same_kv():
-    """Without flash attention a donor leaves the pool for host memory: in a pool of 256 cells a
-    230-token prompt fits beside a 192-token donor (both in the pool would need 422), and a
-    restored part of the donor gives the logits a fresh prefill gives, bit for bit (its bytes
-    are the ones the prefill computed, cut at position 160)."""
+    """A donor leaves the pool for host memory: in a pool of 256 cells a 230-token prompt fits
+    beside a 192-token donor (both in the pool would need 422), and a restored part of the donor
+    gives the logits a fresh prefill gives, bit for bit (its bytes are the ones the prefill
+    computed, cut at position 160)."""
     b = ruvllm_llamacpp.LlamaCppBackend.load(resolve("default", default_cache_dir()),
                                              {"n_ctx": 256, "n_threads": 1, "kv_budget_mib": 1})
     try:

@@ -14,15 +14,19 @@ to that account: it frees a finished sequence, and shares a running sequence's c
 adding a sequence id to its cells (``llama_memory_seq_cp`` within one stream copies no data), so
 a prefix shared by N requests occupies its cells once, as its blocks are counted once. A prefix
 donor (a finished request kept for its cached blocks, :meth:`retire`) leaves the pool for host
-memory when flash attention is off (ruvllm_llamacpp.parked says why) and comes back as the same
-bytes into the sequence that hits it; the engine then never restores one donor beside a running
+memory (ruvllm_llamacpp.parked says why) and comes back as the same bytes into the sequence that
+hits it; the engine then never restores one donor beside a running
 copy of its blocks (``detached_donors``), so the cells still never exceed its account.
 
-A unified pool is one KV stream, so llama.cpp runs a whole step as one micro-batch whatever the
-sequence ids (``split_simple``). Attention reads every cell in use up to the highest one
-(masked per sequence), and its sums group values by cell index, so a sequence's logits move
-slightly with what else occupies the pool: greedy tokens may flip at near-ties, which the
-conformance suite's isolation rule bounds (docs/conformance.md).
+A unified pool is one KV stream, so llama.cpp splits a step into micro-batches in token order
+whatever the sequence ids (``split_simple``). With flash attention (``flash_attn = "auto"``, the
+default) the micro-batches have 63 rows, so every row takes llama.cpp's per-row kernel, which
+reads only its own sequence's cells, in buffer order: a row's logits do not depend on the other
+rows or the other sequences' cells (ruvllm_llamacpp.kv_pool). Without it, attention reads every
+cell in use up to the highest one (masked per sequence) and its sums group values by cell index,
+so a sequence's logits move slightly with what else occupies the pool. Either way the matrix
+products of a row differ slightly between batch sizes on some CPUs: greedy tokens may flip at
+near-ties, which the conformance suite's isolation rule bounds (docs/conformance.md).
 
 Every call must come from the engine's model thread (llama.cpp's OpenMP pool is bound to it).
 """
@@ -40,7 +44,7 @@ from ruvllm.errors import BackendError, InvalidRequest
 from ruvllm.executor import BatchEntry
 
 from ruvllm_llamacpp.batch_context import BatchContext
-from ruvllm_llamacpp.kv_pool import KV_TYPES, LLAMA_MAX_SEQ, KvPool, plan_pool
+from ruvllm_llamacpp.kv_pool import FLASH_ATTN_UBATCH, KV_TYPES, LLAMA_MAX_SEQ, KvPool, plan_pool
 from ruvllm_llamacpp.parked import ParkedPrefix, truncate
 
 log = logging.getLogger(__name__)
@@ -78,6 +82,7 @@ class LlamaCppExecutor:
         self._context = BatchContext(
             llama_cpp, model, n_ctx=pool.tokens, n_batch=max_batch_tokens, n_seq_max=max_sequences,
             kv_unified=True, n_threads=n_threads, flash_attn=flash_attn,
+            n_ubatch=FLASH_ATTN_UBATCH if flash_attn else None,
             type_k=KV_TYPES[pool.type_k].ggml_type, type_v=KV_TYPES[pool.type_v].ggml_type,
             failure=(f"llama.cpp could not create a KV pool of {pool.tokens} tokens for {max_sequences} "
                      "sequences; lower [backends.llamacpp] kv_budget_mib or [engine] max_num_seqs"))
@@ -88,9 +93,8 @@ class LlamaCppExecutor:
         self.max_batch_tokens = min(max_batch_tokens, int(llama_cpp.llama_n_batch(c.ctx)))
         self._tok, self._pos, self._want, self._seq_ptrs = c.tokens, c.positions, c.wants_output, c.seq_ptrs
         self._cur_seq = [-1] * max_batch_tokens
-        #: Donors parked in host memory (only without flash attention, whose attention spans
-        #: every cell in use; flash attention skips other sequences' cells, so there they stay).
-        self.detached_donors = park_prefixes and not flash_attn
+        #: Donors parked in host memory (``park_prefixes``; ruvllm_llamacpp.parked says why).
+        self.detached_donors = park_prefixes
         self._parked: dict[int, ParkedPrefix] = {}
 
     # ------------------------------------------------------------------ the step

@@ -1,13 +1,17 @@
 """Cached prefixes kept in host memory, out of the llama.cpp KV pool ("parked").
 
-Without flash attention, llama.cpp computes every token's attention over all cells in use up to
-the highest one (masked per sequence), so a finished request kept in the pool for its cached
-prefix (a *donor*, ruvllm.engine.slots) costs every later step attention over its cells too:
-measured with two such donors of about 430 tokens, one request decoded 28-30 tokens/s instead of
-44.7 on an otherwise empty pool (docs/engine.md, "Parked prefixes"). So the executor copies a
-donor's cells to host memory (``llama_state_seq_get_data``) and frees them from the pool; a
-request that hits the prefix gets exactly those bytes back (``llama_state_seq_set_data``), cut
-to the positions it needs, so the KV it attends to is the KV a prefill computed.
+A finished request kept in the pool for its cached prefix (a *donor*, ruvllm.engine.slots) costs
+later requests. Without flash attention, llama.cpp computes every token's attention over all
+cells in use up to the highest one (masked per sequence), so every later step attends over the
+donor's cells too: measured with two such donors of about 430 tokens, one request decoded 28-30
+tokens/s instead of 44.7 on an otherwise empty pool (docs/engine.md, "Parked prefixes"). With
+flash attention a row reads only its own sequence's cells, but in buffer order, and llama.cpp
+fills free cells below its search head first, so the holes donors leave can put a later
+sequence's cells out of order, which moves its logits; with donors parked an idle pool is empty.
+So the executor copies a donor's cells to host memory (``llama_state_seq_get_data``) and frees
+them from the pool; a request that hits the prefix gets exactly those bytes back
+(``llama_state_seq_set_data``), cut to the positions it needs, so the KV it attends to is the KV
+a prefill computed.
 
 The bytes are llama.cpp's per-sequence state (``llama_context::state_seq_get_data`` and
 ``llama_kv_cache::state_write`` in src/): a magic number and the sequence id, one stream's cell
