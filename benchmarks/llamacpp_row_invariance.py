@@ -2,8 +2,7 @@
 
 The llama.cpp executor shares one unified KV pool between requests. Whether a request's logits
 depend on what else is in the pool decides whether a repeated greedy request answers the same,
-and it chose the pool's default: flash attention in 63-row micro-batches (docs/engine.md, "The
-llama.cpp executor").
+and it is why ``flash_attn`` stays off by default (docs/engine.md, "The llama.cpp executor").
 This script measures it on the executor itself, with the embedded model: each case computes one
 row two ways and prints the largest logit difference (0 means bit-identical).
 
@@ -17,11 +16,10 @@ row two ways and prints the largest logit difference (0 means bit-identical).
   cells (llama.cpp fills from the lowest free cell), vs in order.
 
 ``--n-ubatch`` sets the pool context's micro-batch (llama.cpp's ``n_ubatch``; by default the
-pool's own: 63 rows with flash attention, the whole step without): below 64 rows llama.cpp's CPU
-flash attention never takes its tiled kernel.
+whole step): below 64 rows llama.cpp's CPU flash attention never takes its tiled kernel.
 
     .venv/bin/python benchmarks/llamacpp_row_invariance.py --flash-attn off on
-    .venv/bin/python benchmarks/llamacpp_row_invariance.py --flash-attn on --n-ubatch 512
+    .venv/bin/python benchmarks/llamacpp_row_invariance.py --flash-attn on --n-ubatch 63
     .venv/bin/python benchmarks/llamacpp_row_invariance.py --flash-attn on --type-v q8_0
 """
 
@@ -139,9 +137,8 @@ def main() -> None:
     console = Console(width=120)
     console.print(machine_line())
     source = resolve("default", default_cache_dir())
-    n_ubatch = args.n_ubatch or "the pool's"
     table = Table(title=f"max |logit difference| of one row computed two ways (n_ubatch "
-                        f"{n_ubatch}, V {args.type_v}; 0 = bit-identical)")
+                        f"{args.n_ubatch or 'whole step'}, V {args.type_v}; 0 = bit-identical)")
     table.add_column("flash_attn")
     results = {}
     for fa in args.flash_attn:

@@ -22,13 +22,12 @@ class BatchContext:
 
     def __init__(self, llama_cpp: ModuleType, model: Any, *, n_ctx: int, n_batch: int, n_seq_max: int,
                  kv_unified: bool, n_threads: int, flash_attn: bool, failure: str,
-                 pooling: int | None = None, type_k: int | None = None, type_v: int | None = None,
-                 n_ubatch: int | None = None):
+                 pooling: int | None = None, type_k: int | None = None, type_v: int | None = None):
         self.lib = llama_cpp
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
-        cparams.n_ubatch = min(n_ubatch or n_batch, n_batch)
+        cparams.n_ubatch = n_batch
         cparams.n_seq_max = n_seq_max
         cparams.kv_unified = kv_unified
         if type_k is not None:

@@ -18,15 +18,11 @@ memory (ruvllm_llamacpp.parked says why) and comes back as the same bytes into t
 hits it; the engine then never restores one donor beside a running
 copy of its blocks (``detached_donors``), so the cells still never exceed its account.
 
-A unified pool is one KV stream, so llama.cpp splits a step into micro-batches in token order
-whatever the sequence ids (``split_simple``). With flash attention (``flash_attn = "auto"``, the
-default) the micro-batches have 63 rows, so every row takes llama.cpp's per-row kernel, which
-reads only its own sequence's cells, in buffer order: a row's logits do not depend on the other
-rows or the other sequences' cells (ruvllm_llamacpp.kv_pool). Without it, attention reads every
-cell in use up to the highest one (masked per sequence) and its sums group values by cell index,
-so a sequence's logits move slightly with what else occupies the pool. Either way the matrix
-products of a row differ slightly between batch sizes on some CPUs: greedy tokens may flip at
-near-ties, which the conformance suite's isolation rule bounds (docs/conformance.md).
+A unified pool is one KV stream, so llama.cpp runs a whole step as one micro-batch whatever the
+sequence ids (``split_simple``). Attention reads every cell in use up to the highest one
+(masked per sequence), and its sums group values by cell index, so a sequence's logits move
+slightly with what else occupies the pool: greedy tokens may flip at near-ties, which the
+conformance suite's isolation rule bounds (docs/conformance.md).
 
 Every call must come from the engine's model thread (llama.cpp's OpenMP pool is bound to it).
 """
@@ -44,7 +40,7 @@ from ruvllm.errors import BackendError, InvalidRequest
 from ruvllm.executor import BatchEntry
 
 from ruvllm_llamacpp.batch_context import BatchContext
-from ruvllm_llamacpp.kv_pool import FLASH_ATTN_UBATCH, KV_TYPES, LLAMA_MAX_SEQ, KvPool, plan_pool
+from ruvllm_llamacpp.kv_pool import KV_TYPES, LLAMA_MAX_SEQ, KvPool, plan_pool
 from ruvllm_llamacpp.parked import ParkedPrefix, truncate
 
 log = logging.getLogger(__name__)
@@ -82,7 +78,6 @@ class LlamaCppExecutor:
         self._context = BatchContext(
             llama_cpp, model, n_ctx=pool.tokens, n_batch=max_batch_tokens, n_seq_max=max_sequences,
             kv_unified=True, n_threads=n_threads, flash_attn=flash_attn,
-            n_ubatch=FLASH_ATTN_UBATCH if flash_attn else None,
             type_k=KV_TYPES[pool.type_k].ggml_type, type_v=KV_TYPES[pool.type_v].ggml_type,
             failure=(f"llama.cpp could not create a KV pool of {pool.tokens} tokens for {max_sequences} "
                      "sequences; lower [backends.llamacpp] kv_budget_mib or [engine] max_num_seqs"))

@@ -11,17 +11,15 @@ slice (18 x 512 tokens within the same 256 MiB) and refused every request longer
 Cell types are llama.cpp's ``type_k`` / ``type_v``: f16 (its default), q8_0 or q4_0. A quantised
 V cache needs flash attention, which the backend then turns on (and says so).
 
-Flash attention for the pool (``flash_attn = "auto"``, the default, as llama-server's on a CPU):
-in a unified buffer each token's attention spans every cell in use, its own sequence's and all
-the others' (masked), and only llama.cpp's flash-attention kernel skips the masked cells; without
-it a step of 16 sequences costs as if each attended to all 16 (0.59-0.71x the throughput of
-per-sequence streams, docs/engine.md). Its tiled kernel (micro-batches of 64 rows or more) would
-make a row's logits depend on how its prompt was chunked and on a prefix-cache hit, so the pool
-runs micro-batches of ``FLASH_ATTN_UBATCH`` rows: every row then takes the per-row kernel, which
-depends on nothing but the row's own sequence's cells in buffer order
-(benchmarks/llamacpp_row_invariance.py): a request repeated on an idle server, after other
-traffic and a hit on its own cached prefix, computes the same logits bit for bit
-(tests/engine/test_engine_llamacpp.py; with the tiled kernel its first row already differed).
+Flash attention for the pool (``flash_attn = "auto"``, llama-server's own default on a CPU): in
+a unified buffer each token's attention spans every cell in use, its own sequence's and all the
+others' (masked), and only llama.cpp's flash-attention kernel skips the masked cells; without it
+a step of 16 sequences costs as if each attended to all 16 (0.68x the throughput of
+per-sequence streams, docs/engine.md). It stays off by default: with it a prefix-cache hit, a
+neighbour's prefill or the micro-batch size moves a row's logits (its tiled and split-KV
+kernels), and even with those kept out, repeated greedy requests in the server tests got two
+answers (benchmarks/llamacpp_row_invariance.py and docs/engine.md have the measurements); users
+of a deterministic server rely on the same request answering the same.
 """
 
 from __future__ import annotations
@@ -38,13 +36,6 @@ CELL_GRANULARITY = 256
 #: Sequence ids one llama.cpp context may hold (``LLAMA_MAX_SEQ`` in src/llama-cparams.h).
 LLAMA_MAX_SEQ = 256
 
-
-#: Micro-batch rows of a pool with flash attention: under 64 query rows llama.cpp's CPU flash
-#: attention runs its per-row kernel for every row (ggml-cpu/ops.cpp: the tiled kernel takes 64
-#: rows or more), whose result does not depend on the micro-batch, the rows beside it or other
-#: sequences' cells (benchmarks/llamacpp_row_invariance.py). A long prompt's prefill costs no more
-#: than without flash attention (docs/engine.md).
-FLASH_ATTN_UBATCH = 63
 
 #: Values of the ``flash_attn`` option besides true / false (llama-server's ``--flash-attn``).
 FLASH_ATTN = ("auto", "on", "off")

@@ -46,20 +46,21 @@ class LlamaCppOptions:
     #: Keep the KV of the previous call and re-evaluate only the part of a new prompt that
     #: differs from it. Off by default: every call then starts from an empty KV.
     prefix_reuse: bool = attrs.field(default=False, validator=boolean())
-    #: llama.cpp's flash attention kernels: "auto" (the default: on for the executor's shared KV
-    #: pool, whose other requests' cells only these kernels skip, in micro-batches that keep a
-    #: row's logits independent of its neighbours; off for generate()'s single sequence, as
-    #: llama-cpp-python has it), "on" / true, or "off" / false. A quantised V cache turns it on.
-    flash_attn: bool | str = attrs.field(default="auto", validator=any_of(boolean(), one_of(FLASH_ATTN)))
+    #: llama.cpp's flash attention kernels: "off" / false (the default), "auto" (on for the
+    #: executor's shared KV pool, whose other requests' cells only these kernels skip: faster
+    #: with many requests, but a prefix-cache hit may then flip a greedy near-tie, so a repeated
+    #: request can differ; off for generate()'s single sequence), or "on" / true. A quantised V
+    #: cache turns it on.
+    flash_attn: bool | str = attrs.field(default="off", validator=any_of(boolean(), one_of(FLASH_ATTN)))
     #: MiB of the ServingEngine executor's KV pool (resident from start-up), shared by every
     #: request (see kv_pool.py). 256 gives the embedded model 11,520 tokens: one request may use
     #: its whole 8,192-token context, and ``ruvllm serve`` stays under 500 MB resident.
     kv_budget_mib: int = attrs.field(default=256, validator=int_range(
         0, note="0: n_ctx for every running request"))
     #: Keep cached prefixes (finished requests kept for a later prefix-cache hit) in host memory
-    #: instead of the KV pool, so the pool holds running requests only: without flash attention
-    #: a step attends over those cells alone, and with it an idle pool is empty, so a repeated
-    #: request answers the same (see parked.py). Costs host memory up to the cached prefixes' KV,
+    #: instead of the KV pool, so the pool holds running requests only: a step then attends over
+    #: their cells alone, and a request repeated on an idle server lands where it did before and
+    #: computes the same logits (see parked.py). Costs host memory up to the cached prefixes' KV,
     #: at most the pool's size.
     park_prefixes: bool = attrs.field(default=True, validator=boolean())
     #: Cell types of the keys and values (llama.cpp's type_k / type_v): q8_0 halves the bytes per

@@ -4,12 +4,13 @@ A finished request kept in the pool for its cached prefix (a *donor*, ruvllm.eng
 later requests. Without flash attention, llama.cpp computes every token's attention over all
 cells in use up to the highest one (masked per sequence), so every later step attends over the
 donor's cells too: measured with two such donors of about 430 tokens, one request decoded 28-30
-tokens/s instead of 44.7 on an otherwise empty pool (docs/engine.md, "Parked prefixes"). With
-flash attention a row reads only its own sequence's cells, but in buffer order, and llama.cpp
-fills free cells below its search head first, so the holes donors leave can put a later
-sequence's cells out of order, which moves its logits; with donors parked an idle pool is empty.
-So the executor copies a donor's cells to host memory (``llama_state_seq_get_data``) and frees
-them from the pool; a request that hits the prefix gets exactly those bytes back
+tokens/s instead of 44.7 on an otherwise empty pool (docs/engine.md, "Parked prefixes"). And
+attention sums by cell position, with or without flash attention, so the cells donors hold
+decide where a later request lands and so its logits: with donors in the pool, the same greedy
+request sent again after other traffic moved by 0.58-1.45 (tests/engine/test_engine_llamacpp.py
+has the case); with donors parked an idle pool is empty and the repeat is bit-identical. So the
+executor copies a donor's cells to host memory (``llama_state_seq_get_data``) and frees them
+from the pool; a request that hits the prefix gets exactly those bytes back
 (``llama_state_seq_set_data``), cut to the positions it needs, so the KV it attends to is the KV
 a prefill computed.
 
