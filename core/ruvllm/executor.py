@@ -21,6 +21,11 @@ Two KV layouts exist:
   outside that memory: it sets ``detached_donors = True`` and defines ``retire(seq_id,
   num_tokens)``, which the engine then calls instead of ``trim`` for a donor (the llama.cpp
   executor parks donors in host memory; docs/engine.md, "Parked prefixes").
+
+An executor whose kernels compute a row differently in a large step than in a small one may set
+``split_prompt_tail = True``: the engine then ends every prefill with a chunk of its own from the
+prompt's last whole block on, the rows a later prefix-cache hit on the same prompt recomputes,
+so a repeated request computes them the same way (llama.cpp's flash attention; docs/engine.md).
 """
 
 from __future__ import annotations

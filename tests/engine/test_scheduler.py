@@ -20,13 +20,14 @@ class Clock:
         return self.now
 
 
-def make(executor, *, budget=64, max_seqs=8, policy="fcfs", prefix=True, aging=5.0, chunk=0, clock=None):
+def make(executor, *, budget=64, max_seqs=8, policy="fcfs", prefix=True, aging=5.0, chunk=0, clock=None,
+         tail=False):
     """A scheduler wired as ExecutorCore wires it (donor slots for a per-sequence executor)."""
     blocks = BlockManager(executor.num_blocks, executor.block_size, enable_prefix_caching=prefix,
                           watermark=0.0)
     max_seqs = min(max_seqs, executor.max_sequences)
     cfg = SchedulerConfig(max_batch_tokens=budget, max_num_seqs=max_seqs, policy=policy,
-                          aging_interval=aging, max_prefill_chunk=chunk)
+                          aging_interval=aging, max_prefill_chunk=chunk, split_prompt_tail=tail)
     per_seq = executor.kv_layout == "per_sequence" and prefix
     slots = (DonorSlotPool(executor.max_sequences, executor.max_sequences - max_seqs, blocks,
                            detached=getattr(executor, "detached_donors", False))
@@ -127,6 +128,23 @@ def test_max_prefill_chunk_caps_one_request_per_step():
     out = run_all(sched, ex, requests([p]))
     assert max(len(e.tokens) for s in ex.steps for e in s) == 5
     assert out["r0"] == reference_greedy(p, 12)
+
+
+@pytest.mark.parametrize("tail", [False, True])
+def test_split_prompt_tail_prefills_the_rows_a_repeat_recomputes_by_themselves(tail):
+    """With ``split_prompt_tail`` a 23-token prompt (blocks of 4) is prefilled as [0, 20) then
+    [20, 23): the same chunk its repeat computes after a prefix-cache hit on 20 tokens."""
+    p = prompts(1, seed=2, lo=23, hi=24)[0]
+    ex = PagedFakeExecutor(num_blocks=100, block_size=4)
+    sched = make(ex, tail=tail)
+    first = run_all(sched, ex, [SchedRequest("a", list(p), 6)])
+    first_steps = len(ex.steps)
+    again = run_all(sched, ex, [SchedRequest("b", list(p), 6)])
+    chunks = [(e.start_pos, e.start_pos + len(e.tokens)) for s in ex.steps for e in s if len(e.tokens) > 1]
+    n_first = sum(len(e.tokens) > 1 for s in ex.steps[:first_steps] for e in s)
+    assert chunks[n_first:] == [(20, 23)]
+    assert chunks[:n_first] == ([(0, 20), (20, 23)] if tail else [(0, 23)])
+    assert first["a"] == again["b"] == reference_greedy(p, 6)
 
 
 @pytest.mark.parametrize("executor_cls", [PagedFakeExecutor, PerSeqFakeExecutor])

@@ -164,11 +164,13 @@ class EngineOptions:
                           disable_by_batch_size=self.speculative_disable_by_batch_size,
                           adaptive=self.speculative_adaptive)
 
-    def scheduler_config(self, max_num_seqs: int, max_batch_tokens: int) -> SchedulerConfig:
+    def scheduler_config(self, max_num_seqs: int, max_batch_tokens: int,
+                         split_prompt_tail: bool = False) -> SchedulerConfig:
         return SchedulerConfig(
             max_batch_tokens=max_batch_tokens,
             max_num_seqs=max_num_seqs,
             policy=self.policy,
             aging_interval=self.aging_interval,
             max_prefill_chunk=self.max_prefill_chunk,
+            split_prompt_tail=split_prompt_tail,
         )

@@ -45,6 +45,10 @@ class SchedulerConfig:
     #: Largest prefill chunk of one request per step (0 = the whole budget). Smaller chunks
     #: keep running requests' inter-token latency low while a long prompt is prefilled.
     max_prefill_chunk: int = 0
+    #: End every prefill with a chunk of its own from the last whole block on: the rows a later
+    #: prefix-cache hit on the same tokens recomputes (BlockManager.lookup_prefix), so they are
+    #: computed by the same few-row step both times (the executor's ``split_prompt_tail``).
+    split_prompt_tail: bool = False
 
     def __attrs_post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_num_seqs"):
@@ -208,7 +212,7 @@ class Scheduler:
             donor = None
             if self.copy_prefixes and hit.block_ids:
                 donor, hit = self.slots.donor_for(hit)
-            n = min(len(req.token_ids) - hit.num_tokens, budget)
+            n = self._tail_split(req, hit.num_tokens, min(len(req.token_ids) - hit.num_tokens, budget))
             if self.config.max_prefill_chunk:
                 n = min(n, self.config.max_prefill_chunk)
             if not self.blocks.can_admit(hit.num_tokens + n, hit):
@@ -277,10 +281,19 @@ class Scheduler:
     # ---------------------------------------------------------------- helpers
 
     def _chunk_len(self, req: SchedRequest, budget: int) -> int:
-        n = min(req.num_pending, budget)
+        n = self._tail_split(req, req.num_computed, min(req.num_pending, budget))
         if self.config.max_prefill_chunk and req.num_pending > 1:
             n = min(n, self.config.max_prefill_chunk)
         return n
+
+    def _tail_split(self, req: SchedRequest, start: int, n: int) -> int:
+        """``n``, or fewer so that a chunk from ``start`` stops where a prefix-cache hit on
+        ``req``'s tokens would resume (``split_prompt_tail``)."""
+        if not self.config.split_prompt_tail:
+            return n
+        bs = self.blocks.block_size
+        tail = (len(req.token_ids) - 1) // bs * bs
+        return tail - start if start < tail < start + n else n
 
     def _drafts(self, req: SchedRequest, n: int, budget: int) -> tuple[int, ...]:
         """Drafts for a decode step of ``req``, within the budget and the request's max_tokens
