@@ -2,7 +2,7 @@
 
 The llama.cpp executor shares one unified KV pool between requests. Whether a request's logits
 depend on what else is in the pool decides whether a repeated greedy request answers the same,
-and it is why ``flash_attn`` stays off by default (docs/engine.md, "The llama.cpp executor").
+and it shaped how the engine runs ``flash_attn`` (docs/engine.md, "The llama.cpp executor").
 This script measures it on the executor itself, with the embedded model: each case computes one
 row two ways and prints the largest logit difference (0 means bit-identical).
 

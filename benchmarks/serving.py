@@ -134,10 +134,10 @@ def main() -> None:
                     help="also run llama.cpp's multi-sequence batch directly (llamacpp only)")
     ap.add_argument("--compare-direct", action="store_true",
                     help="also run llama-cpp-python's Llama.generate single stream at C=1 (llamacpp only)")
-    ap.add_argument("--flash-attn", choices=FLASH_ATTN, default="off",
+    ap.add_argument("--flash-attn", choices=FLASH_ATTN, default="auto",
                     help="the llamacpp flash_attn option, for every side (engine, ceiling, direct): "
-                         "off (the backend's default), auto (on where several sequences share a "
-                         "context) or on")
+                         "auto (the backend's default: on where several sequences share a context), "
+                         "on or off")
     ap.add_argument("--consume", choices=("stream", "result"), default="stream",
                     help="read every streamed token (default) or await only each final result")
     ap.add_argument("--json", type=Path)

@@ -79,7 +79,7 @@ def test_serve_states_the_pool_and_gives_one_request_the_whole_context(serve_pro
     # The embedded model was trained on 8,192 tokens: one request may use all of them.
     assert serve_process["context_length"] == 8192 and "up to 8192 tokens" in banner
     assert ("KV pool: 11520 tokens x 22.50 KiB (f16) = 253.1 MiB, shared by all requests; one "
-            "request may use 8192 tokens (kv_budget_mib = 256)") in banner
+            "request may use 8192 tokens, flash attention on (kv_budget_mib = 256)") in banner
 
 
 # -- the plan -----------------------------------------------------------------------------------
@@ -118,11 +118,10 @@ def test_quantised_cells_hold_more_tokens_and_turn_flash_attention_on():
     (False, False, False)])
 def test_flash_attn_auto_turns_it_on_for_the_shared_pool_only(option, pool_fa, single_fa):
     # A unified pool without it attends over every cell in use; generate()'s one sequence keeps
-    # llama-cpp-python's default so its tokens match llama-cpp-python's. The default stays off:
-    # with it a prefix-cache hit may flip a greedy near-tie of a repeated request.
+    # llama-cpp-python's default so its tokens match llama-cpp-python's.
     from ruvllm_llamacpp.options import LlamaCppOptions
 
-    assert LlamaCppOptions().flash_attn == "off"
+    assert LlamaCppOptions().flash_attn == "auto"
     pool = plan_pool(n_ctx=8192, sequences=16, bytes_per_token=SMOLLM2_KV_BYTES, budget_mib=256,
                      flash_attn=option)
     assert pool.flash_attn is pool_fa

@@ -19,10 +19,12 @@ hits it; the engine then never restores one donor beside a running
 copy of its blocks (``detached_donors``), so the cells still never exceed its account.
 
 A unified pool is one KV stream, so llama.cpp runs a whole step as one micro-batch whatever the
-sequence ids (``split_simple``). Attention reads every cell in use up to the highest one
-(masked per sequence), and its sums group values by cell index, so a sequence's logits move
-slightly with what else occupies the pool: greedy tokens may flip at near-ties, which the
-conformance suite's isolation rule bounds (docs/conformance.md).
+sequence ids (``split_simple``). Attention's sums group values by cell index (flash attention's
+tiled kernel by 64-cell tiles), and without flash attention they read every cell in use up to
+the highest one (masked per sequence), so a sequence's logits move slightly with what else
+occupies the pool and with the step's size: greedy tokens may flip at near-ties, which the
+conformance suite's isolation rule bounds (docs/conformance.md). A request repeated on an idle
+pool computes the same logits (``split_prompt_tail``, parked donors).
 
 Every call must come from the engine's model thread (llama.cpp's OpenMP pool is bound to it).
 """
@@ -90,6 +92,10 @@ class LlamaCppExecutor:
         self._cur_seq = [-1] * max_batch_tokens
         #: Donors parked in host memory (``park_prefixes``; ruvllm_llamacpp.parked says why).
         self.detached_donors = park_prefixes
+        #: Flash attention takes a tiled kernel for a micro-batch of 64 rows or more and a
+        #: per-row one below, which round differently: a prompt's last rows, the ones a
+        #: prefix-cache hit on it recomputes, get a step of their own (ruvllm.executor).
+        self.split_prompt_tail = flash_attn
         self._parked: dict[int, ParkedPrefix] = {}
 
     # ------------------------------------------------------------------ the step

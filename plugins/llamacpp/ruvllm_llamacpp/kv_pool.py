@@ -11,15 +11,16 @@ slice (18 x 512 tokens within the same 256 MiB) and refused every request longer
 Cell types are llama.cpp's ``type_k`` / ``type_v``: f16 (its default), q8_0 or q4_0. A quantised
 V cache needs flash attention, which the backend then turns on (and says so).
 
-Flash attention for the pool (``flash_attn = "auto"``, llama-server's own default on a CPU): in
-a unified buffer each token's attention spans every cell in use, its own sequence's and all the
-others' (masked), and only llama.cpp's flash-attention kernel skips the masked cells; without it
-a step of 16 sequences costs as if each attended to all 16 (0.68x the throughput of
-per-sequence streams, docs/engine.md). It stays off by default: with it a prefix-cache hit, a
-neighbour's prefill or the micro-batch size moves a row's logits (its tiled and split-KV
-kernels), and even with those kept out, repeated greedy requests in the server tests got two
-answers (benchmarks/llamacpp_row_invariance.py and docs/engine.md have the measurements); users
-of a deterministic server rely on the same request answering the same.
+Flash attention for the pool (``flash_attn = "auto"``, the default, as llama-server's on a CPU):
+in a unified buffer each token's attention spans every cell in use, its own sequence's and all
+the others' (masked), and only llama.cpp's flash-attention kernel skips the masked cells; without
+it a step of 16 sequences costs as if each attended to all 16 (0.59-0.75x the throughput of
+per-sequence streams, docs/engine.md). Its kernels round a row differently in a micro-batch of
+64 rows or more (tiled) than in a smaller one (per row), so a prefix-cache hit, which recomputes
+only a prompt's last rows, would move a repeated request's logits; the executor therefore asks
+the engine to prefill those rows in a step of their own (``split_prompt_tail``), and parks
+prefix donors out of the pool, so a greedy request repeated on an idle server computes the same
+logits bit for bit (tests/engine/test_engine_llamacpp.py).
 """
 
 from __future__ import annotations

@@ -46,12 +46,12 @@ class LlamaCppOptions:
     #: Keep the KV of the previous call and re-evaluate only the part of a new prompt that
     #: differs from it. Off by default: every call then starts from an empty KV.
     prefix_reuse: bool = attrs.field(default=False, validator=boolean())
-    #: llama.cpp's flash attention kernels: "off" / false (the default), "auto" (on for the
-    #: executor's shared KV pool, whose other requests' cells only these kernels skip: faster
-    #: with many requests, but a prefix-cache hit may then flip a greedy near-tie, so a repeated
-    #: request can differ; off for generate()'s single sequence), or "on" / true. A quantised V
+    #: llama.cpp's flash attention kernels: "auto" (the default: on for the executor's shared
+    #: KV pool, whose other requests' cells only these kernels skip, faster with many requests
+    #: and on long prompts; off for generate()'s single sequence, as llama-cpp-python has it),
+    #: "on" / true, or "off" / false. A quantised V
     #: cache turns it on.
-    flash_attn: bool | str = attrs.field(default="off", validator=any_of(boolean(), one_of(FLASH_ATTN)))
+    flash_attn: bool | str = attrs.field(default="auto", validator=any_of(boolean(), one_of(FLASH_ATTN)))
     #: MiB of the ServingEngine executor's KV pool (resident from start-up), shared by every
     #: request (see kv_pool.py). 256 gives the embedded model 11,520 tokens: one request may use
     #: its whole 8,192-token context, and ``ruvllm serve`` stays under 500 MB resident.
