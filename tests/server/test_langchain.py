@@ -45,8 +45,9 @@ def _sampled(runnable, question, seeds: range) -> list:
 
 def assert_plain_reply(answer) -> None:
     """A reply: text, not JSON the server should have read (a call, or the reply_or_call
-    envelope) passed through. The model's own words may hold a brace: a sampled reply began
-    with "{<your reply in JSON" (the instruction's placeholder, echoed), which is text."""
+    envelope) passed through. The model's own words may hold a brace: a sampled reply opened
+    with a brace followed by the instruction's own placeholder in angle brackets (echoed, not
+    JSON), which is text."""
     assert answer.content, answer
     try:
         parsed = json.loads(answer.content)

@@ -15,8 +15,8 @@ adding a sequence id to its cells (``llama_memory_seq_cp`` within one stream cop
 a prefix shared by N requests occupies its cells once, as its blocks are counted once. A prefix
 donor (a finished request kept for its cached blocks, :meth:`retire`) leaves the pool for host
 memory (ruvllm_llamacpp.parked says why) and comes back as the same bytes into the sequence that
-hits it; the engine then never restores one donor beside a running
-copy of its blocks (``detached_donors``), so the cells still never exceed its account.
+hits it; the engine then never restores one donor beside a running copy of its blocks
+(``detached_donors``), so the cells still never exceed its account.
 
 A unified pool is one KV stream, so llama.cpp runs a whole step as one micro-batch whatever the
 sequence ids (``split_simple``). Attention's sums group values by cell index (flash attention's

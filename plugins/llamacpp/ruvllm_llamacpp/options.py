@@ -49,8 +49,7 @@ class LlamaCppOptions:
     #: llama.cpp's flash attention kernels: "auto" (the default: on for the executor's shared
     #: KV pool, whose other requests' cells only these kernels skip, faster with many requests
     #: and on long prompts; off for generate()'s single sequence, as llama-cpp-python has it),
-    #: "on" / true, or "off" / false. A quantised V
-    #: cache turns it on.
+    #: "on" / true, or "off" / false. A quantised V cache turns it on.
     flash_attn: bool | str = attrs.field(default="auto", validator=any_of(boolean(), one_of(FLASH_ATTN)))
     #: MiB of the ServingEngine executor's KV pool (resident from start-up), shared by every
     #: request (see kv_pool.py). 256 gives the embedded model 11,520 tokens: one request may use
