@@ -70,12 +70,13 @@ def chat_ids(backend, text: str) -> list[int]:
     return backend.tokenizer.encode(rendered, add_special=False, parse_special=True)
 
 
-def serve(engine, prompts, seed: int, temperature: float, adapters=None, skip=frozenset()):
+def serve(engine, prompts, seed: int, temperature: float, adapters=None, skip=frozenset(),
+          max_tokens: int = MAX_TOKENS):
     """One sampled answer per prompt (but those at indices in ``skip``), all submitted at once
     (batched); ``adapters[i]`` is the adapter prompt i runs with. Prompt i's sampling seed
     depends on ``seed`` and i only, so every variant samples a prompt with the same seed."""
     adapters = adapters or [None] * len(prompts)
-    handles = [(i, engine.submit_sync(p, GenerationParams(max_tokens=MAX_TOKENS, temperature=temperature,
+    handles = [(i, engine.submit_sync(p, GenerationParams(max_tokens=max_tokens, temperature=temperature,
                                                           seed=seed * 10_000 + i, adapter=adapters[i])))
                for i, p in enumerate(prompts) if i not in skip]
     return {i: (h.request_id, h.result()) for i, h in handles}
@@ -117,10 +118,10 @@ def online(engine, backend, args, seed: int, train_prompts, clock: Clock) -> tup
         for r in range(args.rounds):
             picked = [order[(r * args.per_round + i) % len(order)] for i in range(args.per_round)]
             prompts = [train_prompts[i] for i in picked]
-            results = serve(engine, prompts, seed * 100 + r, args.temperature)
+            results = serve(engine, prompts, seed * 100 + r, args.temperature, max_tokens=args.max_tokens)
             events = []
             for prompt, (rid, res) in zip(prompts, results.values(), strict=True):
-                score = 1.0 if is_short(res) else args.miss_score
+                score = 1.0 if is_short(res, args.max_tokens) else args.miss_score
                 engine.feedback(rid, score)
                 events.append((Trajectory(request_id=rid, prompt_ids=tuple(prompt), output_ids=res.token_ids),
                                score))
@@ -163,8 +164,10 @@ def evaluate(engine, backend, args, seed, eval_prompts, general_ids, choose, ada
     ``known``: hits already measured for some prompts with the same weights and sampling seed."""
     known = known or {}
     adapters = [choose(p) for p in eval_prompts]
-    results = serve(engine, eval_prompts, seed, args.temperature, adapters, skip=frozenset(known))
-    out = np.array([known[i] if i in known else is_short(results[i][1]) for i in range(len(eval_prompts))],
+    results = serve(engine, eval_prompts, seed, args.temperature, adapters, skip=frozenset(known),
+                    max_tokens=args.max_tokens)
+    out = np.array([known[i] if i in known else is_short(results[i][1], args.max_tokens)
+                    for i in range(len(eval_prompts))],
                    dtype=np.int8)
     adapter = backend.adapters.get(adapter_name) if adapter_name else None
     ppl = perplexity(backend.model, general_ids, LoraPlan([(adapter, None)]) if adapter else None)
@@ -267,13 +270,16 @@ def table(per_seed: list[dict], base_ppl: float, costs: list[dict], extra: dict)
     return {"rows": rows, **summary}
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's settings (sona_dev.py parses the same ones, to choose among them)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-round", type=int, default=24, help="training prompts served per round")
     ap.add_argument("--eval-topics", type=int, default=4, help="held-out topics per seed (x 4 questions)")
     ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
+                    help="the task's length limit: an answer that ends by itself within it is short")
     ap.add_argument("--miss-score", type=float, default=0.0, help="score of an answer that is not short")
     ap.add_argument("--rank", type=int, default=2)
     ap.add_argument("--alpha", type=float, default=4.0)
@@ -283,14 +289,18 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--max-seq-len", type=int, default=64)
     ap.add_argument("--fisher-batch", type=int, default=2)
-    ap.add_argument("--ewc-lambda", type=float, default=3e4)
+    ap.add_argument("--ewc-lambda", type=float, default=1e6, help="chosen by sona_dev.py")
     ap.add_argument("--route-threshold", type=float, default=0.85)
     ap.add_argument("--no-deep", dest="deep", action="store_false", help="SONA without its deep loop")
     ap.add_argument("--offline-epochs", type=int, default=2)
     ap.add_argument("--ablate-deep", action="store_true", help="also SONA without its deep loop (replayed)")
     ap.add_argument("--throughput-requests", type=int, default=48, help="0: skip the throughput check")
     ap.add_argument("--json", help="also write the figures here")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
 
     clock = Clock()
     backend = CandleLikeBackend.load(ModelSource.from_path(embedded_model_path()),
@@ -300,7 +310,7 @@ def main() -> None:
           f"{str(backend.dtype).removeprefix('torch.')}; model {backend.info.name}")
     train_prompts = [chat_ids(backend, q) for q in questions(TRAIN_TOPICS)]
     general_ids = backend.tokenizer.encode(GENERAL_TEXT)
-    print(f"task: short answers (end within {MAX_TOKENS} tokens); {args.seeds} seeds x {args.rounds} "
+    print(f"task: short answers (end within {args.max_tokens} tokens); {args.seeds} seeds x {args.rounds} "
           f"rounds x {args.per_round} of {len(train_prompts)} training prompts; held-out {args.eval_topics} "
           f"of {len(HELD_OUT_TOPICS)} other topics x 4 questions x 1 sample per seed", flush=True)
     # No prefix cache: the reset check compares greedy outputs whose prefill shapes must match.

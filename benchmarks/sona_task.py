@@ -2,10 +2,18 @@
 
 Why this one: "keep it short" is among the commonest things users ask of a chat model, a program
 can score it exactly (the answer ends by itself within ``MAX_TOKENS`` tokens, as a real sentence),
-and SmolLM2-135M already does it now and then (a fifth to a quarter of its answers to these
-questions, none of 16 to plain "Tell me about X"), so reward-weighted learning has rated examples
-to start from. A bullet list, the other house style considered, appeared in 1 of 528 sampled
-answers (two list lines within 32 tokens): a reward of 0 on nearly every answer, nothing to learn.
+and SmolLM2-135M already does it now and then (about one answer in six to these questions, none
+of 16 to plain "Tell me about X"), so reward-weighted learning has rated examples to start from.
+
+Why 24 tokens (a one-line answer, about 18 words): the limit sets the base rate, and the base rate
+caps the ratio the benchmark reports. At 32 tokens the base model already answered 27 % of the
+training questions short (384 samples at T = 0.8), so a 3x gain would need 82 % and the ratio could
+never pass 3.7x; at 24 it answers 16 %. At 20 (11 %) the learned adapter drifted more on the
+validation text (+6.8 % to +9.5 % in sona_dev.py, whatever the EWC++ strength tried). Chosen on
+training topics and the validation text only, never on the held-out prompts or GENERAL_TEXT.
+
+A bullet list, the other house style considered, appeared in 1 of 528 sampled answers (two list
+lines within 32 tokens): a reward of 0 on nearly every answer, nothing to learn.
 
 Training and held-out prompts share the question forms (the preference is about how to answer
 this kind of question) but not their topics: training topics are everyday things, held-out
@@ -19,7 +27,7 @@ import re
 from ruvllm.types import FinishReason, GenerationResult
 
 #: An answer longer than this is not short (and generation stops here).
-MAX_TOKENS = 32
+MAX_TOKENS = 24
 #: A real answer, not an evasion: at least this many words, ending like a sentence.
 MIN_WORDS = 4
 _SENTENCE_END = re.compile(r"[.!?)\"'*]\s*$")
@@ -55,15 +63,32 @@ GENERAL_TEXT = (
 )
 
 
+#: Another expository text, for choosing settings (sona_dev.py) without looking at GENERAL_TEXT.
+VALIDATION_TEXT = (
+    "A refrigerator keeps food cold by moving heat from inside the cabinet to the room outside. A "
+    "fluid called the refrigerant circulates through a closed loop of pipes. In the coils inside, "
+    "the refrigerant evaporates at low pressure and absorbs heat from the air around the food. A "
+    "compressor then squeezes the vapour, which raises its temperature, and pumps it to the coils "
+    "at the back, where it gives off that heat and condenses back into a liquid. The liquid passes "
+    "through a narrow valve, its pressure drops, and the cycle begins again. A thermostat switches "
+    "the compressor on and off to hold the temperature steady. Tides are the regular rise and fall "
+    "of the sea along the coast. They are caused mainly by the pull of the moon's gravity, which is "
+    "slightly stronger on the side of the Earth facing the moon and slightly weaker on the far side. "
+    "The oceans bulge on both sides, and as the Earth turns, most coasts pass through two high tides "
+    "and two low tides each day. When the sun and moon line up, their pulls add together and the "
+    "tides are larger; when they are at right angles, the tides are smaller."
+)
+
+
 def questions(topics: tuple[str, ...], *, instructed: bool = False) -> list[str]:
     """Every topic in every question form (the instruction appended when ``instructed``)."""
     suffix = INSTRUCTION if instructed else ""
     return [t.format(topic) + suffix for topic in topics for t in TEMPLATES]
 
 
-def is_short(result: GenerationResult) -> bool:
-    """The reward's test: the answer ended by itself (not cut at MAX_TOKENS), with a sentence of
-    at least MIN_WORDS words: a short answer, not an empty or broken-off one."""
+def is_short(result: GenerationResult, max_tokens: int = MAX_TOKENS) -> bool:
+    """The reward's test: the answer ended by itself within ``max_tokens`` (not cut there), with a
+    sentence of at least MIN_WORDS words: a short answer, not an empty or broken-off one."""
     text = result.text.strip()
-    return (result.finish_reason == FinishReason.STOP and len(result.token_ids) <= MAX_TOKENS
+    return (result.finish_reason == FinishReason.STOP and len(result.token_ids) <= max_tokens
             and len(text.split()) >= MIN_WORDS and bool(_SENTENCE_END.search(text)))

@@ -1,0 +1,84 @@
+"""How sona_learning.py's settings were chosen, without looking at its held-out prompts.
+
+Each setting (the task's length limit, EWC++ strength, learning rate) runs SONA online as the
+benchmark does, but trains on 24 of the 32 training topics and measures on the other 8 (the dev
+topics: training's kind of topic, never the held-out science and history ones), and measures
+forgetting on VALIDATION_TEXT instead of GENERAL_TEXT. Seeds 11 and up, not the benchmark's 0-4.
+The benchmark's other settings apply (``--rounds``, ``--per-round``, ...).
+
+    nice -n 10 .venv/bin/python benchmarks/sona_dev.py --settings 32:3e4 24:1e6 24:1e5:1e-2
+
+A setting is ``TOKENS:LAMBDA[:LR]``; each takes about 2.5 min per seed on 2 AVX2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from ruvllm.engine import EngineOptions, ServingEngine
+from ruvllm.models import ModelSource
+from ruvllm.registry import embedded_model_path
+from ruvllm_candle_like.backend import CandleLikeBackend
+from ruvllm_candle_like.lora import LoraPlan
+from ruvllm_sona import detach
+from ruvllm_sona.trainer import perplexity
+from sona_learning import Clock, _served_name, chat_ids, online, parser, serve
+from sona_task import TRAIN_TOPICS, VALIDATION_TEXT, is_short, questions
+
+DEV_TOPICS = 8
+
+
+def setting(base: argparse.Namespace, text: str) -> argparse.Namespace:
+    tokens, lam, *lr = text.split(":")
+    return argparse.Namespace(**{**vars(base), "max_tokens": int(tokens), "ewc_lambda": float(lam),
+                                 "lr": float(lr[0]) if lr else base.lr})
+
+
+def answered_short(engine, prompts, seed: int, args, adapter=None) -> list[bool]:
+    results = serve(engine, prompts, seed, args.temperature, [adapter] * len(prompts),
+                    max_tokens=args.max_tokens)
+    return [is_short(results[i][1], args.max_tokens) for i in range(len(prompts))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--settings", nargs="+", required=True, help="TOKENS:LAMBDA[:LR] each")
+    ap.add_argument("--dev-seeds", type=int, nargs="+", default=[11, 12])
+    own, rest = ap.parse_known_args()
+    base = parser().parse_args(rest)
+
+    backend = CandleLikeBackend.load(ModelSource.from_path(embedded_model_path()),
+                                     {"dtype": "auto", "kv_cache_tokens": 16384})
+    train = [chat_ids(backend, q) for q in questions(TRAIN_TOPICS[:-DEV_TOPICS])]
+    dev = [chat_ids(backend, q) for q in questions(TRAIN_TOPICS[-DEV_TOPICS:])]
+    validation = backend.tokenizer.encode(VALIDATION_TEXT)
+    clock = Clock()
+    opts = EngineOptions(max_num_seqs=16, block_size=16, enable_prefix_caching=False, max_queue=1024)
+    lines = []
+    with ServingEngine(backend, opts) as engine:
+        base_ppl = perplexity(backend.model, validation, None)
+        for text in own.settings:
+            args = setting(base, text)
+            base_hits, hits, drift, per_round = [], [], [], []
+            for seed in own.dev_seeds:
+                base_hits += answered_short(engine, dev, seed, args)
+                sona, rounds, _ = online(engine, backend, args, seed, train, clock)
+                detach(engine)
+                name = _served_name(sona)
+                hits += answered_short(engine, dev, seed, args, name)
+                lora = LoraPlan([(backend.adapters.get(name), None)])
+                drift.append(100 * (perplexity(backend.model, validation, lora) / base_ppl - 1))
+                per_round.append([sum(score > 0 for _, score in events) for events in rounds])
+                sona.reset()
+            b, r = float(np.mean(base_hits)), float(np.mean(hits))
+            lines.append(f"{text:18} {b:9.3f} {r:9.3f} {r / b if b else float('inf'):6.2f}x "
+                         f"{np.mean(drift):+8.2f} % ({', '.join(f'{d:+.1f}' for d in drift)})  {per_round}")
+            clock.say(lines[-1])
+    print(f"\n{'tokens:lambda[:lr]':18} {'dev base':>9} {'SONA':>9} {'ratio':>7} {'validation drift':>17}"
+          "  short training answers per round, per seed")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
