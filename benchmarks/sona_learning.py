@@ -22,7 +22,7 @@ the instant loop timed around the engine's call for every finished request while
 background loop's seconds per update, serving throughput at C=16 with and without learning (same
 run), and the memory one tenant's adapter takes. Reset is checked against the base greedy output.
 
-    nice -n 10 .venv/bin/python benchmarks/sona_learning.py   # 36.5 min on 2 AVX2 cores at load 3.5-5
+    nice -n 10 .venv/bin/python benchmarks/sona_learning.py   # 10.2 min on 2 quiet AVX2 cores
 """
 
 from __future__ import annotations
@@ -275,7 +275,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--per-round", type=int, default=24, help="training prompts served per round")
+    ap.add_argument("--per-round", type=int, default=32, help="training prompts served per round")
     ap.add_argument("--eval-topics", type=int, default=4, help="held-out topics per seed (x 4 questions)")
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
