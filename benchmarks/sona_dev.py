@@ -23,7 +23,7 @@ from ruvllm_candle_like.backend import CandleLikeBackend
 from ruvllm_candle_like.lora import LoraPlan
 from ruvllm_sona import detach
 from ruvllm_sona.trainer import perplexity
-from sona_learning import Clock, _served_name, chat_ids, online, parser, serve
+from sona_learning import Clock, chat_ids, online, parser, serve, served_name
 from sona_task import TRAIN_TOPICS, VALIDATION_TEXT, is_short, questions
 
 DEV_TOPICS = 8
@@ -65,7 +65,7 @@ def main() -> None:
                 base_hits += answered_short(engine, dev, seed, args)
                 sona, rounds, _ = online(engine, backend, args, seed, train, clock)
                 detach(engine)
-                name = _served_name(sona)
+                name = served_name(sona)
                 hits += answered_short(engine, dev, seed, args, name)
                 lora = LoraPlan([(backend.adapters.get(name), None)])
                 drift.append(100 * (perplexity(backend.model, validation, lora) / base_ppl - 1))

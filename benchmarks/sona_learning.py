@@ -152,7 +152,7 @@ def replay(engine, args, seed: int, rounds, *, deep: bool, **over) -> Sona:
     return sona
 
 
-def _served_name(sona: Sona) -> str:
+def served_name(sona: Sona) -> str:
     """The adapter SONA's requests run with: the pattern bank's snapshot once there is one."""
     bank = sona.learner().bank
     return bank.patterns[0].adapter if bank.patterns else sona.adapter_name()
@@ -193,7 +193,7 @@ def one_seed(engine, backend, args, seed, train_prompts, eval_prompts, instructe
               f"instruction {res['instructed']['hits'].sum()}/{len(eval_prompts)}")
     sona, rounds, costs = online(engine, backend, args, seed, train_prompts, clock)
     detach(engine)  # evaluated like the ablations: each request gets what the SONA would route it to
-    last = _served_name(sona)
+    last = served_name(sona)
     res["SONA"] = evaluate(engine, backend, args, seed, eval_prompts, general_ids,
                            lambda p: sona.select_adapter(tuple(p)), last)
     # Without the bank's routing: the same learned weights on every request. Prompts the bank
@@ -204,7 +204,7 @@ def one_seed(engine, backend, args, seed, train_prompts, eval_prompts, instructe
                                       lambda p: sona.adapter_name(), sona.adapter_name(), routed)
     no_ewc = replay(engine, args, seed, rounds, deep=args.deep, ewc_lambda=0.0, adapter_name="noewc")
     res["no EWC++"] = evaluate(engine, backend, args, seed, eval_prompts, general_ids,
-                               lambda p: no_ewc.select_adapter(tuple(p)), _served_name(no_ewc))
+                               lambda p: no_ewc.select_adapter(tuple(p)), served_name(no_ewc))
     replays = [no_ewc]
     if args.ablate_deep:
         no_deep = replay(engine, args, seed, rounds, deep=False, apply="all", adapter_name="nodeep")
