@@ -26,21 +26,22 @@ def adapter_bytes(learner: Learner) -> dict[str, int]:
     return {"served": served_bytes, "training": training}
 
 
-def _window(engine, prompts, n: int, seed: int) -> float:
+def _window(engine, prompts, n: int, seed: int, max_tokens: int) -> float:
     """Serve ``n`` requests, all submitted at once (the engine runs 16 at a time), scoring each as it
     finishes (the feedback SONA learns from). Generated tokens per second."""
     start = time.perf_counter()
     handles = [engine.submit_sync(prompts[i % len(prompts)], GenerationParams(
-        max_tokens=MAX_TOKENS, temperature=0.8, seed=seed + i)) for i in range(n)]
+        max_tokens=max_tokens, temperature=0.8, seed=seed + i)) for i in range(n)]
     tokens = 0
     for h in handles:
         res = h.result()
         tokens += len(res.token_ids)
-        engine.feedback(h.request_id, 1.0 if is_short(res) else 0.0)
+        engine.feedback(h.request_id, 1.0 if is_short(res, max_tokens) else 0.0)
     return tokens / (time.perf_counter() - start)
 
 
-def throughput(engine, options: SonaOptions, prompts, n: int, seed: int = 777) -> dict:
+def throughput(engine, options: SonaOptions, prompts, n: int, seed: int = 777,
+               max_tokens: int = MAX_TOKENS) -> dict:
     """Tokens/s at C=16 with SONA attached but not learning (no background thread), then learning
     as configured (its background loop waits up to ``defer_while_busy`` s for an idle engine), then
     learning with no wait (updates run beside serving). The same ``n`` prompts and seeds each time;
@@ -51,7 +52,7 @@ def throughput(engine, options: SonaOptions, prompts, n: int, seed: int = 777) -
         opts = attrs.evolve(options, interval=0.5, min_feedback=8, defer_while_busy=defer or 0.0)
         sona = attach(engine, opts, start=defer is not None)
         try:
-            out[f"{mode}_tok_s"] = _window(engine, prompts, n, seed)
+            out[f"{mode}_tok_s"] = _window(engine, prompts, n, seed, max_tokens)
             out[f"{mode}_updates"] = sona.version
         finally:
             detach(engine)

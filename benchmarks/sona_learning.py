@@ -336,7 +336,7 @@ def main() -> None:
         if args.throughput_requests:
             clock.say("throughput at C=16, learning vs not")
             extra["throughput"] = throughput(engine, sona_options(args, 0), train_prompts,
-                                             args.throughput_requests)
+                                             args.throughput_requests, max_tokens=args.max_tokens)
         sona.reset()
         extra["reset_exact"] = greedy(engine, backend) == base_greedy
     out = table(per_seed, base_ppl, costs, extra)
