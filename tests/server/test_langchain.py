@@ -45,9 +45,9 @@ def _sampled(runnable, question, seeds: range) -> list:
 
 def assert_plain_reply(answer) -> None:
     """A reply: text, not JSON the server should have read (a call, or the reply_or_call
-    envelope) passed through. The model's own words may hold a brace: a sampled reply opened
-    with a brace followed by the instruction's own placeholder in angle brackets (echoed, not
-    JSON), which is text."""
+    envelope) passed through. The model's own words may hold a brace. One sampled reply opened
+    with a brace and then echoed the instruction's placeholder in angle brackets: that is text,
+    not JSON."""
     assert answer.content, answer
     try:
         parsed = json.loads(answer.content)
