@@ -44,8 +44,15 @@ def test_ewc_penalty_is_zero_at_anchor_and_weighs_by_fisher():
         p.copy_(torch.tensor([1.0, 1.0, 0.0]))
     # penalty = 0.5 * strength * sum F (p - anchor)^2 = 0.5 * 2 * (1*1 + 0*1 + 2*0) = 1
     assert ewc.penalty().item() == pytest.approx(1.0)
-    ewc.consolidate()
+    # A consolidation restarts the parameters: the anchor moves to their start, the Fisher stays.
+    q = torch.full((3,), 5.0, requires_grad=True)
+    ewc.rebase([q])
     assert ewc.penalty().item() == 0.0
+    with torch.no_grad():
+        q.add_(torch.tensor([0.0, 3.0, 1.0]))
+    assert ewc.penalty().item() == pytest.approx(2.0)  # 0.5 * 2 * (0*0 + 0*9 + 2*1)
+    with pytest.raises(ValueError):
+        ewc.rebase([torch.zeros(4)])
 
 
 def test_stacked_pairs_sum_exactly_and_truncation_keeps_the_dominant_part():

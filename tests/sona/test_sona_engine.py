@@ -104,6 +104,8 @@ def test_deep_loop_routes_similar_prompts_and_saves_peft(engine, backend, ask, t
     sona.background_step()
     out = sona.deep("test")
     assert out["patterns"] >= 1 and out["adapter"] in backend.adapter_names()
+    # EWC++ keeps guarding what was learned: the consolidation restarts the MicroLoRA, not the Fisher.
+    assert sum(float(f.sum()) for f in sona.learner().ewc.fisher) > 0
     # A prompt like the rated ones is routed to the pattern's adapter; code is not.
     similar = ask("Write one short sentence about a dog.")
     assert sona.select_adapter(tuple(similar)) == out["adapter"]

@@ -6,7 +6,8 @@ diagonal Fisher estimate from real gradients: squared gradients of the log-likel
 model's own served outputs (samples of its distribution, so this is the true Fisher, not the
 empirical one), blended online as EWC++ does (``F <- decay F + (1 - decay) F_new``). The
 Fisher is kept unnormalised: it scales with the squared gradients, so the penalty's pull stays
-commensurate with the task loss's gradients whatever their size. The deep loop moves the anchor.
+commensurate with the task loss's gradients whatever their size. The deep loop moves the anchor
+and keeps the Fisher (:meth:`EwcPlusPlus.rebase`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,19 @@ class EwcPlusPlus:
             total = total + (f * (p - a) ** 2).sum()
         return 0.5 * self.strength * total
 
-    def consolidate(self) -> None:
-        """The current parameters become the anchor (after a deep-loop consolidation)."""
-        for a, p in zip(self.anchor, self.params, strict=True):
-            a.copy_(p.detach())
+    def rebase(self, params: list[torch.Tensor]) -> None:
+        """Guard ``params`` (a restarted MicroLoRA of the same shapes) from their current values,
+        keeping the running Fisher.
+
+        After a deep consolidation the anchor is the consolidated model, which is the new
+        MicroLoRA's no-op start, and what mattered before still matters: EWC++'s Fisher is a
+        running estimate over everything learned, never restarted. Restarting it left the first
+        step after every consolidation unguarded, and the drift added up over consolidations
+        (benchmarks/sona_dev.py, lambda 1e6: +3.6 % after 3 rounds, +15 % after 5).
+        """
+        for f, p in zip(self.fisher, params, strict=True):
+            if f.shape != p.shape:
+                raise ValueError(f"a rebased parameter has shape {tuple(p.shape)}, its Fisher "
+                                 f"{tuple(f.shape)}")
+        self.params = params
+        self.anchor = [p.detach().clone() for p in params]

@@ -46,13 +46,17 @@ class Learner:
         self.last_stats: dict[str, float] = {}
         self.new_micro()
 
-    def new_micro(self) -> None:
-        """A fresh MicroLoRA (a no-op), with its own optimizer and EWC++ anchored at its start."""
+    def new_micro(self, *, keep_fisher: bool = False) -> None:
+        """A fresh MicroLoRA (a no-op) with its own optimizer, EWC++ anchored at its start; the
+        running Fisher is kept when ``keep_fisher`` (after a consolidation), else restarted."""
         o = self.options
         self.micro = MicroLora(self.cfg, rank=o.rank, alpha=o.alpha, targets=o.targets, seed=o.seed,
                                layers=o.layers)
         self.optimizer = torch.optim.Adam(self.micro.parameters(), lr=o.learning_rate)
-        self.ewc = EwcPlusPlus(self.micro.parameters(), strength=o.ewc_lambda, decay=o.fisher_decay)
+        if keep_fisher:
+            self.ewc.rebase(self.micro.parameters())
+        else:
+            self.ewc = EwcPlusPlus(self.micro.parameters(), strength=o.ewc_lambda, decay=o.fisher_decay)
 
     # ------------------------------------------------------------------ routing
 
@@ -147,7 +151,8 @@ class Learner:
         ``records`` into the pattern bank, every pattern pointing at the consolidated snapshot."""
         o = self.options
         self.base_pairs = truncate(self.current_pairs(), o.base_rank)
-        self.new_micro()  # restart the MicroLoRA; the EWC++ anchor is its fresh start
+        # Restart the MicroLoRA: EWC++'s anchor becomes the consolidated model, its Fisher stays.
+        self.new_micro(keep_fisher=True)
         self.deep_runs += 1
         snapshot = f"{self.name}-p{self.deep_runs}"
         patterns = self._patterns(records, snapshot)
