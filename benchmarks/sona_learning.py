@@ -22,7 +22,7 @@ the instant loop timed around the engine's call for every finished request while
 background loop's seconds per update, serving throughput at C=16 with and without learning (same
 run), and the memory one tenant's adapter takes. Reset is checked against the base greedy output.
 
-    nice -n 10 .venv/bin/python benchmarks/sona_learning.py   # 10.2 min on 2 quiet AVX2 cores
+    nice -n 10 .venv/bin/python benchmarks/sona_learning.py   # 10-12 min on 2 quiet AVX2 cores
 """
 
 from __future__ import annotations
