@@ -8,7 +8,8 @@ The benchmark's other settings apply (``--rounds``, ``--per-round``, ...).
 
     nice -n 10 .venv/bin/python benchmarks/sona_dev.py --settings 32:3e4 24:1e6 24:1e5:1e-2
 
-A setting is ``TOKENS:LAMBDA[:LR]``; each takes about 2.5 min per seed on 2 AVX2 cores.
+A setting is ``TOKENS:LAMBDA[:LR]``; each takes about 1.5 min per seed on 2 quiet AVX2 cores
+(3 rounds of 32 prompts).
 """
 
 from __future__ import annotations
