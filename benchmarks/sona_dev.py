@@ -1,10 +1,11 @@
 """How sona_learning.py's settings were chosen, without looking at its held-out prompts.
 
 Each setting (the task's length limit, EWC++ strength, learning rate) runs SONA online as the
-benchmark does, but trains on 24 of the 32 training topics and measures on the other 8 (the dev
-topics: training's kind of topic, never the held-out science and history ones), and measures
-forgetting on VALIDATION_TEXT instead of GENERAL_TEXT. Seeds 11 and up, not the benchmark's 0-4.
-The benchmark's other settings apply (``--rounds``, ``--per-round``, ...).
+benchmark does, but trains on 24 training topics and measures on 8 kept back (the dev topics: 4
+everyday ones and 4 science/technology/history subjects, never a held-out one; see
+``sona_task.train_topics``), and measures forgetting on VALIDATION_TEXT instead of GENERAL_TEXT.
+Seeds 11 and up, not the benchmark's 0-4. The benchmark's other settings apply (``--rounds``,
+``--per-round``, ``--train-topics``, ...).
 
     nice -n 10 .venv/bin/python benchmarks/sona_dev.py --settings 32:3e4 24:1e6 24:1e5:1e-2
 
@@ -25,9 +26,10 @@ from ruvllm_candle_like.lora import LoraPlan
 from ruvllm_sona import detach
 from ruvllm_sona.trainer import perplexity
 from sona_learning import Clock, chat_ids, online, parser, serve, served_name
-from sona_task import TRAIN_TOPICS, VALIDATION_TEXT, is_short, questions
+from sona_task import TEMPLATES, VALIDATION_TEXT, dev_topics, is_short, questions, train_topics
 
-DEV_TOPICS = 8
+#: Topics of each kind kept back from training to measure on.
+DEV_TOPICS = 4
 
 
 def setting(base: argparse.Namespace, text: str) -> argparse.Namespace:
@@ -42,6 +44,13 @@ def answered_short(engine, prompts, seed: int, args, adapter=None) -> list[bool]
     return [is_short(results[i][1], args.max_tokens) for i in range(len(prompts))]
 
 
+def by_kind(hits: list[bool], kind: int) -> list[bool]:
+    """One kind's share of the dev answers (0 everyday, 1 subjects), every seed: ``dev_topics``
+    lists the everyday topics first, and each topic has one question per template."""
+    per_kind = DEV_TOPICS * len(TEMPLATES)
+    return [h for i, h in enumerate(hits) if (i // per_kind) % 2 == kind]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--settings", nargs="+", required=True, help="TOKENS:LAMBDA[:LR] each")
@@ -51,8 +60,8 @@ def main() -> None:
 
     backend = CandleLikeBackend.load(ModelSource.from_path(embedded_model_path()),
                                      {"dtype": "auto", "kv_cache_tokens": 16384})
-    train = [chat_ids(backend, q) for q in questions(TRAIN_TOPICS[:-DEV_TOPICS])]
-    dev = [chat_ids(backend, q) for q in questions(TRAIN_TOPICS[-DEV_TOPICS:])]
+    train = [chat_ids(backend, q) for q in questions(train_topics(base.train_topics, DEV_TOPICS))]
+    dev = [chat_ids(backend, q) for q in questions(dev_topics(DEV_TOPICS))]
     validation = backend.tokenizer.encode(VALIDATION_TEXT)
     clock = Clock()
     opts = EngineOptions(max_num_seqs=16, block_size=16, enable_prefix_caching=False, max_queue=1024)
@@ -73,11 +82,14 @@ def main() -> None:
                 per_round.append([sum(score > 0 for _, score in events) for events in rounds])
                 sona.reset()
             b, r = float(np.mean(base_hits)), float(np.mean(hits))
+            kinds = " / ".join(f"{np.mean(by_kind(base_hits, k)):.3f} -> {np.mean(by_kind(hits, k)):.3f}"
+                               for k in range(2))
             lines.append(f"{text:18} {b:9.3f} {r:9.3f} {r / b if b else float('inf'):6.2f}x "
-                         f"{np.mean(drift):+8.2f} % ({', '.join(f'{d:+.1f}' for d in drift)})  {per_round}")
+                         f"{np.mean(drift):+8.2f} % ({', '.join(f'{d:+.1f}' for d in drift)})  {kinds:28}"
+                         f"  {per_round}")
             clock.say(lines[-1])
     print(f"\n{'tokens:lambda[:lr]':18} {'dev base':>9} {'SONA':>9} {'ratio':>7} {'validation drift':>17}"
-          "  short training answers per round, per seed")
+          f"  {'everyday / subject topics':28}  short training answers per round, per seed")
     print("\n".join(lines))
 
 

@@ -48,7 +48,7 @@ from ruvllm_sona.trainer import perplexity
 from sona_costs import adapter_bytes, throughput
 from sona_offline import offline_adapter
 from sona_stats import rate_ratio
-from sona_task import GENERAL_TEXT, HELD_OUT_TOPICS, MAX_TOKENS, TRAIN_TOPICS, is_short, questions
+from sona_task import GENERAL_TEXT, HELD_OUT_TOPICS, MAX_TOKENS, is_short, questions, train_topics
 
 GREEDY_CHECK = ["The capital of France is", "Tell me briefly about a lighthouse.",
                 "List three primary colors:"]
@@ -276,6 +276,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-round", type=int, default=32, help="training prompts served per round")
+    ap.add_argument("--train-topics", choices=("everyday", "mixed"), default="everyday",
+                    help="everyday topics, or everyday and science/technology/history (sona_task.py)")
     ap.add_argument("--eval-topics", type=int, default=4, help="held-out topics per seed (x 4 questions)")
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
@@ -309,7 +311,7 @@ def main() -> None:
     print(machine_line())
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; candle_like "
           f"{str(backend.dtype).removeprefix('torch.')}; model {backend.info.name}")
-    train_prompts = [chat_ids(backend, q) for q in questions(TRAIN_TOPICS)]
+    train_prompts = [chat_ids(backend, q) for q in questions(train_topics(args.train_topics))]
     general_ids = backend.tokenizer.encode(GENERAL_TEXT)
     print(f"task: short answers (end within {args.max_tokens} tokens); {args.seeds} seeds x {args.rounds} "
           f"rounds x {args.per_round} of {len(train_prompts)} training prompts; held-out {args.eval_topics} "

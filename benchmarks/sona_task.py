@@ -16,8 +16,11 @@ A bullet list, the other house style considered, appeared in 1 of 528 sampled an
 lines within 32 tokens): a reward of 0 on nearly every answer, nothing to learn.
 
 Training and held-out prompts share the question forms (the preference is about how to answer
-this kind of question) but not their topics: training topics are everyday things, held-out
-topics are science, technology and history.
+this kind of question) but never a topic. Held-out topics are science, technology and history.
+Training topics are everyday things and, with ``--train-topics mixed``, also subjects of the
+held-out kind (other subjects than the held-out ones): a user's feedback comes on whatever they
+ask about, and an adapter taught on cats and coffee alone learned the dev topics 4-5x but the
+held-out subjects about 2x (docs/sona.md).
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ TRAIN_TOPICS = ("the sea", "a cat", "coffee", "winter", "music", "a forest", "br
                 "a library", "rain", "a bridge", "horses", "a lighthouse", "cheese", "a castle", "the wind",
                 "a violin", "apples", "a harbour", "clocks", "a village", "honey", "a museum", "candles",
                 "a lake", "dogs", "a garden", "spring", "a farm", "owls", "a kite")
+#: Science, technology and history, like the held-out topics but none of them.
+SUBJECT_TOPICS = ("magnets", "glaciers", "the telephone", "bacteria", "the compass", "earthquakes",
+                  "the Renaissance", "atoms", "the telescope", "the Industrial Revolution", "batteries",
+                  "the Vikings", "evolution", "radio", "hurricanes", "the microscope")
 HELD_OUT_TOPICS = ("photosynthesis", "the printing press", "vaccines", "electricity", "the Roman empire",
                    "volcanoes", "the internet", "gravity", "the Silk Road", "DNA", "the steam engine",
                    "plate tectonics", "democracy", "antibiotics", "the French revolution", "semiconductors")
@@ -78,6 +85,24 @@ VALIDATION_TEXT = (
     "and two low tides each day. When the sun and moon line up, their pulls add together and the "
     "tides are larger; when they are at right angles, the tides are smaller."
 )
+
+
+def train_topics(kind: str, dev: int = 0) -> tuple[str, ...]:
+    """Training topics: ``everyday`` ones only, or ``mixed`` (everyday and subject topics in turn),
+    the same number either way. ``dev``: that many of each kind's last topics are kept back for
+    sona_dev.py to measure on (``dev_topics``)."""
+    subjects = SUBJECT_TOPICS[:len(SUBJECT_TOPICS) - dev]
+    everyday = TRAIN_TOPICS[:len(TRAIN_TOPICS) - dev]
+    if kind == "everyday":
+        return everyday[:2 * len(subjects)]
+    if kind == "mixed":
+        return tuple(topic for pair in zip(everyday, subjects, strict=False) for topic in pair)
+    raise ValueError(f"unknown kind of training topics {kind!r}: everyday or mixed")
+
+
+def dev_topics(dev: int) -> tuple[str, ...]:
+    """The topics ``train_topics(kind, dev)`` keeps back, of both kinds."""
+    return TRAIN_TOPICS[-dev:] + SUBJECT_TOPICS[-dev:]
 
 
 def questions(topics: tuple[str, ...], *, instructed: bool = False) -> list[str]:
