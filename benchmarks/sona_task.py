@@ -21,7 +21,7 @@ Training topics are everyday things and, with ``--train-topics mixed``, also sub
 held-out kind (other subjects than the held-out ones): a user's feedback comes on whatever they
 ask about, and an adapter taught on cats and coffee alone learned the dev topics 4-5x but the
 held-out subjects about 2x. Measured, mixed topics did no better on the held-out set (1.9x
-against 2.3x, docs/sona.md), so everyday topics stay the default.
+against 2.3x, both at EWC++ lambda 3e5; docs/sona.md), so everyday topics stay the default.
 """
 
 from __future__ import annotations
