@@ -103,7 +103,7 @@ def train_topics(kind: str, dev: int = 0) -> tuple[str, ...]:
 
 def dev_topics(dev: int) -> tuple[str, ...]:
     """The topics ``train_topics(kind, dev)`` keeps back, of both kinds."""
-    return TRAIN_TOPICS[-dev:] + SUBJECT_TOPICS[-dev:]
+    return (TRAIN_TOPICS[-dev:] + SUBJECT_TOPICS[-dev:]) if dev > 0 else ()
 
 
 def questions(topics: tuple[str, ...], *, instructed: bool = False) -> list[str]:
