@@ -48,7 +48,15 @@ from ruvllm_sona.trainer import perplexity
 from sona_costs import adapter_bytes, throughput
 from sona_offline import offline_adapter
 from sona_stats import rate_ratio
-from sona_task import GENERAL_TEXT, HELD_OUT_TOPICS, MAX_TOKENS, is_short, questions, train_topics
+from sona_task import (
+    GENERAL_TEXT,
+    HELD_OUT_TOPICS,
+    MAX_TOKENS,
+    TOPIC_KINDS,
+    is_short,
+    questions,
+    train_topics,
+)
 
 GREEDY_CHECK = ["The capital of France is", "Tell me briefly about a lighthouse.",
                 "List three primary colors:"]
@@ -276,7 +284,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-round", type=int, default=32, help="training prompts served per round")
-    ap.add_argument("--train-topics", choices=("everyday", "mixed"), default="everyday",
+    ap.add_argument("--train-topics", choices=TOPIC_KINDS, default="everyday",
                     help="everyday topics, or everyday and science/technology/history (sona_task.py)")
     ap.add_argument("--eval-topics", type=int, default=4, help="held-out topics per seed (x 4 questions)")
     ap.add_argument("--temperature", type=float, default=0.8)

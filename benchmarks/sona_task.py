@@ -88,6 +88,10 @@ VALIDATION_TEXT = (
 )
 
 
+#: The kinds of training topics ``train_topics`` gives (``--train-topics``).
+TOPIC_KINDS = ("everyday", "mixed")
+
+
 def train_topics(kind: str, dev: int = 0) -> tuple[str, ...]:
     """Training topics: ``everyday`` ones only, or ``mixed`` (everyday and subject topics in turn),
     the same number either way. ``dev``: that many of each kind's last topics are kept back for
@@ -98,7 +102,7 @@ def train_topics(kind: str, dev: int = 0) -> tuple[str, ...]:
         return everyday[:2 * len(subjects)]
     if kind == "mixed":
         return tuple(topic for pair in zip(everyday, subjects, strict=False) for topic in pair)
-    raise ValueError(f"unknown kind of training topics {kind!r}: everyday or mixed")
+    raise ValueError(f"unknown kind of training topics {kind!r}: one of {', '.join(TOPIC_KINDS)}")
 
 
 def dev_topics(dev: int) -> tuple[str, ...]:
