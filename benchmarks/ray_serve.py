@@ -37,6 +37,7 @@ import attrs
 import httpx
 from compare_servers import free_port, wait_ready  # benchmarks/ is sys.path[0]
 from ruvllm.bench.machine import machine_line
+from ruvllm.engine.options import EngineOptions
 
 RUVLLM = Path(sys.executable).with_name("ruvllm")
 SYSTEMS = [
@@ -126,7 +127,8 @@ def main() -> None:
     ap.add_argument("--per-prefix", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3, help="fresh deployments per router (hit rate)")
     ap.add_argument("--donor-slots", type=int, nargs="+", default=[2, 4],
-                    help="prefix_donor_slots settings for the hit-rate rounds (engine default 2)")
+                    help="prefix_donor_slots settings for the hit-rate rounds (engine default "
+                         f"{EngineOptions().prefix_donor_slots})")
     ap.add_argument("--backend", default="llamacpp")
     ap.add_argument("--threads", type=int, default=1, help="n_threads of every engine (default 1)")
     a = ap.parse_args()

@@ -122,6 +122,19 @@ def test_prefix_cache_copy_from_a_donor_sequence(backend):
     assert_solo_within_near_ties(backend, ids, first + second, first_rows + second_rows)
 
 
+def test_by_default_the_prefixes_of_eight_finished_requests_stay_cached(backend):
+    """Resent prompts are found whole, as llama-server's slots find them: with the default
+    donors (16) all 8 of 2 full blocks each; with 2, as before 2026-11-28, none here."""
+    prompts = [backend.tokenizer.encode(f"List {i}: " + ", ".join(str(97 * i + j) for j in range(20)))[:34]
+               for i in range(8)]
+    params = GenerationParams(max_tokens=1)
+    with ServingEngine(backend, EngineOptions(max_num_seqs=4), owns_backend=False) as eng:
+        eng.generate_sync(prompts, params)
+        before = eng.metrics().prefix_cache_hits
+        eng.generate_sync(prompts, params)
+        assert eng.metrics().prefix_cache_hits - before == 8 * 32
+
+
 def test_a_request_repeated_after_other_traffic_computes_the_same_logits(backend):
     """The same greedy request twice on an idle engine, other requests (and a hit on its own
     cached prefix) between: every row it samples from is bit-identical. The hit brings the

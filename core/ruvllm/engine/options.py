@@ -100,9 +100,13 @@ class EngineOptions:
     #: Default per-request deadline in seconds from submission (None = no deadline).
     request_timeout: float | None = attrs.field(default=None, validator=_seconds(allow_none=True))
     enable_prefix_caching: bool = attrs.field(default=True, validator=boolean())
-    #: Per-sequence executors (llama.cpp): extra sequences that keep finished requests' cached
-    #: prefixes alive for later hits (each costs one sequence's KV memory).
-    prefix_donor_slots: int = attrs.field(default=2, validator=int_range(0))
+    #: Per-sequence executors (llama.cpp, MLX): extra sequences that keep finished requests'
+    #: cached prefixes alive for later hits, one prefix each. Their blocks count in the pool and
+    #: are evicted, least recently used, when running requests need them, so the pool's size
+    #: bounds their memory (on llama.cpp, host memory for parked prefixes) and this bounds how
+    #: many prompts stay cached: 16, one for each of the default 16 running requests (with 2,
+    #: 8 resent 512-token prompts found 2 in the cache, docs/engine.md "Parked prefixes").
+    prefix_donor_slots: int = attrs.field(default=16, validator=int_range(0))
     #: Fraction of KV blocks kept free when admitting a new request.
     watermark: float = attrs.field(default=0.01, validator=float_range(0, 1, high_open=True))
     #: Request-level path: most backend ``generate`` streams interleaved at once (1 when the

@@ -53,8 +53,13 @@ SLOT_REUSE_LENGTHS = (9, 3, 7, 2, 6, 4, 8, 5)
 
 @pytest.fixture(scope="module")
 def engine(ruvllm_llm: LLM, ruvllm_engine_options):
-    """One engine per backend over the suite's loaded model (the model stays the LLM's)."""
-    eng = ServingEngine(ruvllm_llm.backend, ruvllm_engine_options(max_num_seqs=16), owns_backend=False)
+    """One engine per backend over the suite's loaded model (the model stays the LLM's).
+
+    Two prefix donors, fewer than the default: a per-sequence executor then hands the sequence
+    ids of finished requests to the next ones within a test (16 solo runs, then 16 together), so
+    a backend that keeps a freed sequence's KV serves a later request over it and fails."""
+    eng = ServingEngine(ruvllm_llm.backend, ruvllm_engine_options(max_num_seqs=16, prefix_donor_slots=2),
+                        owns_backend=False)
     try:
         yield eng
         report_speculation(eng, "TestEngine")
