@@ -292,18 +292,21 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
                     help="the task's length limit: an answer that ends by itself within it is short")
     ap.add_argument("--miss-score", type=float, default=0.0, help="score of an answer that is not short")
-    ap.add_argument("--rank", type=int, default=2)
-    ap.add_argument("--alpha", type=float, default=4.0)
-    ap.add_argument("--lr", type=float, default=2e-2)
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--targets", nargs="+", default=["q_proj", "v_proj"], help="modules the adapter trains")
-    ap.add_argument("--max-seq-len", type=int, default=64)
-    ap.add_argument("--fisher-batch", type=int, default=2)
-    ap.add_argument("--ewc-lambda", type=float, default=1e5,
+    # The training settings default to SonaOptions' own, so the benchmark measures what
+    # `[sona] enabled = true` gives a user.
+    d = SonaOptions()
+    ap.add_argument("--rank", type=int, default=d.rank)
+    ap.add_argument("--alpha", type=float, default=d.alpha)
+    ap.add_argument("--lr", type=float, default=d.learning_rate)
+    ap.add_argument("--steps", type=int, default=d.steps_per_update)
+    ap.add_argument("--batch", type=int, default=d.batch_size)
+    ap.add_argument("--layers", type=int, default=d.layers)
+    ap.add_argument("--targets", nargs="+", default=list(d.targets), help="modules the adapter trains")
+    ap.add_argument("--max-seq-len", type=int, default=d.max_seq_len)
+    ap.add_argument("--fisher-batch", type=int, default=d.fisher_batch)
+    ap.add_argument("--ewc-lambda", type=float, default=d.ewc_lambda,
                     help="chosen on sona_dev.py's dev topics (docs/sona.md says how)")
-    ap.add_argument("--route-threshold", type=float, default=0.85)
+    ap.add_argument("--route-threshold", type=float, default=d.route_threshold)
     ap.add_argument("--no-deep", dest="deep", action="store_false", help="SONA without its deep loop")
     ap.add_argument("--offline-epochs", type=int, default=2)
     ap.add_argument("--ablate-deep", action="store_true", help="also SONA without its deep loop (replayed)")

@@ -146,20 +146,29 @@ def test_background_thread_learns_without_being_called(engine, backend, ask):
 
 def test_background_loop_waits_for_an_idle_engine(engine, backend, ask):
     """A due update does not compete with serving for the CPU: it waits (up to defer_while_busy)
-    until no request runs, then trains."""
+    until no request runs, then trains; the consolidation due with it waits for it too, so it
+    folds what the update learned."""
     import time
 
     sona = attach(engine, SonaOptions(**{**TRAIN, "interval": 0.05}, min_feedback=1, steps_per_update=1,
-                                      defer_while_busy=120.0))
+                                      defer_while_busy=120.0, deep_every=1))
+
+    def wait_for(version: int) -> None:
+        deadline = time.monotonic() + 60
+        while sona.version < version and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sona.version == version
+
     (rid, _), = serve(engine, [ask("Write one short sentence about tea.")], [1])
+    engine.feedback(rid, 1.0)
+    wait_for(2)  # idle: the update, then the consolidation
+    (rid, _), = serve(engine, [ask("Write one short sentence about coffee.")], [2])
     busy = engine.submit_sync(ask("Write a long story about a dragon."),
                               GenerationParams(max_tokens=96, ignore_eos=True))
     engine.feedback(rid, 1.0)
-    time.sleep(1.0)  # twenty loop periods with the update due
+    time.sleep(1.0)  # twenty loop periods with the update and the consolidation due
     assert engine.metrics().running == 1  # the long request was still being served all along
-    assert sona.version == 0
+    assert sona.version == 2  # neither ran
     busy.result()
-    deadline = time.monotonic() + 60
-    while sona.version == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert sona.version == 1
+    wait_for(4)
+    assert sona.learner().bank.patterns

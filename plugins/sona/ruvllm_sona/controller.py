@@ -114,8 +114,10 @@ class Sona:
                     if not self._serving() or time.monotonic() - due_since >= self.options.defer_while_busy:
                         self.background_step()
                         due_since = None
+                # Consolidate only once the due update has run, so the scores it waited for
+                # are in what the deep loop folds (the order the benchmark measures).
                 every = self.options.deep_every
-                if every and self.store.feedback_since_deep >= every:
+                if every and self.store.feedback_since_deep >= every and due_since is None:
                     for tenant in list(self._learners):
                         self.deep("feedback", tenant=tenant)
             except Exception as exc:
