@@ -3,6 +3,8 @@ sampled and greedy requests (optionally for a tenant)."""
 
 from __future__ import annotations
 
+import time
+
 from ruvllm.types import GenerationParams
 
 TOPICS = ["the sea", "a cat", "coffee", "winter"]
@@ -22,3 +24,12 @@ def greedy(engine, ask, tenant: str | None = None):
     return [list(engine.submit_sync(ask(f"Write one short sentence about {t}."),
                                     GenerationParams(max_tokens=12, tenant=tenant)).result().token_ids)
             for t in TOPICS[:2]]
+
+
+def wait_for_version(sona, version: int, timeout: float = 60.0) -> int:
+    """SONA's version once its background thread has published ``version`` (each update,
+    consolidation and reset counts one), or when ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while sona.version < version and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sona.version

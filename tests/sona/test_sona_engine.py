@@ -20,7 +20,7 @@ from ruvllm_candle_like.lora import LoraPlan, load_peft
 from ruvllm_sona import SonaOptions, attach, sona_for
 from ruvllm_sona.trainer import Example, perplexity, token_logprobs
 
-from sona.helpers import TOPICS, TRAIN, greedy, serve
+from sona.helpers import TOPICS, TRAIN, greedy, serve, wait_for_version
 
 HELD_OUT = ("The water cycle describes how water moves between the oceans, the air and the land. Heat "
             "from the sun evaporates water from the surface of seas and lakes, and the vapour condenses "
@@ -128,16 +128,11 @@ def test_deep_loop_routes_similar_prompts_and_saves_peft(engine, backend, ask, t
 
 
 def test_background_thread_learns_without_being_called(engine, backend, ask):
-    import time
-
     sona = attach(engine, SonaOptions(**{**TRAIN, "interval": 0.2}, min_feedback=1, steps_per_update=1))
     assert sona_for(engine) is sona
     (rid, _), = serve(engine, [ask("Write one short sentence about tea.")], [1])
     engine.feedback(rid, 1.0)
-    deadline = time.monotonic() + 60
-    while sona.version == 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert sona.version >= 1 and "sona" in backend.adapter_names()
+    assert wait_for_version(sona, 1) >= 1 and "sona" in backend.adapter_names()
     sona.freeze()
     (rid, _), = serve(engine, [ask("Write one short sentence about tea.")], [2])
     engine.feedback(rid, 1.0)
@@ -152,16 +147,9 @@ def test_background_loop_waits_for_an_idle_engine(engine, backend, ask):
 
     sona = attach(engine, SonaOptions(**{**TRAIN, "interval": 0.05}, min_feedback=1, steps_per_update=1,
                                       defer_while_busy=120.0, deep_every=1))
-
-    def wait_for(version: int) -> None:
-        deadline = time.monotonic() + 60
-        while sona.version < version and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert sona.version == version
-
     (rid, _), = serve(engine, [ask("Write one short sentence about tea.")], [1])
     engine.feedback(rid, 1.0)
-    wait_for(2)  # idle: the update, then the consolidation
+    assert wait_for_version(sona, 2) == 2  # idle: the update, then the consolidation
     (rid, _), = serve(engine, [ask("Write one short sentence about coffee.")], [2])
     busy = engine.submit_sync(ask("Write a long story about a dragon."),
                               GenerationParams(max_tokens=96, ignore_eos=True))
@@ -170,5 +158,5 @@ def test_background_loop_waits_for_an_idle_engine(engine, backend, ask):
     assert engine.metrics().running == 1  # the long request was still being served all along
     assert sona.version == 2  # neither ran
     busy.result()
-    wait_for(4)
+    assert wait_for_version(sona, 4) == 4
     assert sona.learner().bank.patterns
