@@ -310,7 +310,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-deep", dest="deep", action="store_false", help="SONA without its deep loop")
     ap.add_argument("--offline-epochs", type=int, default=2)
     ap.add_argument("--ablate-deep", action="store_true", help="also SONA without its deep loop (replayed)")
-    ap.add_argument("--throughput-requests", type=int, default=48, help="0: skip the throughput check")
+    ap.add_argument("--throughput-requests", type=int, default=160,
+                    help="requests a window (three windows); 0: skip the throughput check")
     ap.add_argument("--json", help="also write the figures here")
     return ap
 

@@ -11,6 +11,10 @@ move the model measurably and to finish in seconds in float32 as in bf16."""
 from __future__ import annotations
 
 import json
+import os
+import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -137,6 +141,22 @@ def test_background_thread_learns_without_being_called(engine, backend, ask):
     (rid, _), = serve(engine, [ask("Write one short sentence about tea.")], [2])
     engine.feedback(rid, 1.0)
     assert sona.background_step() is None  # frozen: nothing learned
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+@pytest.mark.parametrize("nice", [19, 0])
+def test_background_thread_trains_at_background_nice(engine, nice):
+    """An update that runs beside serving must take only the CPU serving leaves: SONA's thread
+    (and the OpenMP workers its training starts, which inherit it) runs at ``background_nice``,
+    while the serving threads keep the process's priority."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    sona = attach(engine, SonaOptions(**{**TRAIN, "interval": 0.05}, background_nice=nice))
+    tid = sona._thread.native_id
+    deadline = time.monotonic() + 10
+    while os.getpriority(os.PRIO_PROCESS, tid) != max(nice, own) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.getpriority(os.PRIO_PROCESS, tid) == max(nice, own)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
 
 
 def test_background_loop_waits_for_an_idle_engine(engine, backend, ask):

@@ -21,6 +21,8 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -104,6 +106,7 @@ class Sona:
         self._thread = None
 
     def _run(self) -> None:
+        self._lower_priority()
         due_since: float | None = None
         while not self._stop.wait(self.options.interval):
             try:
@@ -124,6 +127,21 @@ class Sona:
                 if getattr(self.engine, "_closed", False):
                     return
                 log.exception("SONA background loop failed: %s", exc)
+
+    def _lower_priority(self) -> None:
+        """Give this thread (and the OpenMP workers its training spawns, which inherit it) the
+        niceness ``background_nice``: an update beside serving then runs on the CPU time serving
+        leaves, instead of taking a core from every engine step."""
+        nice = self.options.background_nice
+        if not nice:
+            return
+        if not sys.platform.startswith("linux"):
+            log.warning("sona.background_nice = %d needs Linux (per-thread niceness): SONA's background "
+                        "loop trains at serving's priority here", nice)
+            return
+        tid = threading.get_native_id()
+        # Never below the process's own niceness (raising priority needs privileges).
+        os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
 
     def _serving(self) -> bool:
         """Whether the engine has requests running or waiting (a due update then waits for it)."""

@@ -71,6 +71,10 @@ class SonaOptions:
     #: request), in seconds; 0: it runs at once. Training shares the serving CPU cores, so a run
     #: that waits leaves them to serving (benchmarks/sona_learning.py measures both ways).
     defer_while_busy: float = attrs.field(default=30.0, validator=_non_negative)
+    #: Niceness of the background thread (0-19; Linux, where a thread has its own): a run that
+    #: does go beside serving then takes the CPU serving leaves idle, so serving keeps its
+    #: throughput and learning slows under load instead. 0: training at serving's priority.
+    background_nice: int = attrs.field(default=19, validator=int_range(0, 19))
     #: EWC++: penalty strength (0 disables it), Fisher decay, sequences per Fisher estimate.
     ewc_lambda: float = attrs.field(default=1e5, validator=_non_negative)
     fisher_decay: float = attrs.field(default=0.9, validator=_unit_interval)
