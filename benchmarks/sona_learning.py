@@ -22,7 +22,10 @@ the instant loop timed around the engine's call for every finished request while
 background loop's seconds per update, serving throughput at C=16 with and without learning (same
 run), and the memory one tenant's adapter takes. Reset is checked against the base greedy output.
 
-    nice -n 10 .venv/bin/python benchmarks/sona_learning.py   # ~3 min on 2 AVX-512 cores, ~14 on AVX2
+    .venv/bin/python benchmarks/sona_learning.py   # ~3 min on 2 AVX-512 cores, ~14 on AVX2
+
+Not under ``nice``: SONA's background thread lowers itself to niceness 19 below a server at 0, and a
+process already at 10 leaves it only 9 steps, so the throughput beside updates would read low.
 """
 
 from __future__ import annotations
