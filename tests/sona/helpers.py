@@ -26,10 +26,16 @@ def greedy(engine, ask, tenant: str | None = None):
             for t in TOPICS[:2]]
 
 
+def wait_until(done, timeout: float) -> None:
+    """Poll ``done()`` until it is true or ``timeout`` seconds have passed: SONA's background
+    thread acts on its own schedule, so its tests wait for the effect rather than sleep a guess."""
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def wait_for_version(sona, version: int, timeout: float = 60.0) -> int:
     """SONA's version once its background thread has published ``version`` (each update,
     consolidation and reset counts one), or when ``timeout`` seconds have passed."""
-    deadline = time.monotonic() + timeout
-    while sona.version < version and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: sona.version >= version, timeout)
     return sona.version

@@ -24,7 +24,7 @@ from ruvllm_candle_like.lora import LoraPlan, load_peft
 from ruvllm_sona import SonaOptions, attach, sona_for
 from ruvllm_sona.trainer import Example, perplexity, token_logprobs
 
-from sona.helpers import TOPICS, TRAIN, greedy, serve, wait_for_version
+from sona.helpers import TOPICS, TRAIN, greedy, serve, wait_for_version, wait_until
 
 HELD_OUT = ("The water cycle describes how water moves between the oceans, the air and the land. Heat "
             "from the sun evaporates water from the surface of seas and lakes, and the vapour condenses "
@@ -152,9 +152,7 @@ def test_background_thread_trains_at_background_nice(engine, nice):
     own = os.getpriority(os.PRIO_PROCESS, 0)
     sona = attach(engine, SonaOptions(**{**TRAIN, "interval": 0.05}, background_nice=nice))
     tid = sona._thread.native_id
-    deadline = time.monotonic() + 10
-    while os.getpriority(os.PRIO_PROCESS, tid) != max(nice, own) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: os.getpriority(os.PRIO_PROCESS, tid) == max(nice, own), timeout=10)
     assert os.getpriority(os.PRIO_PROCESS, tid) == max(nice, own)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
 
@@ -163,8 +161,6 @@ def test_background_loop_waits_for_an_idle_engine(engine, backend, ask):
     """A due update does not compete with serving for the CPU: it waits (up to defer_while_busy)
     until no request runs, then trains; the consolidation due with it waits for it too, so it
     folds what the update learned."""
-    import time
-
     sona = attach(engine, SonaOptions(**{**TRAIN, "interval": 0.05}, min_feedback=1, steps_per_update=1,
                                       defer_while_busy=120.0, deep_every=1))
     (rid, _), = serve(engine, [ask("Write one short sentence about tea.")], [1])

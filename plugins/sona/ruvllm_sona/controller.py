@@ -140,7 +140,7 @@ class Sona:
                         "loop trains at serving's priority here", nice)
             return
         tid = threading.get_native_id()
-        # Never below the process's own niceness (raising priority needs privileges).
+        # Never above the priority this thread inherited (raising priority needs privileges).
         os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
 
     def _serving(self) -> bool:
