@@ -71,20 +71,57 @@ GENERAL_TEXT = (
 )
 
 
-#: Another expository text, for choosing settings (sona_dev.py) without looking at GENERAL_TEXT.
-VALIDATION_TEXT = (
+#: Other expository passages, for choosing settings (sona_dev.py) without looking at GENERAL_TEXT.
+#: Seven topics, each its own text: with two (until 2026-11-28, the first two here) the dev drift of
+#: an o_proj adapter read about half what GENERAL_TEXT then showed, so one text is a weak guide.
+VALIDATION_TEXTS = (
     "A refrigerator keeps food cold by moving heat from inside the cabinet to the room outside. A "
     "fluid called the refrigerant circulates through a closed loop of pipes. In the coils inside, "
     "the refrigerant evaporates at low pressure and absorbs heat from the air around the food. A "
     "compressor then squeezes the vapour, which raises its temperature, and pumps it to the coils "
     "at the back, where it gives off that heat and condenses back into a liquid. The liquid passes "
     "through a narrow valve, its pressure drops, and the cycle begins again. A thermostat switches "
-    "the compressor on and off to hold the temperature steady. Tides are the regular rise and fall "
+    "the compressor on and off to hold the temperature steady.",
+    "Tides are the regular rise and fall "
     "of the sea along the coast. They are caused mainly by the pull of the moon's gravity, which is "
     "slightly stronger on the side of the Earth facing the moon and slightly weaker on the far side. "
     "The oceans bulge on both sides, and as the Earth turns, most coasts pass through two high tides "
     "and two low tides each day. When the sun and moon line up, their pulls add together and the "
-    "tides are larger; when they are at right angles, the tides are smaller."
+    "tides are larger; when they are at right angles, the tides are smaller.",
+    "Soap cleans because each of its molecules has two different ends. One end is attracted to water, "
+    "and the other end avoids water but clings to oil and grease. When you wash your hands, the "
+    "oily ends bury themselves in the dirt on your skin, while the other ends face outward into the "
+    "water. Small clusters form around each speck of grease and hold it suspended, so that rinsing "
+    "carries it away instead of leaving it behind. Plain water cannot do this on its own, because "
+    "oil and water do not mix. Warm water helps by softening fats, and rubbing helps by breaking the "
+    "dirt into smaller pieces that the soap can surround more easily.",
+    "A passenger lift is a car that moves up and down a vertical shaft inside a building. In most "
+    "tall buildings the car hangs from strong steel cables that pass over a grooved wheel at the top "
+    "of the shaft. On the other side of the wheel the cables hold a heavy counterweight, roughly equal "
+    "to the car and half its load, so the motor only has to lift the difference. Guide rails keep "
+    "the car steady as it travels. If a cable ever broke, safety brakes on the car would grip the "
+    "rails and stop it. A controller decides which floor to visit next, grouping calls so that "
+    "people going the same way share a trip.",
+    "The human heart is a muscle about the size of a fist that pumps blood around the body. It has "
+    "four chambers: two upper chambers receive blood, and two lower chambers push it out. The right "
+    "side sends blood to the lungs, where it picks up oxygen and releases carbon dioxide. The left "
+    "side, which has thicker walls, pumps the fresh blood through the arteries to every organ. "
+    "Valves between the chambers open and close in turn, which is the sound a doctor hears through "
+    "a stethoscope. A small cluster of cells sends an electrical signal that sets the rhythm, about "
+    "seventy beats a minute at rest and faster during exercise.",
+    "Paper is made from plant fibres, most often from wood. The logs are stripped of bark and cut "
+    "into chips, which are cooked with chemicals or ground by machines until the fibres separate "
+    "into a wet pulp. The pulp is washed, sometimes bleached, and mixed with a great deal of water. "
+    "This thin mixture is sprayed onto a moving screen, where the water drains away and the fibres "
+    "knot together into a sheet. Heavy rollers squeeze out more water, and heated drums dry the "
+    "sheet before it is wound onto huge reels. Old paper can be soaked and turned back into pulp, "
+    "which is why recycling saves trees and energy.",
+    "A canal lock lets boats climb or descend where the water level changes. It is a long chamber "
+    "with watertight gates at each end. To go up, a boat enters the lower end and the gates close "
+    "behind it. Sluices in the upper gates are then opened, and water from the higher stretch of "
+    "canal flows in until the level inside the chamber matches it. The upper gates can then be "
+    "opened and the boat moves on. Going down works the other way, by letting water out through the "
+    "lower gates. A flight of several locks in a row can carry boats up the side of a steep hill.",
 )
 
 
