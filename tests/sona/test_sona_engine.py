@@ -86,8 +86,10 @@ def test_ewc_limits_drift_on_held_out_text(engine, backend, ask):
     base_ppl = perplexity(backend.model, held, None)
     drift = {}
     for lam in (0.0, 1e5):
-        # Two steps: the first has no Fisher yet, so EWC++ pulls back in the second.
-        sona = attach(engine, SonaOptions(**TRAIN, learning_rate=3e-2, steps_per_update=2, ewc_lambda=lam),
+        # Two steps: the first has no Fisher yet, so EWC++ pulls back in the second. The default
+        # o_proj adapter at lr 3e-2 moved the text under 1 % in float32 (too little to compare);
+        # at 6e-2 it moves it ~100 % unguarded and ~6 % with EWC++, on either kind of CPU.
+        sona = attach(engine, SonaOptions(**TRAIN, learning_rate=6e-2, steps_per_update=2, ewc_lambda=lam),
                       start=False)
         for rid, _ in serve(engine, prompts, range(1)):
             engine.feedback(rid, 1.0)
@@ -119,7 +121,7 @@ def test_deep_loop_routes_similar_prompts_and_saves_peft(engine, backend, ask, t
     assert sona.store.snapshot()[-1].trajectory.adapter == out["adapter"]  # the engine used the route
     path = sona.save(tmp_path / "sona-peft")
     conf = json.loads((path / "adapter_config.json").read_text())
-    assert conf["target_modules"] == ["q_proj", "v_proj"] and conf["peft_type"] == "LORA"
+    assert conf["target_modules"] == list(sona.options.targets) and conf["peft_type"] == "LORA"
     loaded = load_peft(path, "copy", backend.model.cfg, dtype=backend.dtype, device=backend.device)
     served = sona.learner().current_adapter()
     for key, pair in served.pairs.items():

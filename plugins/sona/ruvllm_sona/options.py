@@ -45,10 +45,12 @@ class SonaOptions:
     #: Which requests run with the learned adapter: "all" (every request that names none),
     #: "routed" (only those the pattern bank routes), "explicit" (only adapter="sona").
     apply: str = attrs.field(default="all", validator=one_of(("all", "routed", "explicit")))
-    #: MicroLoRA rank (1 or 2 in SONA's design), scaling alpha and target projections.
+    #: MicroLoRA rank (1 or 2 in SONA's design), scaling alpha and target projections. o_proj alone
+    #: (q_proj and v_proj until 2026-11-28): in docs/sona.md's benchmark it learned more on held-out
+    #: subjects (4.2x against 2.9-3.6x, bf16) with 60 % of the adapter, at a drift closer to 5 %.
     rank: int = attrs.field(default=2, validator=positive_int())
     alpha: float = attrs.field(default=4.0, validator=_non_negative)
-    targets: tuple[str, ...] = attrs.field(default=("q_proj", "v_proj"), converter=_tuple, validator=_targets)
+    targets: tuple[str, ...] = attrs.field(default=("o_proj",), converter=_tuple, validator=_targets)
     #: Adapt only the last ``layers`` transformer layers (0: every layer). Backward then stops at
     #: the first adapted layer: on 2 CPU cores a step on the last 8 of SmolLM2-135M's 30 layers took
     #: ~1.7 s against ~3.1 s for all 30 (batch 8 of 56 tokens, float32).
@@ -76,7 +78,8 @@ class SonaOptions:
     #: throughput and learning slows under load instead. 0: training at serving's priority.
     background_nice: int = attrs.field(default=19, validator=int_range(0, 19))
     #: EWC++: penalty strength (0 disables it), Fisher decay, sequences per Fisher estimate.
-    ewc_lambda: float = attrs.field(default=1e5, validator=_non_negative)
+    #: 5e4 was chosen with o_proj on sona_dev.py's topics and texts (docs/sona.md).
+    ewc_lambda: float = attrs.field(default=5e4, validator=_non_negative)
     fisher_decay: float = attrs.field(default=0.9, validator=_unit_interval)
     fisher_batch: int = attrs.field(default=2, validator=positive_int())
     #: Deep loop: run after this many feedbacks (0: only on demand), base LoRA rank, patterns.
