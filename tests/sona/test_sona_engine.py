@@ -145,18 +145,24 @@ def test_background_thread_learns_without_being_called(engine, backend, ask):
     assert sona.background_step() is None  # frozen: nothing learned
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
-@pytest.mark.parametrize("nice", [19, 0])
-def test_background_thread_trains_at_background_nice(engine, nice):
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread scheduling is Linux's")
+@pytest.mark.parametrize("priority", ["idle", 19, 0])
+def test_background_thread_trains_at_background_priority(engine, priority):
     """An update that runs beside serving must take only the CPU serving leaves: SONA's thread
-    (and the OpenMP workers its training starts, which inherit it) runs at ``background_nice``,
-    while the serving threads keep the process's priority."""
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    sona = attach(engine, SonaOptions(**{**TRAIN, "interval": 0.05}, background_nice=nice))
+    (and the OpenMP workers its training starts, which inherit it) runs under SCHED_IDLE or at
+    the niceness ``background_priority`` gives, while the serving threads keep the process's."""
+    own_nice, own_policy = os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0)
+    sona = attach(engine, SonaOptions(**{**TRAIN, "interval": 0.05}, background_priority=priority))
     tid = sona._thread.native_id
-    wait_until(lambda: os.getpriority(os.PRIO_PROCESS, tid) == max(nice, own), timeout=10)
-    assert os.getpriority(os.PRIO_PROCESS, tid) == max(nice, own)
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
+    if priority == "idle":
+        wait_until(lambda: os.sched_getscheduler(tid) == os.SCHED_IDLE, timeout=10)
+        assert os.sched_getscheduler(tid) == os.SCHED_IDLE
+    else:
+        wait_until(lambda: os.getpriority(os.PRIO_PROCESS, tid) == max(priority, own_nice), timeout=10)
+        assert os.getpriority(os.PRIO_PROCESS, tid) == max(priority, own_nice)
+        assert os.sched_getscheduler(tid) == own_policy
+    me = threading.get_native_id()
+    assert os.getpriority(os.PRIO_PROCESS, me) == own_nice and os.sched_getscheduler(me) == own_policy
 
 
 def test_background_loop_waits_for_an_idle_engine(engine, backend, ask):

@@ -130,18 +130,26 @@ class Sona:
 
     def _lower_priority(self) -> None:
         """Give this thread (and the OpenMP workers its training spawns, which inherit it) the
-        niceness ``background_nice``: an update beside serving then runs on the CPU time serving
-        leaves, instead of taking a core from every engine step."""
-        nice = self.options.background_nice
-        if not nice:
+        scheduling ``background_priority`` asks for: an update beside serving then runs on the
+        CPU time serving leaves, instead of taking a core from every engine step."""
+        priority = self.options.background_priority
+        if priority == 0:
             return
         if not sys.platform.startswith("linux"):
-            log.warning("sona.background_nice = %d needs Linux (per-thread niceness): SONA's background "
-                        "loop trains at serving's priority here", nice)
+            log.warning("sona.background_priority = %r needs Linux (per-thread scheduling): SONA's "
+                        "background loop trains at serving's priority here", priority)
             return
         tid = threading.get_native_id()
+        if priority == "idle":
+            try:
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                return
+            except OSError as exc:  # a sandbox may forbid the call; niceness is the next best
+                log.warning("sona.background_priority = 'idle': SCHED_IDLE refused (%s); training at "
+                            "niceness 19 instead", exc)
+                priority = 19
         # Never above the priority this thread inherited (raising priority needs privileges).
-        os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
+        os.setpriority(os.PRIO_PROCESS, tid, max(priority, os.getpriority(os.PRIO_PROCESS, tid)))
 
     def _serving(self) -> bool:
         """Whether the engine has requests running or waiting (a due update then waits for it)."""

@@ -30,10 +30,11 @@ def _tuple(value: Any) -> Any:
 @attrs.frozen(kw_only=True)
 class SonaOptions:
     """The training defaults are the settings ``benchmarks/sona_learning.py`` measures (and reads
-    from here): an update after every 32 new scores (2 Adam steps, batch 8, lr 2e-2, the last 8
-    layers, EWC++ lambda 1e5) and a consolidation after it. The earlier defaults (lr 5e-3, 4 steps
-    of 16 on every layer, lambda 3e4, an update every 4 scores) were never measured; run through
-    the benchmark's schedule they drifted +28 % on general text (docs/sona.md)."""
+    from here): an update after every 32 new scores (2 Adam steps, batch 8, lr 2e-2, rank 2 on
+    o_proj of the last 8 layers, EWC++ lambda 5e4) and a consolidation after it. The earlier
+    defaults (lr 5e-3, 4 steps of 16 on every layer, lambda 3e4, an update every 4 scores) were
+    never measured; run through the benchmark's schedule they drifted +28 % on general text
+    (docs/sona.md)."""
 
     TABLE: ClassVar[str] = "sona"
 
@@ -73,10 +74,14 @@ class SonaOptions:
     #: request), in seconds; 0: it runs at once. Training shares the serving CPU cores, so a run
     #: that waits leaves them to serving (benchmarks/sona_learning.py measures both ways).
     defer_while_busy: float = attrs.field(default=30.0, validator=_non_negative)
-    #: Niceness of the background thread (0-19; Linux, where a thread has its own): a run that
-    #: does go beside serving then takes the CPU serving leaves idle, so serving keeps its
-    #: throughput and learning slows under load instead. 0: training at serving's priority.
-    background_nice: int = attrs.field(default=19, validator=int_range(0, 19))
+    #: Scheduling of the background thread and the OpenMP workers its training starts (Linux,
+    #: where a thread has its own): "idle" (SCHED_IDLE: it runs only on CPU time no other thread
+    #: wants), or a niceness 1-19, or 0 (serving's priority). A run that goes beside serving then
+    #: leaves serving its throughput and learning slows under load instead. Niceness 19 (the
+    #: default until 2026-11-28's fourth session) still cost float32 serving 0.79-0.85x.
+    background_priority: str | int = attrs.field(
+        default="idle", validator=accepts('"idle" or a niceness in [0, 19]',
+                                          lambda v: v == "idle" or (is_int(v) and 0 <= v <= 19)))
     #: EWC++: penalty strength (0 disables it), Fisher decay, sequences per Fisher estimate.
     #: 5e4 was chosen with o_proj on sona_dev.py's topics and texts (docs/sona.md).
     ewc_lambda: float = attrs.field(default=5e4, validator=_non_negative)
