@@ -155,8 +155,12 @@ def test_background_thread_trains_at_background_priority(engine, priority):
     sona = attach(engine, SonaOptions(**{**TRAIN, "interval": 0.05}, background_priority=priority))
     tid = sona._thread.native_id
     if priority == "idle":
-        wait_until(lambda: os.sched_getscheduler(tid) == os.SCHED_IDLE, timeout=10)
-        assert os.sched_getscheduler(tid) == os.SCHED_IDLE
+        def lowered() -> bool:  # SCHED_IDLE, or niceness 19 where a sandbox refuses the policy
+            return (os.sched_getscheduler(tid) == os.SCHED_IDLE
+                    or os.getpriority(os.PRIO_PROCESS, tid) == max(19, own_nice))
+
+        wait_until(lowered, timeout=10)
+        assert lowered()
     else:
         wait_until(lambda: os.getpriority(os.PRIO_PROCESS, tid) == max(priority, own_nice), timeout=10)
         assert os.getpriority(os.PRIO_PROCESS, tid) == max(priority, own_nice)
