@@ -24,8 +24,9 @@ run), and the memory one tenant's adapter takes. Reset is checked against the ba
 
     .venv/bin/python benchmarks/sona_learning.py   # ~3 min on 2 AVX-512 cores, ~14 on AVX2
 
-Not under ``nice``: SONA's background thread lowers itself to niceness 19 below a server at 0, and a
-process already at 10 leaves it only 9 steps, so the throughput beside updates would read low.
+Not under ``nice``: run it as a server runs (niceness 0). SONA's background thread trains under
+SCHED_IDLE by default (``background_priority``); with a niceness instead, a process already at 10
+leaves the thread only 9 steps below serving, and the throughput beside updates reads low.
 """
 
 from __future__ import annotations
