@@ -107,7 +107,7 @@ def sona_options(args, seed: int, **over) -> SonaOptions:
     base = dict(rank=args.rank, alpha=args.alpha, learning_rate=args.lr, steps_per_update=args.steps,
                 batch_size=args.batch, ewc_lambda=args.ewc_lambda, layers=args.layers,
                 max_seq_len=args.max_seq_len, fisher_batch=args.fisher_batch, interval=0, seed=seed,
-                targets=tuple(args.targets),
+                targets=tuple(args.targets), background_priority=args.background_priority,
                 apply="routed", route_threshold=args.route_threshold)
     return SonaOptions(**{**base, **over})
 
@@ -311,6 +311,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ewc-lambda", type=float, default=d.ewc_lambda,
                     help="chosen on sona_dev.py's dev topics (docs/sona.md says how)")
     ap.add_argument("--route-threshold", type=float, default=d.route_threshold)
+    ap.add_argument("--background-priority", type=lambda v: v if v == "idle" else int(v),
+                    default=d.background_priority,
+                    help='"idle" or a niceness 0-19 for updates beside serving (the throughput windows)')
     ap.add_argument("--no-deep", dest="deep", action="store_false", help="SONA without its deep loop")
     ap.add_argument("--offline-epochs", type=int, default=2)
     ap.add_argument("--ablate-deep", action="store_true", help="also SONA without its deep loop (replayed)")

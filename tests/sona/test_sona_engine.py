@@ -18,7 +18,7 @@ import time
 
 import pytest
 import torch
-from ruvllm.errors import FeedbackNotFound, InvalidRequest
+from ruvllm.errors import FeedbackNotFound, InvalidRequest, OptionError
 from ruvllm.types import GenerationParams
 from ruvllm_candle_like.lora import LoraPlan, load_peft
 from ruvllm_sona import SonaOptions, attach, sona_for
@@ -167,6 +167,13 @@ def test_background_thread_trains_at_background_priority(engine, priority):
         assert os.sched_getscheduler(tid) == own_policy
     me = threading.get_native_id()
     assert os.getpriority(os.PRIO_PROCESS, me) == own_nice and os.sched_getscheduler(me) == own_policy
+
+
+@pytest.mark.parametrize("bad", ["low", 20, -1, True, 1.5])
+def test_background_priority_is_idle_or_a_niceness(bad):
+    assert SonaOptions.from_mapping({"background_priority": 7}).background_priority == 7
+    with pytest.raises(OptionError, match=r'^sona\.background_priority: must be "idle" or a niceness'):
+        SonaOptions.from_mapping({"background_priority": bad})
 
 
 def test_background_loop_waits_for_an_idle_engine(engine, backend, ask):
