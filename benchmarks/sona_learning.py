@@ -35,6 +35,7 @@ import argparse
 import json
 import random
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -51,6 +52,7 @@ from ruvllm_sona.controller import Sona
 from ruvllm_sona.trainer import perplexity
 from sona_costs import adapter_bytes, throughput
 from sona_offline import offline_adapter
+from sona_plot import plot
 from sona_stats import rate_ratio
 from sona_task import (
     GENERAL_TEXT,
@@ -320,6 +322,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--throughput-requests", type=int, default=160,
                     help="requests a window (three windows); 0: skip the throughput check")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--plot", help="also draw them here (PNG; sona_plot.py draws several runs together)")
     return ap
 
 
@@ -368,6 +371,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "base_perplexity": base_ppl, **out}, fh, indent=2, default=str)
+    if args.plot:
+        print(plot([(f"candle_like {str(backend.dtype).removeprefix('torch.')}", out)], Path(args.plot)))
 
 
 if __name__ == "__main__":
