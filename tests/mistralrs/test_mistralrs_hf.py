@@ -4,6 +4,7 @@ quantization quality against the unquantized weights."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -185,3 +186,62 @@ def test_lora_over_http_loads_lists_selects_and_unloads(lora_backend, tmp_path, 
         gone = client.post("/v1/completions", headers=auth, json={"model": "http", **body})
         assert gone.status_code == 404
     assert lora_backend.adapter_names() == ()
+
+
+#: Largest log-probability gap (nats) between candle_like's choice and mistral.rs's where their
+#: greedy outputs first part: below it the two engines met a near tie, above it they disagree.
+NEAR_TIE = 0.1
+
+
+def first_tokens(backend, ids, params):
+    """The backend's own first ``max_tokens`` steps (a backend's stream runs until its caller stops)."""
+    stream = backend.generate(ids, params)
+    try:
+        return list(itertools.islice(stream, params.max_tokens))
+    finally:
+        stream.close()
+
+
+def test_sona_default_adapter_from_candle_like_acts_the_same_on_mistralrs(lora_backend, embedded, tmp_path):
+    """SONA trains on candle_like and saves PEFT; its default adapter is rank 2 on o_proj of the
+    last 8 layers. mistral.rs loads that directory and applies it as candle_like does: with the
+    same weights (both float32, from the same GGUF) the adapted greedy outputs agree up to a near
+    tie, each differs from its engine's base output, and unloading restores mistral.rs's base."""
+    import attrs
+    import torch
+    from ruvllm_candle_like.backend import CandleLikeBackend
+    from ruvllm_candle_like.lora import build_adapter, projection_shapes
+
+    candle = CandleLikeBackend.load(embedded, {"dtype": "float32"})
+    cfg = candle.model.cfg
+    out_f, in_f = projection_shapes(cfg)["o_proj"]
+    g = torch.Generator().manual_seed(3)
+    weights = {(layer, "o_proj"): (torch.randn(2, in_f, generator=g) * 0.3,
+                                   torch.randn(out_f, 2, generator=g) * 0.3)
+               for layer in range(cfg.num_layers - 8, cfg.num_layers)}
+    adapter = build_adapter("sona", cfg, 2, 4.0, weights, dtype=candle.dtype, device=candle.device)
+    path = adapter.save_peft(tmp_path / "sona", base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
+    candle.load_adapter("sona", path)
+    ids = lora_backend.tokenizer.encode(PROMPT)
+    scored = GenerationParams(max_tokens=8, ignore_eos=True, logprobs=5)
+    candle_base = [t.token_id for t in first_tokens(candle, ids, scored)]
+    steps = first_tokens(candle, ids, attrs.evolve(scored, adapter="sona"))
+    candle_adapted = [t.token_id for t in steps]
+    candle.close()
+    assert candle_adapted != candle_base, "the adapter must move candle_like's greedy output"
+
+    base = run(lora_backend, ids).token_ids
+    info = lora_backend.load_adapter("sona", path)
+    try:
+        assert info.rank == 2
+        adapted = list(run(lora_backend, ids, adapter="sona").token_ids)
+    finally:
+        lora_backend.unload_adapter("sona")
+    assert adapted != list(base), "the adapter must move mistral.rs's greedy output"
+    for k, (ours, theirs) in enumerate(zip(candle_adapted, adapted, strict=True)):
+        if ours != theirs:
+            top = dict(steps[k].top_logprobs)
+            assert theirs in top and top[ours] - top[theirs] < NEAR_TIE, (
+                f"token {k}: candle_like chose {ours}, mistral.rs {theirs} (candle_like's top: {top})")
+            break
+    assert run(lora_backend, ids).token_ids == base
