@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import attrs
+from ruvllm.serving import Histogram
 from ruvllm.types import GenerationParams
 from ruvllm_sona import attach, detach
 from ruvllm_sona.learner import Learner
@@ -26,9 +27,20 @@ def adapter_bytes(learner: Learner) -> dict[str, int]:
     return {"served": served_bytes, "training": training}
 
 
-def _window(engine, prompts, n: int, seed: int, max_tokens: int) -> float:
+def _itl_p99_ms(before: Histogram, after: Histogram) -> float:
+    """p99 inter-token latency of the tokens observed between two snapshots (the upper bound of
+    the engine's histogram bucket holding it, so coarse: 40, 60, 80, 100, 150 ms...)."""
+    counts = tuple(a - b for a, b in zip(after.counts, before.counts, strict=True))
+    window = Histogram(buckets=after.buckets, counts=counts, sum=after.sum - before.sum,
+                       count=after.count - before.count)
+    return 1000 * window.quantile(0.99)
+
+
+def _window(engine, prompts, n: int, seed: int, max_tokens: int) -> tuple[float, float]:
     """Serve ``n`` requests, all submitted at once (the engine runs 16 at a time), scoring each as it
-    finishes (the feedback SONA learns from). Generated tokens per second."""
+    finishes (the feedback SONA learns from). Generated tokens per second, and the p99 inter-token
+    latency in ms: an update beside serving may keep throughput and still stall steps."""
+    itl_before = engine.metrics().inter_token_latency
     start = time.perf_counter()
     handles = [engine.submit_sync(prompts[i % len(prompts)], GenerationParams(
         max_tokens=max_tokens, temperature=0.8, seed=seed + i)) for i in range(n)]
@@ -37,7 +49,8 @@ def _window(engine, prompts, n: int, seed: int, max_tokens: int) -> float:
         res = h.result()
         tokens += len(res.token_ids)
         engine.feedback(h.request_id, 1.0 if is_short(res, max_tokens) else 0.0)
-    return tokens / (time.perf_counter() - start)
+    tok_s = tokens / (time.perf_counter() - start)
+    return tok_s, _itl_p99_ms(itl_before, engine.metrics().inter_token_latency)
 
 
 def throughput(engine, options: SonaOptions, prompts, n: int, seed: int = 777,
@@ -52,7 +65,7 @@ def throughput(engine, options: SonaOptions, prompts, n: int, seed: int = 777,
         opts = attrs.evolve(options, interval=0.5, min_feedback=8, defer_while_busy=defer or 0.0)
         sona = attach(engine, opts, start=defer is not None)
         try:
-            out[f"{mode}_tok_s"] = _window(engine, prompts, n, seed, max_tokens)
+            out[f"{mode}_tok_s"], out[f"{mode}_itl_p99_ms"] = _window(engine, prompts, n, seed, max_tokens)
             out[f"{mode}_updates"] = sona.version
         finally:
             detach(engine)

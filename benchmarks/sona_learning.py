@@ -281,6 +281,9 @@ def table(per_seed: list[dict], base_ppl: float, costs: list[dict], extra: dict)
               f"{t['deferred_tok_s']:.1f} tok/s ({t['deferred_tok_s'] / t['frozen_tok_s']:.2f}x, "
               f"{t['deferred_updates']} updates); updates beside serving {t['concurrent_tok_s']:.1f} tok/s "
               f"({t['concurrent_tok_s'] / t['frozen_tok_s']:.2f}x, {t['concurrent_updates']} updates)")
+        print("inter-token latency p99 (engine histogram bucket): "
+              + ", ".join(f"{label} {t[f'{key}_itl_p99_ms']:.0f} ms" for key, label in
+                          (("frozen", "not learning"), ("deferred", "deferred"), ("concurrent", "beside"))))
     print(f"reset restores the base greedy output exactly: {'yes' if extra['reset_exact'] else 'NO'}")
     return {"rows": rows, **summary}
 
