@@ -11,6 +11,7 @@ move the model measurably and to finish in seconds in float32 as in bf16."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -167,6 +168,23 @@ def test_background_thread_trains_at_background_priority(engine, priority):
         assert os.sched_getscheduler(tid) == own_policy
     me = threading.get_native_id()
     assert os.getpriority(os.PRIO_PROCESS, me) == own_nice and os.sched_getscheduler(me) == own_policy
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread scheduling is Linux's")
+def test_refused_sched_idle_falls_back_to_niceness_19(engine, monkeypatch, caplog):
+    """Where a sandbox forbids SCHED_IDLE, the thread still steps aside (niceness 19) and says so."""
+    def refuse(*_):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    own_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    with caplog.at_level(logging.WARNING, logger="ruvllm_sona.controller"):
+        sona = attach(engine, SonaOptions(**{**TRAIN, "interval": 0.05}))
+        tid = sona._thread.native_id
+        wait_until(lambda: os.getpriority(os.PRIO_PROCESS, tid) == max(19, own_nice), timeout=10)
+    assert os.getpriority(os.PRIO_PROCESS, tid) == max(19, own_nice)
+    assert os.sched_getscheduler(tid) != os.SCHED_IDLE
+    assert any("SCHED_IDLE refused" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("bad", ["low", 20, -1, True, 1.5])
