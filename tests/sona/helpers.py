@@ -26,12 +26,14 @@ def greedy(engine, ask, tenant: str | None = None):
             for t in TOPICS[:2]]
 
 
-def wait_until(done, timeout: float) -> None:
-    """Poll ``done()`` until it is true or ``timeout`` seconds have passed: SONA's background
-    thread acts on its own schedule, so its tests wait for the effect rather than sleep a guess."""
+def wait_until(done, timeout: float) -> bool:
+    """Poll ``done()`` until it is true or ``timeout`` seconds have passed, and return its last
+    answer: SONA's background thread acts on its own schedule, so its tests wait for the effect
+    rather than sleep a guess."""
     deadline = time.monotonic() + timeout
     while not done() and time.monotonic() < deadline:
         time.sleep(0.01)
+    return done()
 
 
 def wait_for_version(sona, version: int, timeout: float = 60.0) -> int:

@@ -160,11 +160,9 @@ def test_background_thread_trains_at_background_priority(engine, priority):
             return (os.sched_getscheduler(tid) == os.SCHED_IDLE
                     or os.getpriority(os.PRIO_PROCESS, tid) == max(19, own_nice))
 
-        wait_until(lowered, timeout=10)
-        assert lowered()
+        assert wait_until(lowered, timeout=10)
     else:
-        wait_until(lambda: os.getpriority(os.PRIO_PROCESS, tid) == max(priority, own_nice), timeout=10)
-        assert os.getpriority(os.PRIO_PROCESS, tid) == max(priority, own_nice)
+        assert wait_until(lambda: os.getpriority(os.PRIO_PROCESS, tid) == max(priority, own_nice), timeout=10)
         assert os.sched_getscheduler(tid) == own_policy
     me = threading.get_native_id()
     assert os.getpriority(os.PRIO_PROCESS, me) == own_nice and os.sched_getscheduler(me) == own_policy
@@ -181,8 +179,7 @@ def test_refused_sched_idle_falls_back_to_niceness_19(engine, monkeypatch, caplo
     with caplog.at_level(logging.WARNING, logger="ruvllm_sona.controller"):
         sona = attach(engine, SonaOptions(**{**TRAIN, "interval": 0.05}))
         tid = sona._thread.native_id
-        wait_until(lambda: os.getpriority(os.PRIO_PROCESS, tid) == max(19, own_nice), timeout=10)
-    assert os.getpriority(os.PRIO_PROCESS, tid) == max(19, own_nice)
+        assert wait_until(lambda: os.getpriority(os.PRIO_PROCESS, tid) == max(19, own_nice), timeout=10)
     assert os.sched_getscheduler(tid) != os.SCHED_IDLE
     assert any("SCHED_IDLE refused" in r.getMessage() for r in caplog.records)
 
