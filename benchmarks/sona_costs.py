@@ -13,6 +13,9 @@ from ruvllm_sona.learner import Learner
 from ruvllm_sona.options import SonaOptions
 from sona_task import MAX_TOKENS, is_short
 
+#: The throughput windows ``throughput`` serves, by the key prefix of its figures: what each means.
+WINDOWS = {"frozen": "not learning", "deferred": "updates deferred", "concurrent": "updates beside serving"}
+
 
 def adapter_bytes(learner: Learner) -> dict[str, int]:
     """Bytes of one tenant's served adapter (what an engine step with it reads) and of its training

@@ -50,7 +50,7 @@ from ruvllm_candle_like.lora import LoraPlan
 from ruvllm_sona import SonaOptions, attach, detach
 from ruvllm_sona.controller import Sona
 from ruvllm_sona.trainer import perplexity
-from sona_costs import adapter_bytes, throughput
+from sona_costs import WINDOWS, adapter_bytes, throughput
 from sona_offline import offline_adapter
 from sona_plot import plot
 from sona_stats import rate_ratio
@@ -282,8 +282,7 @@ def table(per_seed: list[dict], base_ppl: float, costs: list[dict], extra: dict)
               f"{t['deferred_updates']} updates); updates beside serving {t['concurrent_tok_s']:.1f} tok/s "
               f"({t['concurrent_tok_s'] / t['frozen_tok_s']:.2f}x, {t['concurrent_updates']} updates)")
         print("inter-token latency p99 (engine histogram bucket): "
-              + ", ".join(f"{label} {t[f'{key}_itl_p99_ms']:.0f} ms" for key, label in
-                          (("frozen", "not learning"), ("deferred", "deferred"), ("concurrent", "beside"))))
+              + ", ".join(f"{label} {t[f'{key}_itl_p99_ms']:.0f} ms" for key, label in WINDOWS.items()))
     print(f"reset restores the base greedy output exactly: {'yes' if extra['reset_exact'] else 'NO'}")
     return {"rows": rows, **summary}
 

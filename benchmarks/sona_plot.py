@@ -15,10 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sona_costs import WINDOWS
+
 #: Targets of the SONA issue, drawn as lines.
 RATIO_TARGET, RATIO_LOW_TARGET, DRIFT_TARGET_PCT, THROUGHPUT_TARGET = 3.0, 2.0, 5.0, 0.9
 LABELS = {"instructed": "base + instruction"}
-WINDOWS = (("deferred", "updates deferred"), ("concurrent", "updates beside serving"))
+#: The windows compared with not learning.
+LEARNING = tuple((key, label) for key, label in WINDOWS.items() if key != "frozen")
 
 
 def _finite(value: float) -> float:
@@ -45,12 +48,12 @@ def plot(runs: Sequence[tuple[str, dict[str, Any]]], path: Path) -> Path:
         drift.bar(xs, [r["perplexity_change_pct"] for r in rows], width, label=label)
         t = report.get("throughput")
         if t:
-            speed.bar([x + i * width for x in range(len(WINDOWS))],
-                      [t[f"{key}_tok_s"] / t["frozen_tok_s"] for key, _ in WINDOWS], width,
-                      label=f"{label} ({', '.join(str(t[f'{key}_updates']) for key, _ in WINDOWS)} updates)")
+            speed.bar([x + i * width for x in range(len(LEARNING))],
+                      [t[f"{key}_tok_s"] / t["frozen_tok_s"] for key, _ in LEARNING], width,
+                      label=f"{label} ({', '.join(str(t[f'{key}_updates']) for key, _ in LEARNING)} updates)")
     names = [LABELS.get(v, v) for v in variants]
     centre = 0.4 - width / 2
-    for ax, ticks in ((gain, names), (drift, names), (speed, [name for _, name in WINDOWS])):
+    for ax, ticks in ((gain, names), (drift, names), (speed, [name for _, name in LEARNING])):
         ax.set_xticks([x + centre for x in range(len(ticks))], ticks, rotation=20, ha="right", fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=7)
