@@ -4,7 +4,8 @@ Backends register through :func:`ruvllm_register_backends` (the shape simonw/llm
 models). The other hooks are named for what happens in core, not for the plugin that listens:
 a request finished (:func:`ruvllm_request_finished`), a user scored one (:func:`ruvllm_feedback`),
 there is time for deferred work (:func:`ruvllm_step_idle`), a request needs an adapter
-(:func:`ruvllm_select_adapter`). Learning plugins (SONA) implement them; core never names one.
+(:func:`ruvllm_select_adapter`), someone reads the engine's metrics (:func:`ruvllm_engine_metrics`).
+Learning plugins (SONA) implement them; core never names one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from ruvllm.backend import LlmBackend
+    from ruvllm.serving import PluginMetric
     from ruvllm.types import Trajectory
 
 PROJECT = "ruvllm"
@@ -75,3 +77,11 @@ def ruvllm_select_adapter(engine: Any, prompt_ids: tuple[int, ...], embedding: A
     the base model. Called at submit time on the caller's thread; ``embedding`` is None when
     the caller has none (the implementation computes what it needs); ``tenant`` is the request's
     ``GenerationParams.tenant`` (a learning plugin never gives one tenant another's adapter)."""
+
+
+@hookspec
+def ruvllm_engine_metrics(engine: Any) -> list[PluginMetric]:
+    """This plugin's figures for ``engine`` (an empty list when it does nothing for it), read
+    each time the engine's metrics are (``/metrics``, the benchmark, the Ray replicas' reports):
+    on the reader's thread, so read counters, never wait for a lock the plugin's work holds.
+    An exception is logged and leaves the engine's own metrics whole."""

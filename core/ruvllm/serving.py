@@ -6,8 +6,9 @@ way vLLM's API server talks to its engine client.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 import attrs
 import numpy as np
@@ -37,6 +38,36 @@ class Histogram:
         return float("inf")
 
 
+_METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def _metric_name(_: object, attribute: attrs.Attribute, value: str) -> None:
+    if not _METRIC_NAME.fullmatch(value):
+        raise ValueError(f"plugin metric name {value!r} is not a Prometheus name (letters, digits, '_')")
+
+
+@attrs.frozen(kw_only=True)
+class PluginMetric:
+    """A figure a plugin reports beside the engine's own (hook ``ruvllm_engine_metrics``), so
+    what a plugin does while serving (SONA's updates, say) is watched where the engine is:
+    ``/metrics`` exposes it as ``ruvllm:<name>`` with the model's labels.
+
+    Both kinds add up across replicas (Ray scale-out sums them): a counter is a total since the
+    engine started (its name ends in ``_total``), a gauge a count of something now; never a
+    ratio or a percentile, which a sum would make meaningless.
+    """
+
+    name: str = attrs.field(validator=_metric_name)
+    help: str
+    kind: Literal["counter", "gauge"] = attrs.field(validator=attrs.validators.in_(("counter", "gauge")))
+    value: float
+
+    def __attrs_post_init__(self) -> None:
+        if (self.kind == "counter") != self.name.endswith("_total"):
+            raise ValueError(f"plugin metric {self.name!r}: a counter's name ends in '_total', "
+                             "a gauge's does not")
+
+
 @attrs.frozen(kw_only=True)
 class MetricsSnapshot:
     """A consistent view of the engine's counters at one moment."""
@@ -64,6 +95,8 @@ class MetricsSnapshot:
     spec_decode_drafts: int = 0
     spec_decode_draft_tokens: int = 0
     spec_decode_accepted_tokens: int = 0
+    #: What plugins reported for this engine (:class:`PluginMetric`), in hook order.
+    plugins: tuple[PluginMetric, ...] = ()
 
     @property
     def spec_decode_acceptance_rate(self) -> float:

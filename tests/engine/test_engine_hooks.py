@@ -1,7 +1,8 @@
 """Core's generic plugin hooks as the engine calls them, with a recording plugin on the fake
 model: every finished request reaches ``ruvllm_request_finished`` on the model thread before its
 caller sees the result, feedback reaches ``ruvllm_feedback``, ``ruvllm_select_adapter`` is
-asked at submit time, and a failing plugin never breaks serving. Core names no plugin."""
+asked at submit time, ``ruvllm_engine_metrics`` adds to the engine's metrics, and a failing
+plugin never breaks serving (nor the metrics). Core names no plugin."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from engine_fakes import FakeBackend, PagedFakeExecutor
 from ruvllm import hookspecs
 from ruvllm.engine import EngineOptions, ServingEngine
 from ruvllm.errors import FeedbackNotFound, InvalidRequest
+from ruvllm.serving import PluginMetric
 from ruvllm.types import GenerationParams
 
 GENERIC_HOOKS = {"ruvllm_register_backends", "ruvllm_register_commands", "ruvllm_engine_started",
-                 "ruvllm_request_finished", "ruvllm_feedback", "ruvllm_step_idle", "ruvllm_select_adapter"}
+                 "ruvllm_request_finished", "ruvllm_feedback", "ruvllm_step_idle", "ruvllm_select_adapter",
+                 "ruvllm_engine_metrics"}
 
 
 class Recorder:
@@ -105,3 +108,49 @@ def test_without_a_learning_plugin_feedback_is_not_found():
         eng.submit_sync([4, 5], GenerationParams(max_tokens=2), request_id="r-2").result(timeout=10)
         with pytest.raises(FeedbackNotFound, match="r-2"):
             eng.feedback("r-2", 1.0)
+
+
+class Counting:
+    """Reports how many requests it saw finish, and for which engine it was asked."""
+
+    def __init__(self) -> None:
+        self.finished = 0
+        self.engines: list = []
+
+    @hookspecs.hookimpl
+    def ruvllm_request_finished(self, engine, trajectory) -> None:
+        self.finished += 1
+
+    @hookspecs.hookimpl
+    def ruvllm_engine_metrics(self, engine) -> list[PluginMetric]:
+        self.engines.append(engine)
+        return [PluginMetric(name="counted_total", help="Requests counted.", kind="counter",
+                             value=self.finished),
+                PluginMetric(name="counting", help="Whether counting.", kind="gauge", value=1)]
+
+
+def test_plugin_metrics_join_the_engines_snapshot_and_a_failing_plugin_leaves_the_engines_own():
+    class Broken:
+        @hookspecs.hookimpl
+        def ruvllm_engine_metrics(self, engine) -> list[PluginMetric]:
+            raise RuntimeError("plugin bug")
+
+    counting = Counting()
+    with _engine(_hooks(counting)) as eng:
+        eng.submit_sync([4, 5], GenerationParams(max_tokens=2)).result(timeout=10)
+        snap = eng.metrics()
+        assert {(m.name, m.value) for m in snap.plugins} == {("counted_total", 1), ("counting", 1)}
+        assert counting.engines[-1] is eng
+    with _engine(_hooks(Broken())) as eng:
+        eng.submit_sync([4, 5], GenerationParams(max_tokens=2)).result(timeout=10)
+        snap = eng.metrics()
+        assert snap.plugins == () and sum(snap.requests_finished.values()) == 1
+
+
+@pytest.mark.parametrize(("name", "kind", "error"), [
+    ("updates", "counter", "ends in '_total'"), ("waiting_total", "gauge", "ends in '_total'"),
+    ("sona:updates_total", "counter", "not a Prometheus name"), ("x_total", "histogram", "kind"),
+])
+def test_a_plugin_metric_is_named_as_prometheus_expects(name: str, kind: str, error: str):
+    with pytest.raises(ValueError, match=error):
+        PluginMetric(name=name, help="h", kind=kind, value=0)

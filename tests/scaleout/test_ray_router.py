@@ -16,7 +16,7 @@ from ruvllm.errors import BackendError, ConfigError, ContextLengthExceeded, Inva
 from ruvllm.scaleout.metrics_board import ReplicaMetrics, combine, current
 from ruvllm.scaleout.prefix_router import AffinityPolicy, prefix_key
 from ruvllm.scaleout.wire import pack_error, unpack_error
-from ruvllm.serving import Histogram, MetricsSnapshot
+from ruvllm.serving import Histogram, MetricsSnapshot, PluginMetric
 
 BS = 16
 
@@ -151,6 +151,22 @@ def test_gauges_add_up_over_live_replicas_only_and_counters_over_all():
     nobody = combine([live, dead], [])
     assert (nobody.running, nobody.waiting, nobody.kv_usage, nobody.kv_capacity_tokens) == (0, 0, 0.0, 0)
     assert nobody.prompt_tokens == 48
+
+
+def test_plugin_figures_and_speculation_counters_add_up_by_kind():
+    def reported(snap: MetricsSnapshot, updates: float, waiting: float, drafts: int) -> MetricsSnapshot:
+        plugins = (PluginMetric(name="sona_updates_total", help="h", kind="counter", value=updates),
+                   PluginMetric(name="sona_scores_waiting", help="h", kind="gauge", value=waiting))
+        return attrs.evolve(snap, spec_decode_drafts=drafts, spec_decode_draft_tokens=3 * drafts,
+                            spec_decode_accepted_tokens=drafts, plugins=plugins)
+
+    live, dead = reported(_snap(1, 2, (0, 1)), 3, 5, 2), reported(_snap(1, 2, (0, 1)), 4, 7, 10)
+    total = combine([live, dead], [live])
+    assert {m.name: m.value for m in total.plugins} == {"sona_updates_total": 7, "sona_scores_waiting": 5}
+    assert (total.spec_decode_drafts, total.spec_decode_draft_tokens, total.spec_decode_accepted_tokens) \
+        == (12, 36, 12)
+    assert {m.name: m.value for m in combine([live, dead], []).plugins} == {
+        "sona_updates_total": 7, "sona_scores_waiting": 0}
 
 
 def test_a_replica_is_current_while_fresh_or_busy_and_not_seen_dying():

@@ -15,7 +15,7 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from ruvllm.server.metrics import ServerMetrics
-from ruvllm.serving import Histogram, MetricsSnapshot
+from ruvllm.serving import Histogram, MetricsSnapshot, PluginMetric
 
 BUCKETS = (0.01, 0.1, 1.0)
 LABELS = {"model_name": "served", "model": "SmolLM2", "backend": "fake"}
@@ -95,6 +95,47 @@ def test_a_model_loaded_again_continues_its_histograms_and_other_buckets_are_lef
     names = {s.labels.get("model_name") for f in text_string_to_metric_families(metrics.render().decode())
              if f.type == "histogram" for s in f.samples}
     assert names == {"served"}
+
+
+def _plugins(updates: float, waiting: float, *extra: PluginMetric) -> tuple[PluginMetric, ...]:
+    return (PluginMetric(name="sona_updates_total", help="Updates run.", kind="counter", value=updates),
+            PluginMetric(name="sona_scores_waiting", help="Scores waiting.", kind="gauge", value=waiting),
+            *extra)
+
+
+def test_plugin_figures_are_exposed_counters_advancing_and_gauges_set(caplog):
+    clash = PluginMetric(name="num_requests_running", help="Mine.", kind="gauge", value=99)
+    current = [attrs.evolve(snapshot([], running=2), plugins=_plugins(3, 5, clash))]
+    metrics = ServerMetrics(lambda: current[0], **LABELS)
+    m = scrape(metrics.render().decode())
+    assert m[("ruvllm:sona_updates_total", ())] == 3 and m[("ruvllm:sona_scores_waiting", ())] == 5
+    assert m[("ruvllm:num_requests_running", ())] == 2  # the engine's own, not the plugin's 99
+    assert "'num_requests_running' (gauge) is left out of /metrics" in caplog.text
+    # A new name joins; one whose series would clash with a plugin metric's (``x_total`` also
+    # exposes ``x``), or that another plugin reported first, is left out; the rest go on.
+    joins = PluginMetric(name="sona_consolidations_total", help="Deep loops.", kind="counter", value=1)
+    clashes = PluginMetric(name="sona_scores_waiting_total", help="x", kind="counter", value=1)
+    shadows = PluginMetric(name="sona_updates", help="x", kind="gauge", value=7)
+    current[0] = attrs.evolve(current[0], plugins=(*_plugins(4, 8), joins, clashes, attrs.evolve(
+        joins, name="sona_updates_total", value=100)))
+    with caplog.at_level("WARNING"):
+        m = scrape(metrics.render().decode())
+    assert m[("ruvllm:sona_updates_total", ())] == 4 and m[("ruvllm:sona_scores_waiting", ())] == 8
+    assert m[("ruvllm:sona_consolidations_total", ())] == 1 and "ruvllm:sona_scores_waiting_total" not in {
+        name for name, _ in m}
+    assert "'sona_scores_waiting_total' (counter) is left out of /metrics: its series clash" in caplog.text
+    assert "'sona_updates_total' (counter) is left out of /metrics: another plugin reported it first" \
+        in caplog.text
+    current[0] = attrs.evolve(current[0], plugins=(shadows,))
+    with caplog.at_level("WARNING"):
+        m = scrape(metrics.render().decode())
+    assert "'sona_updates' (gauge) is left out of /metrics: its series clash" in caplog.text
+    # A counter no longer reported keeps its total; a gauge no longer reported reads 0.
+    assert m[("ruvllm:sona_updates_total", ())] == 4 and m[("ruvllm:sona_scores_waiting", ())] == 0
+    current[0] = attrs.evolve(current[0], plugins=_plugins(6, 2))
+    metrics.detach("served")  # unloading: the counter keeps its total, the gauge drops to 0
+    m = scrape(metrics.render().decode())
+    assert m[("ruvllm:sona_updates_total", ())] == 6 and m[("ruvllm:sona_scores_waiting", ())] == 0
 
 
 def test_each_app_has_its_own_registry():

@@ -39,7 +39,7 @@ from ruvllm.engine.request_level import RequestLevelCore
 from ruvllm.errors import BackendError, EngineClosed, EngineOptionError, InvalidRequest, Overloaded
 from ruvllm.generation import RequestOutputBuilder, check_prompt, require_core_sampler
 from ruvllm.sampling import LogitsProcessor, Sampler
-from ruvllm.serving import MetricsSnapshot
+from ruvllm.serving import MetricsSnapshot, PluginMetric
 from ruvllm.tokenizer import Tokenizer, require_prompt_text
 from ruvllm.types import Capabilities, FinishReason, GenerationParams, GenerationResult, ModelInfo, Trajectory
 
@@ -355,8 +355,18 @@ class ServingEngine:
             running=core.num_running, waiting=max(self._queued, 0) + core.num_requeued,
             kv_usage=core.kv_usage(), prefix_queries=queries, prefix_hits=hits,
             preemptions=core.preemptions(), kv_capacity_tokens=core.kv_capacity_tokens(),
-            kv_used_tokens=core.kv_used_tokens(),
+            kv_used_tokens=core.kv_used_tokens(), plugins=self._plugin_metrics(),
         )
+
+    def _plugin_metrics(self) -> tuple[PluginMetric, ...]:
+        if self._hooks is None:  # before the model thread set the engine up: no plugin knows it yet
+            return ()
+        try:
+            reported = self._hooks.ruvllm_engine_metrics(engine=self)
+        except Exception:  # a plugin's bug must not take the engine's own metrics with it
+            log.exception("a plugin's ruvllm_engine_metrics failed; its figures are left out")
+            return ()
+        return tuple(metric for batch in reported for metric in batch)
 
     async def shutdown(self) -> None:
         """Cancel what is still running, stop the model thread (closing an owned backend).

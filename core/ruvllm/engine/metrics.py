@@ -16,7 +16,7 @@ import bisect
 import threading
 from collections import Counter
 
-from ruvllm.serving import Histogram, MetricsSnapshot
+from ruvllm.serving import Histogram, MetricsSnapshot, PluginMetric
 
 #: Bucket bounds in seconds, Prometheus style (vLLM uses similar ones).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4,
@@ -92,7 +92,7 @@ class EngineMetrics:
 
     def snapshot(self, *, running: int, waiting: int, kv_usage: float, prefix_queries: int,
                  prefix_hits: int, preemptions: int, kv_capacity_tokens: int = 0,
-                 kv_used_tokens: int = 0) -> MetricsSnapshot:
+                 kv_used_tokens: int = 0, plugins: tuple[PluginMetric, ...] = ()) -> MetricsSnapshot:
         with self._lock:
             return MetricsSnapshot(
                 time_to_first_token=self.ttft.freeze(),
@@ -114,4 +114,5 @@ class EngineMetrics:
                 spec_decode_drafts=self.spec_drafts,
                 spec_decode_draft_tokens=self.spec_draft_tokens,
                 spec_decode_accepted_tokens=self.spec_accepted_tokens,
+                plugins=plugins,
             )

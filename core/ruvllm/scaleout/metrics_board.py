@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from ruvllm.serving import Histogram, MetricsSnapshot
+from ruvllm.serving import Histogram, MetricsSnapshot, PluginMetric
 
 NAMESPACE = "ruvllm"
 
@@ -126,7 +126,7 @@ def combine(snapshots: Sequence[MetricsSnapshot],
     every replica that ever reported, dead ones included: a total must not shrink because a
     replica died. Gauges (``GAUGES``: running, waiting, KV tokens; ``kv_usage`` their mean) add up
     over ``gauges`` only (default: ``snapshots``), the replicas still alive (see :func:`current`);
-    0 where there is none."""
+    0 where there is none. Plugins' figures follow their kind."""
     if not snapshots:
         return None
     gauges = snapshots if gauges is None else gauges
@@ -139,8 +139,28 @@ def combine(snapshots: Sequence[MetricsSnapshot],
                       "e2e_latency", "queue_time")}
     total = {f: sum(getattr(s, f) for s in snapshots)
              for f in ("prefix_cache_queries", "prefix_cache_hits", "preemptions", "prompt_tokens",
-                       "generation_tokens")}
+                       "generation_tokens", "spec_decode_drafts", "spec_decode_draft_tokens",
+                       "spec_decode_accepted_tokens")}
     now = {f: sum(getattr(s, f) for s in gauges)
            for f in ("running", "waiting", "kv_capacity_tokens", "kv_used_tokens")}
     kv_usage = sum(s.kv_usage for s in gauges) / len(gauges) if gauges else 0.0
-    return MetricsSnapshot(**hist, **total, **now, kv_usage=kv_usage, requests_finished=finished)
+    return MetricsSnapshot(**hist, **total, **now, kv_usage=kv_usage, requests_finished=finished,
+                           plugins=_sum_plugins(snapshots, gauges))
+
+
+def _sum_plugins(snapshots: Sequence[MetricsSnapshot],
+                 gauges: Sequence[MetricsSnapshot]) -> tuple[PluginMetric, ...]:
+    """Plugins' figures added up as the engine's are: counters over every replica that reported,
+    gauges over the live ones (a gauge only dead replicas reported reads 0). A name's first
+    report sets its kind; a replica reporting it as the other kind is not added in."""
+    first: dict[str, PluginMetric] = {}
+    for snap in (*snapshots, *gauges):
+        for metric in snap.plugins:
+            first.setdefault(metric.name, metric)
+
+    def total(metric: PluginMetric) -> float:
+        group = snapshots if metric.kind == "counter" else gauges
+        return sum(m.value for snap in group for m in snap.plugins
+                   if (m.name, m.kind) == (metric.name, metric.kind))
+
+    return tuple(attrs.evolve(metric, value=total(metric)) for metric in first.values())

@@ -30,6 +30,11 @@ worker's file (dead workers' too, as prometheus_client keeps their histograms). 
 refreshes its files every :data:`MULTIPROCESS_REFRESH` seconds, so a worker that is not scraped is
 never staler than that. The deployment calls ``prometheus_client.multiprocess.mark_process_dead(pid)``
 when a worker exits (gunicorn's ``child_exit``), as prometheus_client documents.
+
+Plugins' figures (``MetricsSnapshot.plugins``, hook ``ruvllm_engine_metrics``) become metric
+objects the first time a name is seen, counters and gauges as the engine's own are (a plugin
+gauge is a count, summed over live processes); a name whose series would clash with the engine's
+own or another plugin metric's is left out with a warning.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from ruvllm.serving import Histogram as SnapshotHistogram
-from ruvllm.serving import MetricsSnapshot
+from ruvllm.serving import MetricsSnapshot, PluginMetric
 
 log = logging.getLogger(__name__)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -106,6 +111,23 @@ _HISTOGRAMS = (
 )
 
 
+def _series_names(metric: PluginMetric) -> set[str]:
+    """The names (without the prefix) a plugin metric's series take: prometheus_client's counter
+    ``x_total`` also exposes ``x`` and ``x_created``."""
+    if metric.kind == "gauge":
+        return {metric.name}
+    base = metric.name.removesuffix("_total")
+    return {base, metric.name, base + "_created"}
+
+
+#: Names the engine's own series take (a plugin may not report under them).
+_CORE_NAMES = frozenset(
+    {name for name, *_ in _GAUGES}
+    | {name for counter, *_ in (*_COUNTERS, ("request_success_total",))
+       for name in _series_names(PluginMetric(name=counter, help="", kind="counter", value=0))}
+    | {name + suffix for name, *_ in _HISTOGRAMS for suffix in ("", "_bucket", "_sum", "_count", "_created")})
+
+
 def multiprocess_dir() -> str | None:
     """The directory of prometheus_client's multiprocess mode, or None when it is off."""
     return os.environ.get(MULTIPROC_ENV) or None
@@ -139,6 +161,8 @@ class _Series:
         #: The snapshot attributes carried into :class:`EngineHistograms` (none when this model's
         #: buckets differ from the first model's).
         self.histograms: list[str] = []
+        #: Plugin gauges this model has set (dropped to 0 when it unloads).
+        self.plugin_gauges: set[str] = set()
         #: Totals already carried into the counters and histograms, by key.
         self.seen: dict[Any, Any] = {}
 
@@ -179,6 +203,11 @@ class ServerMetrics:
                                  (*LABELS, "finished_reason"), registry=own)
         self._histograms = EngineHistograms(multiprocess_dir())
         self.registry.register(self._histograms)
+        #: Plugin metric objects by name, created when a plugin first reports the name.
+        self._plugin_families: dict[str, Gauge | Counter] = {}
+        #: The series names those objects expose, and the names already refused (warned once).
+        self._plugin_series: set[str] = set()
+        self._refused: set[str] = set()
         self._series: dict[str, _Series] = {}
         self._lock = threading.Lock()
         if snapshot is not None:
@@ -218,6 +247,8 @@ class ServerMetrics:
         with self._lock:
             for _, gauge in series.gauges:
                 gauge.set(0.0)
+            for name in series.plugin_gauges:
+                self._plugin_families[name].labels(**series.labels).set(0.0)
             del self._series[model_name]
         self._histograms.save()
 
@@ -237,11 +268,52 @@ class ServerMetrics:
             for reason, total in snap.requests_finished.items():
                 self._finished.labels(**series.labels, finished_reason=reason).inc(
                     series.advance(("finished", reason), total))
+            reported: set[str] = set()
+            for metric in snap.plugins:
+                if metric.name in reported:  # two plugins, one name: the first (hook order) counts
+                    self._refuse(metric, "another plugin reported it first")
+                    continue
+                reported.add(metric.name)
+                family = self._plugin_family(metric)
+                if family is None:
+                    continue
+                child = family.labels(**series.labels)
+                if metric.kind == "gauge":
+                    child.set(metric.value)
+                    series.plugin_gauges.add(metric.name)
+                else:
+                    child.inc(series.advance(("plugin", metric.name), metric.value))
+            for name in series.plugin_gauges - reported:  # no longer reported (the plugin detached)
+                self._plugin_families[name].labels(**series.labels).set(0.0)
             key = tuple(series.labels[k] for k in LABELS)
             for attr in series.histograms:
                 h: SnapshotHistogram = getattr(snap, attr)
                 grown = [series.advance((attr, i), n) for i, n in enumerate(_per_bucket(h))]
                 self._histograms.add(key, attr, grown, series.advance((attr, "sum"), h.sum))
+
+    def _plugin_family(self, metric: PluginMetric) -> Gauge | Counter | None:
+        """The metric object for a plugin's figure (created on first sight; under the lock), or
+        None when it cannot be exposed."""
+        family = self._plugin_families.get(metric.name)
+        if family is None and metric.name not in self._refused:
+            series = _series_names(metric)
+            if series & _CORE_NAMES:
+                return self._refuse(metric, "it is one of the engine's own metrics")
+            if series & self._plugin_series:
+                return self._refuse(metric, "its series clash with another plugin metric's")
+            self._plugin_series |= series
+            if metric.kind == "gauge":
+                family = Gauge(PREFIX + metric.name, metric.help, LABELS, registry=self._own,
+                               multiprocess_mode="livesum")
+            else:
+                family = Counter(PREFIX + metric.name, metric.help, LABELS, registry=self._own)
+            self._plugin_families[metric.name] = family
+        return family
+
+    def _refuse(self, metric: PluginMetric, why: str) -> None:
+        if metric.name not in self._refused:
+            self._refused.add(metric.name)
+            log.warning("plugin metric %r (%s) is left out of /metrics: %s", metric.name, metric.kind, why)
 
     def render(self) -> bytes:
         """The text exposition, after a refresh."""
