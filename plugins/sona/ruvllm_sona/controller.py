@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 from ruvllm.errors import BackendUnavailable, InvalidRequest
+from ruvllm.serving import PluginMetric
 from ruvllm.types import Trajectory
 
 from ruvllm_sona.learner import Learner, unload
@@ -62,6 +63,10 @@ class Sona:
         self.frozen = False
         #: Background updates, deep runs and resets so far (any tenant's).
         self.version = 0
+        #: Totals since SONA attached, for the engine's metrics (:meth:`metrics`).
+        self.updates = 0
+        self.update_seconds = 0.0
+        self.consolidations = 0
         self.last_stats: dict[str, float] = {}
         #: Seconds per instant-loop call (the serving-path cost), most recent first out.
         self.instant_seconds: collections.deque[float] = collections.deque(maxlen=100_000)
@@ -171,6 +176,27 @@ class Sona:
         times = list(self.instant_seconds)
         return float(np.percentile(times, 99)) if times else 0.0
 
+    def metrics(self) -> list[PluginMetric]:
+        """What SONA has done on this engine, for ``/metrics``: whether it learns and what that
+        costs, without reading logs. Counts only, so Ray replicas' figures add up."""
+        def counter(name: str, help_: str, value: float) -> PluginMetric:
+            return PluginMetric(name=f"sona_{name}_total", help=help_, kind="counter", value=value)
+
+        def gauge(name: str, help_: str, value: float) -> PluginMetric:
+            return PluginMetric(name=f"sona_{name}", help=help_, kind="gauge", value=value)
+
+        return [
+            counter("feedback", "Scores received for requests SONA recorded.", self.store.feedback_count),
+            counter("updates", "Background-loop updates run (one per tenant with new scores).", self.updates),
+            counter("update_seconds", "Seconds spent in background-loop updates.", self.update_seconds),
+            counter("consolidations", "Deep-loop consolidations run.", self.consolidations),
+            gauge("scores_waiting", "Scores not yet trained on.", len(self.store.pending_feedback())),
+            gauge("requests_stored", "Finished requests held for feedback (at most sona.capacity).",
+                  len(self.store)),
+            gauge("tenants", "Tenants with learned state (requests without a tenant count as one).",
+                  len(self._learners)),
+        ]
+
     # ------------------------------------------------------------------ routing
 
     def select_adapter(self, prompt_ids: tuple[int, ...], tenant: str | None = None) -> str | None:
@@ -199,6 +225,8 @@ class Sona:
                 if done is not None:
                     stats = self.last_stats = done
                     self.version += 1
+                    self.updates += 1
+                    self.update_seconds += done["seconds"]
             return stats
 
     # ------------------------------------------------------------------ deep loop
@@ -209,6 +237,7 @@ class Sona:
             out = self.learner(tenant).deep(self._records(tenant))
             self.store.feedback_since_deep = 0
             self.version += 1
+            self.consolidations += 1
             log.info("SONA deep loop (%s): base LoRA rank %d, %d pattern(s)", reason, self.options.base_rank,
                      out["patterns"])
             return {"reason": reason, **out}

@@ -3,7 +3,8 @@
 Core's hooks are generic; SONA's loops implement them: the instant loop is
 ``ruvllm_request_finished``, feedback is ``ruvllm_feedback``, an on-demand background step is
 ``ruvllm_step_idle`` (SONA's own thread runs the background and deep loops on its timer, see
-:meth:`~ruvllm_sona.controller.Sona.start`), routing is ``ruvllm_select_adapter``.
+:meth:`~ruvllm_sona.controller.Sona.start`), routing is ``ruvllm_select_adapter``, and what the
+loops have done reaches ``/metrics`` through ``ruvllm_engine_metrics``.
 
 Each engine has at most one :class:`~ruvllm_sona.controller.Sona`, attached explicitly
 (:func:`attach`) or by ``ServingEngine.from_config`` when ``[sona] enabled = true``. The hooks
@@ -23,6 +24,8 @@ import ruvllm
 from ruvllm.types import Trajectory
 
 if TYPE_CHECKING:
+    from ruvllm.serving import PluginMetric
+
     from ruvllm_sona.options import SonaOptions
 
 _attached: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -90,3 +93,9 @@ def ruvllm_select_adapter(engine: Any, prompt_ids: tuple[int, ...], embedding: A
                           tenant: str | None) -> str | None:
     sona = _attached.get(engine)
     return None if sona is None else sona.select_adapter(prompt_ids, tenant)
+
+
+@ruvllm.hookimpl
+def ruvllm_engine_metrics(engine: Any) -> list[PluginMetric]:
+    sona = _attached.get(engine)
+    return [] if sona is None else sona.metrics()
