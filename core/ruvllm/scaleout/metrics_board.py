@@ -151,8 +151,8 @@ def combine(snapshots: Sequence[MetricsSnapshot],
 def _sum_plugins(snapshots: Sequence[MetricsSnapshot],
                  gauges: Sequence[MetricsSnapshot]) -> tuple[PluginMetric, ...]:
     """Plugins' figures added up as the engine's are: counters over every replica that reported,
-    gauges over the live ones (a gauge only dead replicas reported reads 0). A name's first
-    report sets its kind; a replica reporting it as the other kind is not added in."""
+    gauges over the live ones (a gauge only dead replicas reported reads 0). A name fixes its
+    kind (``PluginMetric`` checks the ``_total`` suffix)."""
     first: dict[str, PluginMetric] = {}
     for snap in (*snapshots, *gauges):
         for metric in snap.plugins:
@@ -160,7 +160,6 @@ def _sum_plugins(snapshots: Sequence[MetricsSnapshot],
 
     def total(metric: PluginMetric) -> float:
         group = snapshots if metric.kind == "counter" else gauges
-        return sum(m.value for snap in group for m in snap.plugins
-                   if (m.name, m.kind) == (metric.name, metric.kind))
+        return sum(m.value for snap in group for m in snap.plugins if m.name == metric.name)
 
     return tuple(attrs.evolve(metric, value=total(metric)) for metric in first.values())
