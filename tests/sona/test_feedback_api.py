@@ -61,3 +61,6 @@ def test_metrics_show_what_sona_learned_and_what_it_cost(engine, backend):
     sona.deep("test", tenant="alice")
     sona.reset()  # forgetting what was learned does not take back what was counted
     assert sona_series(client) == {**after, "consolidations_total": 1, "requests_stored": 0, "tenants": 0}
+    attach(engine, SonaOptions(**TRAIN), start=False)  # nor does binding SONA anew: its counts go on
+    reported = {m.name: m.value for m in engine.metrics().plugins}
+    assert (reported["sona_feedback_total"], reported["sona_updates_total"]) == (2, 2)

@@ -37,13 +37,14 @@ from ruvllm.types import Trajectory
 from ruvllm_sona.learner import Learner, unload
 from ruvllm_sona.options import SonaOptions
 from ruvllm_sona.store import TrajectoryStore
+from ruvllm_sona.totals import SonaTotals
 from ruvllm_sona.trainer import training_dtype
 
 log = logging.getLogger(__name__)
 
 
 class Sona:
-    def __init__(self, engine: Any, options: SonaOptions | None = None):
+    def __init__(self, engine: Any, options: SonaOptions | None = None, totals: SonaTotals | None = None):
         self.engine = engine
         self.options = opts = options or SonaOptions()
         backend = engine.backend
@@ -63,10 +64,9 @@ class Sona:
         self.frozen = False
         #: Background updates, deep runs and resets so far (any tenant's).
         self.version = 0
-        #: Totals since SONA attached, for the engine's metrics (:meth:`metrics`).
-        self.updates = 0
-        self.update_seconds = 0.0
-        self.consolidations = 0
+        #: What SONA has done on this engine, for its metrics (:meth:`metrics`); an earlier
+        #: binding's when attached again, so the counters never go back.
+        self.totals = totals or SonaTotals()
         self.last_stats: dict[str, float] = {}
         #: Seconds per instant-loop call (the serving-path cost), most recent first out.
         self.instant_seconds: collections.deque[float] = collections.deque(maxlen=100_000)
@@ -169,7 +169,10 @@ class Sona:
         self.instant_seconds.append(time.perf_counter() - start)
 
     def feedback(self, request_id: str, score: float) -> bool:
-        return self.store.feedback(request_id, score)
+        recorded = self.store.feedback(request_id, score)
+        if recorded:
+            self.totals.add(feedback=1)
+        return recorded
 
     def instant_p99(self) -> float:
         """99th percentile of the instant loop's cost, in seconds (0 before any request)."""
@@ -178,18 +181,20 @@ class Sona:
 
     def metrics(self) -> list[PluginMetric]:
         """What SONA has done on this engine, for ``/metrics``: whether it learns and what that
-        costs, without reading logs. Counts only, so Ray replicas' figures add up."""
+        costs, without reading logs. Counts only, so Ray replicas' figures add up; the totals
+        outlive a reset (which forgets what was learned, not what was done)."""
         def counter(name: str, help_: str, value: float) -> PluginMetric:
             return PluginMetric(name=f"sona_{name}_total", help=help_, kind="counter", value=value)
 
         def gauge(name: str, help_: str, value: float) -> PluginMetric:
             return PluginMetric(name=f"sona_{name}", help=help_, kind="gauge", value=value)
 
+        t = self.totals
         return [
-            counter("feedback", "Scores received for requests SONA recorded.", self.store.feedback_count),
-            counter("updates", "Background-loop updates run (one per tenant with new scores).", self.updates),
-            counter("update_seconds", "Seconds spent in background-loop updates.", self.update_seconds),
-            counter("consolidations", "Deep-loop consolidations run.", self.consolidations),
+            counter("feedback", "Scores received for requests SONA recorded.", t.feedback),
+            counter("updates", "Background-loop updates run (one per tenant with new scores).", t.updates),
+            counter("update_seconds", "Seconds spent in background-loop updates.", t.update_seconds),
+            counter("consolidations", "Deep-loop consolidations run.", t.consolidations),
             gauge("scores_waiting", "Scores not yet trained on.", len(self.store.pending_feedback())),
             gauge("requests_stored", "Finished requests held for feedback (at most sona.capacity).",
                   len(self.store)),
@@ -225,8 +230,7 @@ class Sona:
                 if done is not None:
                     stats = self.last_stats = done
                     self.version += 1
-                    self.updates += 1
-                    self.update_seconds += done["seconds"]
+                    self.totals.add(updates=1, update_seconds=done["seconds"])
             return stats
 
     # ------------------------------------------------------------------ deep loop
@@ -237,7 +241,7 @@ class Sona:
             out = self.learner(tenant).deep(self._records(tenant))
             self.store.feedback_since_deep = 0
             self.version += 1
-            self.consolidations += 1
+            self.totals.add(consolidations=1)
             log.info("SONA deep loop (%s): base LoRA rank %d, %d pattern(s)", reason, self.options.base_rank,
                      out["patterns"])
             return {"reason": reason, **out}

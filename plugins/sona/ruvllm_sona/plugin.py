@@ -23,12 +23,16 @@ from typing import TYPE_CHECKING, Any
 import ruvllm
 from ruvllm.types import Trajectory
 
+from ruvllm_sona.totals import SonaTotals
+
 if TYPE_CHECKING:
     from ruvllm.serving import PluginMetric
 
     from ruvllm_sona.options import SonaOptions
 
 _attached: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+#: Each engine's SONA counts, kept across bindings (the metrics' counters never go back).
+_totals: weakref.WeakKeyDictionary[Any, SonaTotals] = weakref.WeakKeyDictionary()
 
 
 def attach(engine: Any, options: SonaOptions | None = None, *, start: bool = True):
@@ -38,7 +42,7 @@ def attach(engine: Any, options: SonaOptions | None = None, *, start: bool = Tru
     old = _attached.pop(engine, None)
     if old is not None:
         old.close()
-    sona = Sona(engine, options)
+    sona = Sona(engine, options, _totals.setdefault(engine, SonaTotals()))
     _attached[engine] = sona
     return sona.start() if start else sona
 

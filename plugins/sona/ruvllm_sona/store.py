@@ -34,7 +34,6 @@ class TrajectoryStore:
         self.capacity = capacity
         self._records: collections.OrderedDict[str, Record] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self.feedback_count = 0
         #: Feedbacks since the last deep consolidation.
         self.feedback_since_deep = 0
 
@@ -54,7 +53,6 @@ class TrajectoryStore:
                 return False
             rec.feedback = float(score)
             rec.trained = False  # a changed score is trained on again
-            self.feedback_count += 1
             self.feedback_since_deep += 1
             return True
 
