@@ -111,20 +111,20 @@ _HISTOGRAMS = (
 )
 
 
-def _series_names(metric: PluginMetric) -> set[str]:
-    """The names (without the prefix) a plugin metric's series take: prometheus_client's counter
+def _series_names(name: str, kind: str) -> set[str]:
+    """The names (without the prefix) a metric's series take: prometheus_client's counter
     ``x_total`` also exposes ``x`` and ``x_created``."""
-    if metric.kind == "gauge":
-        return {metric.name}
-    base = metric.name.removesuffix("_total")
-    return {base, metric.name, base + "_created"}
+    if kind == "gauge":
+        return {name}
+    base = name.removesuffix("_total")
+    return {base, name, base + "_created"}
 
 
 #: Names the engine's own series take (a plugin may not report under them).
 _CORE_NAMES = frozenset(
     {name for name, *_ in _GAUGES}
-    | {name for counter, *_ in (*_COUNTERS, ("request_success_total",))
-       for name in _series_names(PluginMetric(name=counter, help="", kind="counter", value=0))}
+    | {series for counter, *_ in (*_COUNTERS, ("request_success_total",))
+       for series in _series_names(counter, "counter")}
     | {name + suffix for name, *_ in _HISTOGRAMS for suffix in ("", "_bucket", "_sum", "_count", "_created")})
 
 
@@ -296,7 +296,7 @@ class ServerMetrics:
         None when it cannot be exposed."""
         family = self._plugin_families.get(metric.name)
         if family is None and metric.name not in self._refused:
-            series = _series_names(metric)
+            series = _series_names(metric.name, metric.kind)
             if series & _CORE_NAMES:
                 return self._refuse(metric, "it is one of the engine's own metrics")
             if series & self._plugin_series:
