@@ -134,6 +134,21 @@ class ModelNotFound(ModelError):
     error_type = "model_not_found"
 
 
+class ModelStoreReadOnly(RuvllmError):
+    """A request to change the server's set of models (Ollama's ``/api/delete``, ``/api/copy``,
+    ``/api/create``, ``/api/push``): the models served are the configuration's, changed by editing
+    it, so these are refused by name instead of answering a bare 404."""
+
+    http_status = 501
+    error_type = "not_implemented"
+
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+        super().__init__(
+            f"{endpoint} is not served: ruvllm serves the models its configuration names and changes no "
+            "model store; edit [[models]] in ruvllm.toml (docs/configuration.md) and restart")
+
+
 class ModelLoadError(ModelError):
     """The weights were found but the backend could not load them."""
 

@@ -190,6 +190,7 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
                200) for label, body in (("ollama_chat", {"messages": CHAT_MESSAGES}),
                                         ("ollama_generate", {"prompt": "Hi"}))},
     "ollama_show": ({"model": "default"}, 200),
+    "ollama_pull": ({"model": "default", "stream": False}, 200),
     "ollama_embed": ({"model": "default", "input": "The cat sat on the mat."}, 200),
     "ollama_embeddings": ({"model": "default", "prompt": "The cat sat on the mat."}, 200),
     "responses": ({"model": "default", "input": "Say hello.", "max_output_tokens": 2, "temperature": 0}, 200),
@@ -433,6 +434,8 @@ def _ollama_accepted(label: str) -> Iterator[tuple[str, dict[str, Any], dict[str
         yield "verbose", {}, {"verbose": True}
     if label == "ollama_embed":
         yield "truncate", {}, {"truncate": False}
+    if label == "ollama_pull":
+        yield "insecure", {}, {"insecure": True}
 
 
 _CITED = {**_ASSISTANT_SAID, "annotations": [{"type": "url_citation", "url_citation": {
@@ -453,7 +456,7 @@ ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
     **{("responses", field): ({**BASE["responses"][0], **without}, {**BASE["responses"][0], **with_field})
        for field, without, with_field in _responses_accepted()},
     **{(label, field): ({**BASE[label][0], **without}, {**BASE[label][0], **with_field})
-       for label in (*OLLAMA, "ollama_show", "ollama_embed", "ollama_embeddings")
+       for label in (*OLLAMA, "ollama_show", "ollama_embed", "ollama_embeddings", "ollama_pull")
        for field, without, with_field in _ollama_accepted(label)},
 }
 

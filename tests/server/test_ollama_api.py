@@ -187,6 +187,25 @@ def test_the_root_says_ollama_is_running_to_anyone(server):
     assert r.status_code == 200 and r.text == "Ollama is running"
 
 
+def test_pulling_a_served_model_succeeds_and_the_model_store_is_the_configurations(llama, model_name):
+    """``ollama run`` and chat UIs pull before first use: a served model is here already. Other
+    names, and the routes that would change Ollama's model store, are refused saying what to do."""
+    assert llama.pull(model_name).status == "success"
+    assert [p.status for p in llama.pull(f"{model_name}:latest", stream=True)] == ["success"]
+    with pytest.raises(ollama.ResponseError) as err:
+        llama.pull("llama3.2")
+    assert err.value.status_code == 404
+    assert model_name in err.value.error and "[[models]]" in err.value.error
+    for endpoint, change in [("/api/delete", lambda: llama.delete(model_name)),
+                             ("/api/copy", lambda: llama.copy(model_name, "mine")),
+                             ("/api/push", lambda: llama.push(model_name)),
+                             ("/api/create", lambda: llama.create(model="mine", from_=model_name))]:
+        with pytest.raises(ollama.ResponseError) as err:
+            change()
+        assert err.value.status_code == 501 and err.value.error.startswith(f"{endpoint} is not served")
+    assert model_name in [m.model.removesuffix(":latest") for m in llama.list().models]
+
+
 @pytest.fixture(scope="module")
 def reloadable():
     """A server whose model a request may unload and the next one loads again (ruvllm serve's)."""

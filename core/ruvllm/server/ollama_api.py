@@ -1,5 +1,6 @@
 """Ollama's own API on the same engine: ``/api/chat``, ``/api/generate``, ``/api/tags``,
-``/api/show``, ``/api/ps``, ``/api/embed``, ``/api/embeddings`` and ``/api/version``.
+``/api/show``, ``/api/ps``, ``/api/embed``, ``/api/embeddings``, ``/api/version`` and ``/api/pull``
+of a served model; the routes that change Ollama's model store are refused by name.
 
 A thin surface, as :mod:`ruvllm.server.messages_api` is. A chat body is checked in Ollama's
 terms (:mod:`ruvllm.server.ollama_schemas`) and translated into the chat request every surface
@@ -29,7 +30,7 @@ import attrs
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from ruvllm.errors import ContextLengthExceeded, InvalidRequest
+from ruvllm.errors import ContextLengthExceeded, InvalidRequest, ModelStoreReadOnly
 from ruvllm.guided.request import completion_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.server.chat_run import prompt_reasoning, start_chat, thinks
@@ -43,6 +44,7 @@ from ruvllm.server.ollama_schemas import (
     OllamaEmbedRequest,
     OllamaGenerateRequest,
     OllamaOptions,
+    OllamaPullRequest,
     OllamaShowRequest,
     chat_request,
     check_generate,
@@ -261,6 +263,13 @@ async def _load_or_unload(pool: ModelPool, model: str, keep_alive: float | str |
             "done_reason": "unload" if unload else "load"}
 
 
+def _refuse_store_change(endpoint: str):
+    """The handler of an Ollama route that would change the model store (see ModelStoreReadOnly)."""
+    async def refuse() -> Response:
+        raise ModelStoreReadOnly(endpoint)
+    return refuse
+
+
 def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> None:
     """Ollama's routes on ``app``, serving ``pool``'s models within the server's ``limits``."""
     catalogue = Catalogue(pool, limits)
@@ -362,6 +371,21 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
     @app.get("/api/version")
     async def version() -> dict[str, str]:
         return {"version": OLLAMA_VERSION}
+
+    @app.post("/api/pull")
+    async def pull(body: OllamaPullRequest) -> Response:
+        """A served model is here already, so pulling it (what ``ollama run`` and chat UIs send
+        before first use) succeeds at once, downloading and loading nothing; another name is the
+        404 naming the served models."""
+        pool_name(pool, body.model)
+        done = {"status": "success"}
+        if body.stream is False:
+            return JSONResponse(done)
+        return Response(_line(done), media_type=NDJSONResponse.media_type)
+
+    for endpoint in ("/api/delete", "/api/copy", "/api/create", "/api/push"):
+        app.add_api_route(endpoint, _refuse_store_change(endpoint), methods=["POST", "DELETE"],
+                          include_in_schema=False)
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def running() -> PlainTextResponse:

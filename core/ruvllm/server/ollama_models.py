@@ -61,8 +61,8 @@ def pool_name(pool: ModelPool, name: str) -> str:
     if name in accepted or base in accepted:
         return name if name in accepted else base
     served = ", ".join(repr(tag(n)) for n in pool.served_names())
-    raise ModelNotFound(f"model {name!r} not found; this server serves {served} (GET /api/tags) and does "
-                        "not pull models")
+    raise ModelNotFound(f"model {name!r} not found; this server serves {served} (GET /api/tags) and "
+                        "downloads none: add it to [[models]] in ruvllm.toml (docs/configuration.md)")
 
 
 class Catalogue:

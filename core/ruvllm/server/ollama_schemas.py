@@ -152,6 +152,13 @@ class OllamaShowRequest(RequestBody):
     verbose: bool | None = None
 
 
+class OllamaPullRequest(RequestBody):
+    model: _Text
+    #: Registry options: nothing is downloaded (a served model is here already), so they change nothing.
+    insecure: bool | None = None
+    stream: bool | None = None
+
+
 class OllamaEmbedRequest(RequestBody):
     model: _Text
     input: str | list[str]
