@@ -52,6 +52,22 @@ def test_chat_completion_counts_real_tokens(client, server, model_name):
     assert again.choices[0].message.content == choice.message.content  # greedy is deterministic
 
 
+def test_a_developer_turn_is_the_system_turn(client, server, model_name):
+    """OpenAI's newer clients send instructions as ``developer``; chat templates know ``system``."""
+    said = {"system": "Answer in French.", "user": "Name a colour."}
+    as_system = [{"role": role, "content": text} for role, text in said.items()]
+    as_developer = [{"role": "developer", "content": said["system"]}, as_system[1]]
+    tokens = [httpx.post(server.url + "/tokenize", json={"messages": messages},
+                         headers={"Authorization": f"Bearer {API_KEY}"}).json()["tokens"]
+              for messages in (as_system, as_developer)]
+    assert tokens[0] == tokens[1] and len(tokens[0]) > 10
+    answers = [client.chat.completions.create(model=model_name, messages=messages, max_tokens=8,
+                                              temperature=0)
+               for messages in (as_system, as_developer)]
+    assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
+    assert answers[1].usage.prompt_tokens == len(tokens[1])
+
+
 def test_completion_stop_string_and_max_tokens(client, model_name):
     full = client.completions.create(model=model_name, prompt="The capital of France is",
                                      max_tokens=8, temperature=0)

@@ -47,7 +47,9 @@ class Limits:
 
 def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Plain dicts for the chat template: text content parts joined, an assistant's ``refusal``
-    as its content, ``tool_calls`` with their arguments as objects. What cannot be rendered
+    as its content, ``tool_calls`` with their arguments as objects, a ``developer`` turn (what
+    OpenAI's newer clients send for instructions) as the system turn chat templates know, as the
+    Responses API's are. What cannot be rendered
     (image or audio parts, a reference to an audio answer, the deprecated ``function_call``) is a
     400 naming it, never dropped."""
     out = []
@@ -63,7 +65,7 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             if content:
                 _refuse(f"{at}.refusal", "give the assistant's turn as content or as refusal, not both")
             content = m.refusal
-        d: dict[str, Any] = {"role": m.role, "content": content}
+        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
         if m.name:
             d["name"] = m.name
         if m.tool_call_id is not None:
