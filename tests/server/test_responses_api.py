@@ -72,6 +72,17 @@ def test_the_same_conversation_gives_the_same_answer_as_chat(client, model_name)
     assert echoed["store"] is False  # accepted, and the answer says nothing was kept
 
 
+def test_a_developer_item_is_the_instructions_turn(client, model_name):
+    """Both reach the chat template as the system turn (chat's message_dicts maps developer)."""
+    with_instructions = {**_greedy(model_name, ASK, 8), "instructions": "Be brief."}
+    with_developer = _greedy(model_name, [{"role": "developer", "content": "Be brief."},
+                                          {"role": "user", "content": ASK}], 8)
+    _warm(client, with_instructions)
+    answers = [client.responses.create(**body) for body in (with_instructions, with_developer)]
+    assert answers[0].usage.input_tokens == answers[1].usage.input_tokens
+    assert answers[0].output_text == answers[1].output_text
+
+
 def test_logprobs_are_chats(client, model_name):
     body = _greedy(model_name, "Say hi.", 4)
     _warm(client, body)

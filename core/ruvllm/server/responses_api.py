@@ -118,9 +118,10 @@ def _text(content: str | list[Any]) -> str:
 def _messages(body: ResponsesRequest) -> tuple[list[dict[str, Any]], list[str]]:
     """The conversation as chat messages, and the Responses field each came from.
 
-    ``developer`` turns are system turns (chat templates know no developer role); a model's
-    ``function_call`` items join the assistant turn they follow (text, then its calls, as the
-    model answered), and each ``function_call_output`` is a tool message."""
+    ``developer`` turns stay ``developer``: chat's message_dicts makes them the system turns
+    chat templates know, for both surfaces. A model's ``function_call`` items join the assistant
+    turn they follow (text, then its calls, as the model answered), and each
+    ``function_call_output`` is a tool message."""
     out: list[dict[str, Any]] = []
     origins: list[str] = []
 
@@ -136,8 +137,7 @@ def _messages(body: ResponsesRequest) -> tuple[list[dict[str, Any]], list[str]]:
     for i, item in enumerate(body.input):
         at = f"input[{i}]"
         if isinstance(item, MessageItem):
-            role = "system" if item.role == "developer" else item.role
-            add({"role": role, "content": _text(item.content)}, at)
+            add({"role": item.role, "content": _text(item.content)}, at)
         elif isinstance(item, FunctionCallItem):
             try:
                 json.loads(item.arguments or "{}")
