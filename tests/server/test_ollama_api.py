@@ -251,6 +251,7 @@ def test_the_models_are_listed_shown_and_running(server, llama, model_name):
     assert details.parameter_size == "134.52M"
     shown = llama.show(listed.model)  # the tag resolves to the served model
     assert shown.details == details and "tools" in shown.capabilities and "completion" in shown.capabilities
+    assert "thinking" not in shown.capabilities
     assert shown.modelinfo["llama.context_length"] == 8192 and shown.template.startswith("{%")
     (running,) = llama.ps().models
     assert running.model == listed.model and running.context_length == 8192 and running.size_vram == 0
@@ -316,6 +317,7 @@ def thinking_llama(tmp_path_factory):
 def test_a_reasoning_models_thinking_comes_apart_from_the_answer(thinking_llama):
     llama = thinking_llama
     model = llama.list().models[0].model
+    assert "thinking" in llama.show(model).capabilities
     ask = {"model": model, "format": WORD, "options": greedy(40)}
     answer = llama.chat(**ask, messages=ASK, think=True)
     assert answer.message.content == "" and answer.done_reason == "stop"

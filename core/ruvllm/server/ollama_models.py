@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ruvllm.errors import ModelNotFound
+from ruvllm.server.chat_run import thinks
 from ruvllm.server.model_pool import ModelEntry, ModelPool, ModelState, Route
 from ruvllm.server.params import Limits
 
@@ -127,6 +128,8 @@ class Catalogue:
         capabilities = ["completion", "tools"]  # tools on every model (guided/tools.py)
         if route.engine.capabilities.embeddings:
             capabilities.append("embedding")
+        if thinks(route, self.limits):  # Ollama's CLI and UIs offer `think` on these alone
+            capabilities.append("thinking")
         model_info: dict[str, Any] = {"general.architecture": info.architecture,
                                       f"{info.architecture}.context_length":
                                           self.limits.context_length(info.context_length),
