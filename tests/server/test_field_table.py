@@ -303,6 +303,7 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
     ("completions", "best_of"): ({"prompt": "Hi", "best_of": 2}, "best_of"),
     ("completions", "suffix"): ({"prompt": "def f(x):", "suffix": "    return y"}, "suffix"),
     ("embeddings", "dimensions"): ({"input": "Hi", "dimensions": 8}, "dimensions"),
+    ("chat", "store"): ({**BASE["chat"][0], "store": True}, "store"),
     **{(label, "stream_options.include_obfuscation"): (
         {**BASE[label][0], "stream": True, "stream_options": {"include_obfuscation": True}},
         "stream_options.include_obfuscation") for label in ("chat", "completions")},
@@ -444,6 +445,9 @@ _CITED = {**_ASSISTANT_SAID, "annotations": [{"type": "url_citation", "url_citat
 ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
     **{(label, "user"): (BASE[label][0], {**BASE[label][0], "user": "end-user-7f3a"})
        for label in ("chat", "completions", "embeddings")},
+    **{("chat", field): (BASE["chat"][0], {**BASE["chat"][0], field: value}) for field, value in (
+        ("metadata", {"ticket": "7"}), ("safety_identifier", "end-user-7f3a"),
+        ("prompt_cache_key", "faq-v2"))},
     **{(label, "messages[].annotations"): (
         {**BASE["chat"][0], "messages": [*CHAT_MESSAGES, _ASSISTANT_SAID, *CHAT_MESSAGES]},
         {**BASE["chat"][0], "messages": [*CHAT_MESSAGES, _CITED, *CHAT_MESSAGES]})

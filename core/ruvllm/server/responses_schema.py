@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.schemas import RequestBody, StrictModel
+from ruvllm.server.schemas import Metadata, RequestBody, StrictModel
 from ruvllm.types import MAX_LOGPROBS
 
 _Text = Annotated[str, Field(min_length=1)]
@@ -244,8 +244,7 @@ class ResponsesRequest(RequestBody):
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
     background: bool | None = None
-    metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
-                        Field(max_length=16)] | None = None
+    metadata: Metadata | None = None
     #: Accepted, unused: end-user ids (as chat's ``user``); nothing here is kept per user.
     user: str | None = None
     safety_identifier: str | None = None

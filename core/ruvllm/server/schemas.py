@@ -110,8 +110,22 @@ class ChatMessage(StrictModel):
     annotations: list[Any] | None = None
 
 
+#: OpenAI's ``metadata``: up to 16 string pairs (keys up to 64 characters, values up to 512).
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                     Field(max_length=16)]
+
+
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
+    #: OpenAI's stored completions: only false (nothing is stored; refused when true, below).
+    store: bool | None = None
+    #: Accepted, unused: tags OpenAI keeps with a stored completion, and nothing is stored.
+    metadata: Metadata | None = None
+    #: Accepted, unused, as the Responses API's: an end-user id for OpenAI's abuse monitoring
+    #: (ruvllm keeps no per-user policy) and a routing hint for OpenAI's prompt cache (the
+    #: engine's prefix cache serves every cached prefix by itself).
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -119,6 +133,13 @@ class ChatCompletionRequest(_Request):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _nothing_to_store(self) -> ChatCompletionRequest:
+        if self.store:
+            raise InvalidRequest("store", "this server stores no completions (stateless), so nothing could "
+                                 "be fetched later; leave store out or send false")
+        return self
 
 
 class CompletionRequest(_Request):
