@@ -85,6 +85,15 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
     return out
 
 
+#: The variables render_chat gives every template, and where each comes from.
+_TEMPLATE_VARIABLES = {
+    "messages": "the request's messages", "tools": "the request's tools",
+    "add_generation_prompt": "always true for a new answer", "bos_token": "the model's tokenizer",
+    "eos_token": "the model's tokenizer", "raise_exception": "a template function",
+    "strftime_now": "a template function",
+}
+
+
 def render_chat(
     template: str | None,
     messages: Sequence[Mapping[str, Any]],
@@ -93,16 +102,26 @@ def render_chat(
     eos_token: str = "",
     add_generation_prompt: bool = True,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """The prompt text for ``messages``; special tokens in it are parsed when tokenizing.
 
     ``tools`` (OpenAI's tool dicts) reach the template as transformers passes them; a template
-    that does not use them renders the same prompt as without."""
+    that does not use them renders the same prompt as without. ``template_kwargs`` are further
+    variables, as ``apply_chat_template(**kwargs)`` passes them (vLLM's ``chat_template_kwargs``:
+    Qwen3's ``enable_thinking``); they cannot replace the variables set here."""
     checked = validate_messages(messages)
+    extra = dict(template_kwargs or {})
+    clashes = sorted(extra.keys() & _TEMPLATE_VARIABLES.keys())
+    if clashes:
+        name = clashes[0]
+        raise InvalidRequest(f"chat_template_kwargs.{name}",
+                             f"is set by ruvllm ({_TEMPLATE_VARIABLES[name]}); remove it")
     try:
         if template is None:
             _log_chatml_fallback()
         return _compile(template or CHATML).render(
+            **extra,
             messages=checked,
             add_generation_prompt=add_generation_prompt,
             tools=list(tools) if tools else None,

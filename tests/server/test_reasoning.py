@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import uuid
 
+import httpx
 import pytest
 from ruvllm.chat import render_chat
 from ruvllm.reasoning import Reasoning, reasoning_for
@@ -32,7 +33,8 @@ anthropic = pytest.importorskip("anthropic")
 ollama = pytest.importorskip("ollama")
 
 #: After Qwen3's template: earlier answers are rendered without their thinking, and a new turn
-#: starts on the assistant's line (the model opens the block itself).
+#: starts on the assistant's line (the model opens the block itself), or with an empty block
+#: closed when ``chat_template_kwargs`` sets ``enable_thinking`` false.
 THINK_TEMPLATE = """{%- for message in messages %}
 {%- set content = message.content %}
 {%- if message.role == "assistant" and "</think>" in content %}
@@ -40,7 +42,11 @@ THINK_TEMPLATE = """{%- for message in messages %}
 {%- endif %}
 {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
 {%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}
+{{- '<think>\\n\\n</think>\\n\\n' }}
+{%- endif %}
+{%- endif %}"""
 MESSAGES = [{"role": "user", "content": "What is two plus two?"}]
 #: A thinking block, then an answer: the model chooses every letter.
 THINK_THEN_ANSWER = r"<think>\n[a-z ]{4,24}\n</think>\n\n[A-Za-z]{2,20}"
@@ -87,6 +93,30 @@ def test_thinking_comes_back_apart_from_the_answer(thinking_server, client):
     message = _chat(client).choices[0].message
     assert message.reasoning_content == m.group(1).strip()
     assert message.content == m.group(2)
+
+
+def test_chat_template_kwargs_reach_the_template(thinking_server, client):
+    """vLLM's ``chat_template_kwargs``: Qwen3's ``enable_thinking: false`` closes an empty thinking
+    block in the prompt, so the whole answer is the answer; /tokenize counts the same prompt; the
+    variables ruvllm sets cannot be replaced."""
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    model = client.models.list().data[0].id
+    answer = client.chat.completions.create(
+        model=model, messages=MESSAGES, temperature=0, max_tokens=20,
+        extra_body={**off, "guided_regex": "[A-Za-z]{2,20}", "cache_salt": uuid.uuid4().hex})
+    message = answer.choices[0].message
+    assert message.content and message.model_dump().get("reasoning_content") is None
+    counts = [httpx.post(thinking_server.url + "/tokenize", json={"messages": MESSAGES, **kwargs},
+                         headers={"Authorization": f"Bearer {API_KEY}"}).json()["count"]
+              for kwargs in ({}, off)]
+    assert counts[1] == answer.usage.prompt_tokens > counts[0]
+    as_is = httpx.post(thinking_server.url + "/tokenize", json={"prompt": "Hi", **off},
+                       headers={"Authorization": f"Bearer {API_KEY}"})
+    assert as_is.status_code == 400 and as_is.json()["error"]["param"] == "chat_template_kwargs"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2,
+                                       extra_body={"chat_template_kwargs": {"messages": []}})
+    assert err.value.body["param"] == "chat_template_kwargs.messages"
 
 
 def test_streamed_thinking_and_answer_add_up_to_the_whole(client):

@@ -41,7 +41,8 @@ async def chat_prompt(route: Route, body: ChatCompletionRequest) -> list[int]:
 async def _constrained_prompt(route: Route,
                               body: ChatCompletionRequest) -> tuple[RequestConstraint, list[int]]:
     constraint = chat_constraint(body, route.engine.info.chat_template)
-    return constraint, await chat_prompt_ids(route.engine, body.messages, constraint.tools)
+    return constraint, await chat_prompt_ids(route.engine, body.messages, constraint.tools,
+                                             body.chat_template_kwargs)
 
 
 async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, *, id_prefix: str) -> ChatRun:

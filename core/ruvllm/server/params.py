@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import attrs
@@ -134,15 +134,18 @@ def _template_tool_calls(calls: Any, field: str) -> list[Any]:
 
 
 async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage],
-                          tools: ToolPlan | None = None) -> list[int]:
+                          tools: ToolPlan | None = None,
+                          template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
     """Token ids of ``messages`` (and the plan's tools) in the model's own chat template (as
-    ``LLM.chat_prompt``); a template that renders no tools gets them taught in the conversation."""
+    ``LLM.chat_prompt``), with the request's ``chat_template_kwargs``; a template that renders no
+    tools gets them taught in the conversation."""
     st = engine.info.special_tokens
     dicts = message_dicts(messages)
     if tools is not None:
         dicts = taught_conversation(dicts, tools)
     text = render_chat(engine.info.chat_template, dicts,
-                       bos_token=st.bos_text, eos_token=st.eos_text, tools=tools and tools.rendered)
+                       bos_token=st.bos_text, eos_token=st.eos_text, tools=tools and tools.rendered,
+                       template_kwargs=template_kwargs)
     return await engine.encode_async(text, add_special=False, parse_special=True)
 
 

@@ -126,6 +126,8 @@ class ChatCompletionRequest(_Request):
     #: engine's prefix cache serves every cached prefix by itself).
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    #: vLLM's: more variables for the model's chat template (Qwen3's ``enable_thinking``).
+    chat_template_kwargs: dict[str, Any] | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -160,6 +162,8 @@ class TokenizeRequest(RequestBody):
     #: With ``prompt``: add the model's BOS. With ``messages`` the chat template places the special
     #: tokens, so only false (vLLM's default for chat) is accepted.
     add_special_tokens: bool = True
+    #: With ``messages``: as chat's, so that the count is the chat request's.
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _special_tokens_with_messages(self) -> TokenizeRequest:
@@ -167,6 +171,9 @@ class TokenizeRequest(RequestBody):
                 "add_special_tokens" in self.model_fields_set:
             raise InvalidRequest("add_special_tokens", "cannot be true with messages: the chat template "
                                  "places the special tokens; leave it out (or false) with messages")
+        if self.messages is None and self.chat_template_kwargs is not None:
+            raise InvalidRequest("chat_template_kwargs", "is for the chat template, which renders messages; "
+                                 "a prompt is tokenized as is")
         return self
 
 
