@@ -111,7 +111,7 @@ def render_chat(
     variables, as ``apply_chat_template(**kwargs)`` passes them (vLLM's ``chat_template_kwargs``:
     Qwen3's ``enable_thinking``); they cannot replace the variables set here."""
     checked = validate_messages(messages)
-    extra = dict(template_kwargs or {})
+    extra = template_kwargs or {}
     clashes = sorted(extra.keys() & _TEMPLATE_VARIABLES.keys())
     if clashes:
         name = clashes[0]

@@ -100,6 +100,7 @@ def test_chat_template_kwargs_reach_the_template(thinking_server, client):
     block in the prompt, so the whole answer is the answer; /tokenize counts the same prompt; the
     variables ruvllm sets cannot be replaced."""
     off = {"chat_template_kwargs": {"enable_thinking": False}}
+    auth = {"Authorization": f"Bearer {API_KEY}"}
     model = client.models.list().data[0].id
     answer = client.chat.completions.create(
         model=model, messages=MESSAGES, temperature=0, max_tokens=20,
@@ -107,11 +108,9 @@ def test_chat_template_kwargs_reach_the_template(thinking_server, client):
     message = answer.choices[0].message
     assert message.content and message.model_dump().get("reasoning_content") is None
     counts = [httpx.post(thinking_server.url + "/tokenize", json={"messages": MESSAGES, **kwargs},
-                         headers={"Authorization": f"Bearer {API_KEY}"}).json()["count"]
-              for kwargs in ({}, off)]
+                         headers=auth).json()["count"] for kwargs in ({}, off)]
     assert counts[1] == answer.usage.prompt_tokens > counts[0]
-    as_is = httpx.post(thinking_server.url + "/tokenize", json={"prompt": "Hi", **off},
-                       headers={"Authorization": f"Bearer {API_KEY}"})
+    as_is = httpx.post(thinking_server.url + "/tokenize", json={"prompt": "Hi", **off}, headers=auth)
     assert as_is.status_code == 400 and as_is.json()["error"]["param"] == "chat_template_kwargs"
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2,

@@ -48,10 +48,9 @@ class Limits:
 def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Plain dicts for the chat template: text content parts joined, an assistant's ``refusal``
     as its content, ``tool_calls`` with their arguments as objects, a ``developer`` turn (what
-    OpenAI's newer clients send for instructions) as the system turn chat templates know, as the
-    Responses API's are. What cannot be rendered
-    (image or audio parts, a reference to an audio answer, the deprecated ``function_call``) is a
-    400 naming it, never dropped."""
+    OpenAI's newer clients send for instructions) as the system turn chat templates know, for chat
+    and the Responses API alike. What cannot be rendered (image or audio parts, a reference to an
+    audio answer, the deprecated ``function_call``) is a 400 naming it, never dropped."""
     out = []
     for i, m in enumerate(messages):
         at = f"messages[{i}]"
