@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ruvllm.chat import CHATML, render_chat, validate_messages
+from ruvllm.chat import CHATML, TemplateOptions, render_chat, validate_messages
 from ruvllm.errors import InvalidRequest
 
 #: SmolLM2-135M-Instruct's template, as stored in the embedded GGUF (tokenizer.chat_template).
@@ -41,11 +41,67 @@ def test_smollm2_template_with_a_system_message_and_no_generation_prompt():
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "4"},
     ]
-    out = render_chat(SMOLLM2_TEMPLATE, msgs, add_generation_prompt=False)
+    out = render_chat(SMOLLM2_TEMPLATE, msgs, options=TemplateOptions(add_generation_prompt=False))
     assert out == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
         "<|im_start|>assistant\n4<|im_end|>\n"
     )
+
+
+PREFILL = [{"role": "user", "content": "List three colours."},
+           {"role": "assistant", "content": "1. Red\n2."}]
+CLOSED = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+          "<|im_end|>\n<|im_start|>user\nList three colours.<|im_end|>\n"
+          "<|im_start|>assistant\n1. Red\n2.<|im_end|>\n")
+NEW_ANSWER = CLOSED + "<|im_start|>assistant\n"
+
+
+def _prefill(**options) -> str:
+    return render_chat(SMOLLM2_TEMPLATE, PREFILL, options=TemplateOptions(**options))
+
+
+def test_a_final_assistant_message_is_continued_unless_the_request_says_otherwise():
+    """llama-server's, Ollama's and Anthropic's prefill when nothing is asked; vLLM's fields, once
+    either is set, mean what they mean there."""
+    continued = CLOSED.removesuffix("<|im_end|>\n")
+    assert _prefill() == _prefill(continue_final_message=True) == continued
+    assert _prefill(continue_final_message=False) == _prefill(add_generation_prompt=True) == NEW_ANSWER
+    assert _prefill(add_generation_prompt=False) == CLOSED
+
+
+def test_continuing_keeps_the_final_messages_own_spacing_and_takes_its_last_occurrence():
+    messages = [{"role": "user", "content": "Say 1. Red"}, {"role": "assistant", "content": "1. Red "}]
+    out = render_chat(CHATML, messages)
+    assert out == "<|im_start|>user\nSay 1. Red<|im_end|>\n<|im_start|>assistant\n1. Red "
+    stripping = CHATML.replace("message['content']", "message['content'] | trim")
+    assert render_chat(stripping, messages).endswith("<|im_start|>assistant\n1. Red")
+
+
+@pytest.mark.parametrize("options, final, field", [
+    (TemplateOptions(add_generation_prompt=True, continue_final_message=True), PREFILL[-1],
+     "continue_final_message"),
+    (TemplateOptions(continue_final_message=True), {"role": "assistant", "content": " "},
+     "messages[1].content"),
+])
+def test_a_continuation_that_cannot_be_rendered_names_the_field(options, final, field):
+    with pytest.raises(InvalidRequest) as err:
+        render_chat(SMOLLM2_TEMPLATE, [PREFILL[0], final], options=options)
+    assert err.value.field == field
+
+
+def test_a_template_that_rewrites_the_final_message_cannot_continue_it():
+    upper = CHATML.replace("message['content']", "message['content'] | upper")
+    with pytest.raises(InvalidRequest, match="changes it") as err:
+        render_chat(upper, PREFILL)
+    assert err.value.field == "messages[1].content"
+    assert render_chat(upper, PREFILL, options=TemplateOptions(continue_final_message=False)).endswith(
+        "1. RED\n2.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_final_assistant_turn_of_tool_calls_is_not_continued():
+    calls = [{"type": "function", "function": {"name": "f", "arguments": {}}}]
+    messages = [PREFILL[0], {"role": "assistant", "content": "", "tool_calls": calls}]
+    assert render_chat(CHATML, messages).endswith("<|im_end|>\n<|im_start|>assistant\n")
 
 
 def gguf_metadata_string(path, wanted: str) -> str | None:

@@ -210,7 +210,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequest("prompt", "give exactly one of prompt or messages")
         if body.messages is not None:
-            ids = await chat_prompt_ids(engine, body.messages, template_kwargs=body.chat_template_kwargs)
+            ids = await chat_prompt_ids(engine, body.messages, options=body.template_options())
         else:
             text = require_encodable("prompt", body.prompt or "")
             # The engine refuses an empty prompt; "" is still a fair question here (the BOS alone),

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import attrs
 
+from ruvllm.errors import InvalidRequest
 from ruvllm.guided.request import RequestConstraint, chat_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.reasoning import Reasoning, reasoning_for
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService, Submission
 from ruvllm.server.model_pool import Route
-from ruvllm.server.params import Limits, chat_prompt_ids, seeded
+from ruvllm.server.params import Limits, chat_prompt_ids, message_dicts, seeded
 from ruvllm.server.responses import ChatFormatter
 from ruvllm.server.scheduling import submit_options
 from ruvllm.server.schemas import ChatCompletionRequest
@@ -41,8 +42,14 @@ async def chat_prompt(route: Route, body: ChatCompletionRequest) -> list[int]:
 async def _constrained_prompt(route: Route,
                               body: ChatCompletionRequest) -> tuple[RequestConstraint, list[int]]:
     constraint = chat_constraint(body, route.engine.info.chat_template)
-    return constraint, await chat_prompt_ids(route.engine, body.messages, constraint.tools,
-                                             body.chat_template_kwargs)
+    options = body.template_options()
+    ids = await chat_prompt_ids(route.engine, body.messages, constraint.tools, options)
+    if constraint.spec is not None and options.continues(message_dicts(body.messages)):
+        raise InvalidRequest(constraint.spec.field, "cannot constrain a continued final message (assistant "
+                             "prefill): the grammar starts at the answer's first token, and this answer "
+                             "starts inside the final message; drop one (continue_final_message: false "
+                             "starts a new answer)")
+    return constraint, ids
 
 
 async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, *, id_prefix: str) -> ChatRun:

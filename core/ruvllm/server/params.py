@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import attrs
 
-from ruvllm.chat import render_chat
+from ruvllm.chat import DEFAULT_OPTIONS, TemplateOptions, render_chat
 from ruvllm.errors import InvalidRequest
 from ruvllm.guided.tools import ToolPlan, taught_conversation
 from ruvllm.server.schemas import (
@@ -134,9 +134,9 @@ def _template_tool_calls(calls: Any, field: str) -> list[Any]:
 
 async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage],
                           tools: ToolPlan | None = None,
-                          template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+                          options: TemplateOptions = DEFAULT_OPTIONS) -> list[int]:
     """Token ids of ``messages`` (and the plan's tools) in the model's own chat template (as
-    ``LLM.chat_prompt``), with the request's ``chat_template_kwargs``; a template that renders no
+    ``LLM.chat_prompt``), rendered as the request asks (``options``); a template that renders no
     tools gets them taught in the conversation."""
     st = engine.info.special_tokens
     dicts = message_dicts(messages)
@@ -144,7 +144,7 @@ async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage],
         dicts = taught_conversation(dicts, tools)
     text = render_chat(engine.info.chat_template, dicts,
                        bos_token=st.bos_text, eos_token=st.eos_text, tools=tools and tools.rendered,
-                       template_kwargs=template_kwargs)
+                       options=options)
     return await engine.encode_async(text, add_special=False, parse_special=True)
 
 

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ruvllm.chat import TemplateOptions
 from ruvllm.errors import InvalidRequest
 from ruvllm.server.strict_fields import refuse_unknown_fields
 from ruvllm.types import MAX_LOGIT_BIAS, MAX_LOGPROBS
@@ -115,7 +116,23 @@ Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, F
                      Field(max_length=16)]
 
 
-class ChatCompletionRequest(_Request):
+class ChatTemplateFields(BaseModel):
+    """vLLM's fields for how the messages become a prompt (ruvllm.chat.TemplateOptions), shared by
+    chat and ``/tokenize`` so that a count is the chat request's."""
+
+    #: More variables for the model's chat template (Qwen3's ``enable_thinking``).
+    chat_template_kwargs: dict[str, Any] | None = None
+    #: End the prompt with the header of a new answer (default: unless the final message is continued).
+    add_generation_prompt: bool | None = None
+    #: Leave the final message open for the model to continue (default: a final assistant message).
+    continue_final_message: bool | None = None
+
+    def template_options(self) -> TemplateOptions:
+        return TemplateOptions(self.add_generation_prompt, self.continue_final_message,
+                               self.chat_template_kwargs)
+
+
+class ChatCompletionRequest(_Request, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     #: OpenAI's stored completions: only false (nothing is stored; refused when true, below).
     store: bool | None = None
@@ -126,8 +143,6 @@ class ChatCompletionRequest(_Request):
     #: engine's prefix cache serves every cached prefix by itself).
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    #: vLLM's: more variables for the model's chat template (Qwen3's ``enable_thinking``).
-    chat_template_kwargs: dict[str, Any] | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -155,15 +170,13 @@ class CompletionRequest(_Request):
     suffix: str | None = None
 
 
-class TokenizeRequest(RequestBody):
+class TokenizeRequest(RequestBody, ChatTemplateFields):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     #: With ``prompt``: add the model's BOS. With ``messages`` the chat template places the special
     #: tokens, so only false (vLLM's default for chat) is accepted.
     add_special_tokens: bool = True
-    #: With ``messages``: as chat's, so that the count is the chat request's.
-    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _special_tokens_with_messages(self) -> TokenizeRequest:
@@ -171,8 +184,9 @@ class TokenizeRequest(RequestBody):
                 "add_special_tokens" in self.model_fields_set:
             raise InvalidRequest("add_special_tokens", "cannot be true with messages: the chat template "
                                  "places the special tokens; leave it out (or false) with messages")
-        if self.messages is None and self.chat_template_kwargs is not None:
-            raise InvalidRequest("chat_template_kwargs", "is for the chat template, which renders messages; "
+        template_fields = sorted(ChatTemplateFields.model_fields.keys() & self.model_fields_set)
+        if self.messages is None and template_fields:
+            raise InvalidRequest(template_fields[0], "is for the chat template, which renders messages; "
                                  "a prompt is tokenized as is")
         return self
 
