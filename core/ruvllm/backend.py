@@ -14,7 +14,7 @@ suite (:mod:`ruvllm.testing`) checks exactly that.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -141,13 +141,17 @@ def sample_stream(
     params: GenerationParams,
     vocab_size: int,
     room: int,
+    *,
+    end_ids: Collection[int] | None = None,
 ) -> Iterator[SampledToken]:
     """Generate with core's sampler on top of an engine that returns logits.
 
     ``evaluate(tokens)`` appends ``tokens`` to the request's sequence and returns the logits of
     the last position. ``room`` is how many tokens fit after the prompt in the context window.
+    ``end_ids`` (``ruvllm.generation.ending_ids(params, tokenizer)``) lets the sampler honour
+    ``min_tokens``; without them a request asking for it is refused.
     """
-    sampler = Sampler(params, vocab_size, prompt_ids)
+    sampler = Sampler(params, vocab_size, prompt_ids, end_ids=end_ids)
     logits = evaluate(prompt_ids)
     for produced in range(room):
         token = sampler.sample(logits)

@@ -48,6 +48,13 @@ def require_core_sampler(path: str, backend_name: str, field: str, what: str) ->
             "that has an executor (llamacpp, candle_like, mlx)")
 
 
+def ending_ids(params: GenerationParams, tokenizer: Tokenizer) -> frozenset[int]:
+    """The token ids that end a request: its ``stop_token_ids``, and EOS unless ``ignore_eos``
+    (what core's sampler keeps out until ``min_tokens``)."""
+    eos = frozenset() if params.ignore_eos else frozenset(tokenizer.eos_ids)
+    return frozenset(params.stop_token_ids) | eos
+
+
 class RequestOutputBuilder:
     """Accumulates one request's tokens and decides when and why it finishes."""
 
@@ -57,9 +64,7 @@ class RequestOutputBuilder:
         self.prompt_len = len(prompt_ids)
         self._detok = IncrementalDetokenizer(tokenizer, context=prompt_ids)
         self._stops = StopStringMatcher(params.stop)
-        self._stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            self._stop_ids.update(tokenizer.eos_ids)
+        self._stop_ids = ending_ids(params, tokenizer)
         self.token_ids: list[int] = []
         self._text: list[str] = []
         self._logprobs: list[TokenLogprob] = []
@@ -79,6 +84,9 @@ class RequestOutputBuilder:
         text = ""
         if tid in self._stop_ids:
             self.finish_reason, self.stop_reason = FinishReason.STOP, tid
+        elif index < self.params.min_tokens:
+            # vLLM's min_tokens: stop strings are matched only in what follows.
+            text = self._detok.push(tid)
         else:
             text = self._stops.feed(self._detok.push(tid))
             if self._stops.matched is not None:

@@ -8,10 +8,11 @@ looked for among the top candidates first and the full sort only happens when it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
+from ruvllm.errors import InvalidRequest
 from ruvllm.types import GenerationParams, SampledToken
 
 _NUCLEUS_PROBE = 1024
@@ -37,8 +38,18 @@ class Sampler:
     """
 
     def __init__(self, params: GenerationParams, vocab_size: int, prompt_ids: Sequence[int] = (),
-                 logits_processors: Sequence[LogitsProcessor] = ()):
+                 logits_processors: Sequence[LogitsProcessor] = (), *,
+                 end_ids: Collection[int] | None = None):
+        """``end_ids``: the tokens that would end the request (generation.ending_ids), kept out
+        until ``params.min_tokens`` tokens are chosen; a caller that cannot say refuses min_tokens."""
         self.params = params
+        self._end_ids = None
+        if params.min_tokens:
+            if end_ids is None:
+                raise InvalidRequest("min_tokens", "this backend does not tell core's sampler which tokens "
+                                     "end a request (sample_stream's end_ids), so min_tokens cannot be "
+                                     "honoured; drop min_tokens or serve the model through the engine")
+            self._end_ids = np.asarray(sorted(end_ids), dtype=np.int64)
         self._rng = np.random.default_rng(params.seed)
         self._processors = tuple(logits_processors)
         self._output: list[int] = []
@@ -78,6 +89,8 @@ class Sampler:
         for processor in self._processors:
             # A copy per processor: a processor may write in place, the model's row stays intact.
             scores = np.asarray(processor(tuple(self._output), scores.copy()), dtype=np.float32)
+        if self._end_ids is not None and len(self._output) < p.min_tokens:
+            scores = _without(scores, self._end_ids)
         scores = self._penalised(scores) if self._counts is not None else scores
         if p.greedy:
             token = int(np.argmax(scores))
@@ -140,6 +153,14 @@ class Sampler:
             return SampledToken(token_id=token)
         lp = log_softmax(raw)
         return SampledToken(token_id=token, logprob=float(lp[token]), top_logprobs=top_logprobs(lp, n))
+
+
+def _without(scores: np.ndarray, banned: np.ndarray) -> np.ndarray:
+    """``scores`` with ``banned`` at -inf, unless nothing else is left: a grammar that allows
+    only the end (its answer is complete) still ends the request."""
+    kept = scores.copy()
+    kept[banned[banned < len(kept)]] = -np.inf
+    return kept if np.isfinite(kept).any() else scores
 
 
 def _finite_top(scores: np.ndarray) -> np.ndarray:

@@ -118,6 +118,13 @@ def _logit_bias(value: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None) -> 
     return tuple(sorted(out.items()))
 
 
+def _min_tokens(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    _int_at_least(0)(instance, attribute, value)
+    if value > instance.max_tokens:
+        raise InvalidRequest("min_tokens", f"must be at most max_tokens ({instance.max_tokens}); got {value}",
+                             value)
+
+
 def _adapter_name(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is not None and (not isinstance(value, str) or not value.strip()):
         raise InvalidRequest("adapter", f"must be a non-empty adapter name (or null for the base model), "
@@ -139,6 +146,10 @@ class GenerationParams:
 
     #: 0 generates nothing: the request scores its prompt (``prompt_logprobs``) or only echoes it.
     max_tokens: int = attrs.field(default=256, validator=_int_at_least(0))
+    #: vLLM's: this many tokens at least before the request may end: the tokens that would end it
+    #: (EOS unless ``ignore_eos``, ``stop_token_ids``) are not sampled and stop strings are not
+    #: matched until then. Needs core's sampler; a grammar that is complete still ends the answer.
+    min_tokens: int = attrs.field(default=0, validator=_min_tokens)
     temperature: float = attrs.field(default=0.0, validator=_range(0.0, 2.0))
     top_p: float = attrs.field(default=1.0, validator=_range(0.0, 1.0, low_open=True))
     top_k: int = attrs.field(default=0, validator=_int_at_least(0))

@@ -376,10 +376,23 @@ class OverclaimedPoolLlamaCppBackend(LlamaCppBackend):
         return executor
 
 
+# ----------------------------------------------------------------------- 15. min_tokens ignored
+
+
+class MinTokensIgnoredLlamaCppBackend(LlamaCppBackend):
+    """The request's ``min_tokens`` does not reach the sampler (an engine sampling by itself,
+    with no minimum length): the answer ends at its first EOS."""
+
+    name: ClassVar[str] = "llamacpp-min-tokens-ignored"
+
+    def _run(self, prompt: list[int], params: GenerationParams) -> Iterator[SampledToken]:
+        return super()._run(prompt, attrs.evolve(params, min_tokens=0))
+
+
 MUTANTS = (
     KeptKvLlamaCppBackend, PositionsContinueLlamaCppBackend, FirstTokenPrefixLlamaCppBackend,
     StopsOneShortLlamaCppBackend, PerTokenStopLlamaCppBackend, EosBannedLlamaCppBackend,
     FixedSeedLlamaCppBackend, DropsHeldBackLlamaCppBackend, TemperatureIgnoredLlamaCppBackend,
     OverlongLeavesKvLlamaCppBackend, StaleKvLlamaCppBackend, SlotOrderRowsLlamaCppBackend,
-    SlidingWindowLlamaCppBackend, OverclaimedPoolLlamaCppBackend,
+    SlidingWindowLlamaCppBackend, OverclaimedPoolLlamaCppBackend, MinTokensIgnoredLlamaCppBackend,
 )

@@ -87,6 +87,7 @@ MUTATIONS = (
              ("--ruvllm-max-context", "1024")),
     Mutation(14, M.OverclaimedPoolLlamaCppBackend,
              ("TestKvPool::test_demand_beyond_the_pool_completes_every_request",)),
+    Mutation(15, M.MinTokensIgnoredLlamaCppBackend, ("TestOutputs::test_min_tokens_keeps_the_end_out",)),
 )
 
 

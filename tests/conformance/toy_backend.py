@@ -27,6 +27,7 @@ import numpy as np
 from ruvllm import Capabilities, LlmBackend, ModelInfo, ModelSource, SampledToken, SpecialTokens
 from ruvllm.backend import sample_stream
 from ruvllm.executor import BatchEntry, KvLayout
+from ruvllm.generation import ending_ids
 from ruvllm.types import GenerationParams
 
 BOS, EOS, IM_START = 256, 257, 258
@@ -161,7 +162,8 @@ class ToyBackend(LlmBackend):
             return self._logits(self._kv)
 
         try:
-            yield from sample_stream(evaluate, prompt_ids, params, VOCAB, CONTEXT - len(prompt_ids))
+            yield from sample_stream(evaluate, prompt_ids, params, VOCAB, CONTEXT - len(prompt_ids),
+                                     end_ids=ending_ids(params, self.tokenizer))
         finally:
             if not self._leaky:
                 self._kv = []

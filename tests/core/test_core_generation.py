@@ -228,3 +228,12 @@ def test_context_length_exceeded_carries_the_numbers():
 
 def test_a_prompt_that_exactly_fits_is_accepted():
     check_prompt(list(range(8)), GenerationParams(max_tokens=4), context_length=12, vocab_size=10)
+
+
+def test_stop_strings_are_matched_only_after_min_tokens():
+    """vLLM's min_tokens: a stop string inside the first ``min_tokens`` tokens is text."""
+    ids = text_ids("a.b.c.d")
+    result, outputs, _ = run(ids, stop=["."], min_tokens=3)
+    assert result.text == "a.b" and result.stop_reason == "."
+    assert "".join(o.text for o in outputs) == result.text
+    assert run(ids, stop=["."])[0].text == "a"

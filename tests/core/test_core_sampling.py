@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from ruvllm.errors import InvalidRequest
 from ruvllm.sampling import Sampler, _draw_index, _nucleus, log_softmax, top_logprobs
 from ruvllm.types import GenerationParams
 
@@ -360,3 +361,34 @@ def test_one_nucleus_sample_on_a_real_vocab_size_runs():
     elapsed_us = (time.perf_counter() - t0) * 1e6
     print(f"one top_p=0.9 sample on a 49152 vocab: {elapsed_us:.0f} us")
     assert 0 <= tok.token_id < 49_152
+
+
+def test_min_tokens_keeps_the_end_ids_out_until_reached():
+    """EOS and stop ids are not sampled before ``min_tokens``, even when they are the argmax."""
+    logits = np.array([5.0, 1.0, 0.0, 4.0], dtype=np.float32)  # 0: EOS, 3: a stop id
+    sampler = Sampler(GenerationParams(temperature=0, min_tokens=2), 4, end_ids={0, 3})
+    assert [sampler.sample(logits).token_id for _ in range(3)] == [1, 1, 0]
+
+
+def test_min_tokens_lets_a_complete_grammar_end_the_answer():
+    """A grammar that allows nothing but the end wins over min_tokens: no token is invented."""
+    only_end = np.array([0.0, -np.inf, -np.inf], dtype=np.float32)
+    sampler = Sampler(GenerationParams(temperature=0, min_tokens=5), 3, end_ids={0})
+    assert sampler.sample(only_end).token_id == 0
+
+
+def test_min_tokens_without_the_end_ids_is_refused():
+    with pytest.raises(InvalidRequest) as err:
+        Sampler(GenerationParams(min_tokens=1), 4)
+    assert err.value.field == "min_tokens"
+    with pytest.raises(InvalidRequest, match="at most max_tokens"):
+        GenerationParams(max_tokens=4, min_tokens=5)
+
+
+def test_min_tokens_is_refused_where_the_backend_samples_by_itself():
+    from ruvllm.engine.prompt_logprobs import check_logits_options
+
+    with pytest.raises(InvalidRequest, match="samples inside its own engine") as err:
+        check_logits_options(GenerationParams(min_tokens=1), path="request", backend="mistralrs",
+                             vocab_size=4, executor=None)
+    assert err.value.field == "min_tokens"

@@ -121,6 +121,13 @@ def test_seeded_sampling_is_refused_with_the_reason():
     chat_request(mistralrs, "hi", GenerationParams(temperature=0.0, seed=3), adapter=None)  # greedy: fine
 
 
+def test_min_tokens_is_refused_with_the_reason():
+    """mistral.rs samples by itself and has no minimum length: refused, not ignored."""
+    with pytest.raises(InvalidRequest, match="no minimum length") as err:
+        chat_request(mistralrs, "hi", GenerationParams(min_tokens=2), adapter=None)
+    assert err.value.field == "min_tokens"
+
+
 def test_token_id_resolver():
     resolver = TokenIdResolver([b"a", b"b", b"<s>", b"<s>"])
     assert resolver.resolve(b"b", -0.5, []) == 1

@@ -70,6 +70,20 @@ def test_a_developer_turn_is_the_system_turn(client, server, model_name):
     assert answers[1].usage.prompt_tokens == len(tokens[1])
 
 
+def test_min_tokens_goes_on_past_the_end(client, model_name):
+    """vLLM's min_tokens: the same greedy reply, then more where it ended before."""
+    ask = dict(model=model_name, messages=[{"role": "user", "content": "What is 2+2?"}], temperature=0)
+    client.chat.completions.create(**ask, max_tokens=1)  # warm: a cached prefix can round differently
+    short = client.chat.completions.create(**ask, max_tokens=48)
+    assert short.choices[0].finish_reason == "stop", short
+    at_least = short.usage.completion_tokens + 4
+    longer = client.chat.completions.create(**ask, max_tokens=48, extra_body={"min_tokens": at_least})
+    assert longer.usage.completion_tokens >= at_least
+    assert longer.choices[0].message.content.startswith(short.choices[0].message.content)
+    with pytest.raises(openai.BadRequestError, match="at most max_tokens"):
+        client.chat.completions.create(**ask, max_tokens=4, extra_body={"min_tokens": 5})
+
+
 def test_completion_stop_string_and_max_tokens(client, model_name):
     full = client.completions.create(model=model_name, prompt="The capital of France is",
                                      max_tokens=8, temperature=0)

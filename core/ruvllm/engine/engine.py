@@ -37,7 +37,7 @@ from ruvllm.engine.published_adapters import PublishedAdapters
 from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.request_level import RequestLevelCore
 from ruvllm.errors import BackendError, EngineClosed, EngineOptionError, InvalidRequest, Overloaded
-from ruvllm.generation import RequestOutputBuilder, check_prompt, require_core_sampler
+from ruvllm.generation import RequestOutputBuilder, check_prompt, ending_ids, require_core_sampler
 from ruvllm.sampling import LogitsProcessor, Sampler
 from ruvllm.serving import MetricsSnapshot, PluginMetric
 from ruvllm.tokenizer import Tokenizer, require_prompt_text
@@ -283,7 +283,8 @@ class ServingEngine:
             self._active.add(rid)
         sched = SchedRequest(rid, prompt, params.max_tokens, priority=priority, arrival=time.monotonic(),
                              cache_salt=cache_salt, reuse_prefix=params.prompt_logprobs is None)
-        sampler = Sampler(params, self._info.vocab_size, prompt, logits_processors) \
+        sampler = Sampler(params, self._info.vocab_size, prompt, logits_processors,
+                          end_ids=ending_ids(params, self._backend.tokenizer)) \
             if self.path == "executor" else None
         live = LiveRequest(sched, params, RequestOutputBuilder(self._backend.tokenizer, prompt, params),
                            sampler, _Tracked(sink, self, rid, tuple(prompt), params.adapter, params.tenant),

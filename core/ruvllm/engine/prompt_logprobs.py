@@ -23,7 +23,8 @@ from ruvllm.types import GenerationParams, PromptLogprob, TokenLogprob
 
 def check_logits_options(params: GenerationParams, *, path: str, backend: str, vocab_size: int,
                          executor: Any) -> None:
-    """Refuse ``logit_bias`` / ``prompt_logprobs`` a request cannot have, naming the reason."""
+    """Refuse ``logit_bias`` / ``min_tokens`` / ``prompt_logprobs`` a request cannot have, naming
+    the reason."""
     if params.logit_bias:
         bad = next((t for t, _ in params.logit_bias if t >= vocab_size), None)
         if bad is not None:
@@ -34,6 +35,11 @@ def check_logits_options(params: GenerationParams, *, path: str, backend: str, v
                 "logit_bias", f"backend {backend!r} samples inside its own engine (request-level "
                 "path), so ruvllm's sampler cannot apply a logit bias; remove logit_bias or use a "
                 "backend with an executor (see `ruvllm backends`)")
+    if params.min_tokens and path != "executor":
+        raise InvalidRequest(
+            "min_tokens", f"backend {backend!r} samples inside its own engine (request-level path), "
+            "so ruvllm's sampler cannot keep the end of the answer out; remove min_tokens or use a "
+            "backend with an executor (see `ruvllm backends`)")
     if params.prompt_logprobs is not None and (path != "executor"
                                                or not getattr(executor, "prompt_logits", False)):
         raise InvalidRequest(

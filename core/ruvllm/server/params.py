@@ -236,6 +236,7 @@ def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits:
         "seed": req.seed,
         "logprobs": logprobs,
         "ignore_eos": req.ignore_eos,
+        "min_tokens": req.min_tokens,
         "stop_token_ids": req.stop_token_ids,
         "logit_bias": req.logit_bias,
         "tenant": req.user,  # a learning plugin (SONA) learns per end user

@@ -66,6 +66,8 @@ class _Request(RequestBody):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
     ignore_eos: bool = False
+    #: At least this many tokens before the answer may end (GenerationParams.min_tokens).
+    min_tokens: int = Field(0, ge=0)
     stop_token_ids: list[_TokenId] | None = None
     #: vLLM's names: scheduling priority (LOWER runs first, as in vLLM; needs the engine's
     #: priority policy) and the prefix-cache salt (requests share cached KV only with the same salt).

@@ -17,6 +17,7 @@ import llama_cpp
 import numpy as np
 from ruvllm.backend import LlmBackend, sample_stream
 from ruvllm.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelLoadError
+from ruvllm.generation import ending_ids
 from ruvllm.gguf_file import read_gguf_file
 from ruvllm.hf_tokenizer import HfTokenizer
 from ruvllm.models import ModelSource
@@ -141,7 +142,8 @@ class ExampleBackend(LlmBackend):
             return np.ctypeslib.as_array(row, shape=(llm.n_vocab(),))[:vocab_size].copy()
 
         try:
-            yield from sample_stream(evaluate, prompt, params, vocab_size, room)
+            yield from sample_stream(evaluate, prompt, params, vocab_size, room,
+                                     end_ids=ending_ids(params, self.tokenizer))
         finally:  # also when core closes the stream early (EOS, stop string, client gone)
             llm.reset()
 

@@ -24,7 +24,7 @@ from ruvllm.backend import LlmBackend, sample_stream
 from ruvllm.embeddings import check_embedding_inputs, normalise_rows
 from ruvllm.errors import BackendError, ModelLoadError
 from ruvllm.executor import KvLayout
-from ruvllm.generation import check_prompt
+from ruvllm.generation import check_prompt, ending_ids
 from ruvllm.models import ModelSource
 from ruvllm.options import parse_options
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
@@ -310,7 +310,8 @@ class LlamaCppBackend(LlmBackend):
         prompt = list(prompt_ids)
         # The answer may run on to the end of the context (sample_stream stops there), so the
         # prompt needs room for one token, whatever max_tokens says.
-        check_prompt(prompt, attrs.evolve(params, max_tokens=1), self.n_ctx, self._tokenizer.vocab_size)
+        check_prompt(prompt, attrs.evolve(params, max_tokens=1, min_tokens=0), self.n_ctx,
+                     self._tokenizer.vocab_size)
         # Validated eagerly (above); the generator below touches the KV only once iterated.
         return self._run(prompt, params)
 
@@ -330,7 +331,8 @@ class LlamaCppBackend(LlmBackend):
                 return kv.decode(tokens)
 
             yield from sample_stream(evaluate, prompt, params, self._tokenizer.vocab_size,
-                                     room=self.n_ctx - len(prompt))
+                                     room=self.n_ctx - len(prompt),
+                                     end_ids=ending_ids(params, self.tokenizer))
             ended_cleanly = True
         except GeneratorExit:
             # The caller stopped the request (EOS, stop string, max_tokens): the KV is intact.

@@ -30,6 +30,10 @@ def chat_request(m: Any, prompt_text: str, params: GenerationParams, *, adapter:
     token, so a special token core could not see must not be sampled at all."""
     if params.seed is not None and not params.greedy:
         raise InvalidRequest("seed", SEED_UNSUPPORTED, params.seed)
+    if params.min_tokens:
+        raise InvalidRequest("min_tokens", "mistral.rs samples inside its engine and has no minimum length, "
+                             "so the end of the answer cannot be kept out; drop min_tokens or use a backend "
+                             "whose sampling runs in ruvllm (capabilities.core_sampler)", params.min_tokens)
     kwargs: dict[str, Any] = dict(
         # Rendered through the pass-through template: the content is the prompt, verbatim.
         messages=[{"role": "user", "content": prompt_text}],

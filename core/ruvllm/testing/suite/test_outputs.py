@@ -29,6 +29,8 @@ from ruvllm.types import FinishReason
 
 #: Tokens allowed for the model to end a short chat reply with EOS.
 EOS_BUDGET = 64
+#: How far past its EOS ``min_tokens`` asks the short reply to go.
+MIN_TOKENS_PAST_EOS = 4
 
 
 class TestOutputs:
@@ -132,6 +134,23 @@ class TestOutputs:
         assert result.stop_reason == through.token_ids[at]
         assert result.text == llm.tokenizer.decode(list(through.token_ids[:at]))
         assert len(through.token_ids) == EOS_BUDGET, "ignore_eos=True still stopped at EOS"
+
+    def test_min_tokens_keeps_the_end_out(self, ruvllm_llm: LLM) -> None:
+        """vLLM's ``min_tokens``: the short chat reply above, asked for a few tokens past where it
+        ended, comes out the same up to its EOS and then goes on (no EOS among the first
+        ``min_tokens``). A backend whose generate() samples without telling core's sampler the
+        end ids refuses instead; one that ignores the field stops at the same EOS and fails."""
+        llm = ruvllm_llm
+        require(llm, "core_sampler", "the engine samples by itself and has no minimum length")
+        prompt = llm.chat_prompt(CHAT_SHORT_REPLY)
+        eos_ids = set(llm.tokenizer.eos_ids)
+        ended = llm.generate(prompt, max_tokens=EOS_BUDGET)
+        assert ended.finish_reason is FinishReason.STOP and ended.token_ids[-1] in eos_ids, describe(ended)
+        at = len(ended.token_ids) - 1
+        longer = llm.generate(prompt, max_tokens=EOS_BUDGET, min_tokens=at + MIN_TOKENS_PAST_EOS)
+        assert longer.token_ids[:at] == ended.token_ids[:at], f"{describe(ended)} / {describe(longer)}"
+        assert len(longer.token_ids) >= at + MIN_TOKENS_PAST_EOS, describe(longer)
+        assert not eos_ids & set(longer.token_ids[:at + MIN_TOKENS_PAST_EOS]), describe(longer)
 
     def test_usage_counts_real_tokens(self, ruvllm_llm: LLM) -> None:
         """usage.prompt_tokens is the prompt's token count, completion_tokens the number of
