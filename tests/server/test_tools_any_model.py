@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from ruvllm.chat import render_chat
 from ruvllm.guided.tools import plan_tools, taught_conversation
+from server_helpers import API_KEY
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
@@ -125,3 +127,15 @@ def test_tools_and_another_output_constraint_are_refused_together(client, model_
         client.chat.completions.create(model=model_name, messages=ASK, tools=[WEATHER], max_tokens=8,
                                        response_format={"type": "json_object"})
     assert e.value.body["param"] == "response_format"
+
+
+def test_tokenize_counts_a_chat_request_with_tools(server, client, model_name):
+    """vLLM's ``/tokenize`` takes the chat request's tools: its count is that request's prompt."""
+    def count(**body) -> int:
+        answer = httpx.post(server.url + "/tokenize", json={"messages": ASK, **body},
+                            headers={"Authorization": f"Bearer {API_KEY}"})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["count"]
+
+    chat = client.chat.completions.create(model=model_name, messages=ASK, tools=[WEATHER], max_tokens=1)
+    assert chat.usage.prompt_tokens == count(tools=[WEATHER]) > count()

@@ -26,6 +26,7 @@ from ruvllm.errors import InvalidRequest
 from ruvllm.feedback import send_feedback
 from ruvllm.guided.request import completion_constraint
 from ruvllm.guided.request import processors as guided_processors
+from ruvllm.guided.tools import plan_tools
 from ruvllm.hardware import cpu_info
 from ruvllm.server.chat_run import start_chat
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService
@@ -210,7 +211,8 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequest("prompt", "give exactly one of prompt or messages")
         if body.messages is not None:
-            ids = await chat_prompt_ids(engine, body.messages, options=body.template_options())
+            tools = plan_tools(body.tools, None, None, engine.info.chat_template)
+            ids = await chat_prompt_ids(engine, body.messages, tools, body.template_options())
         else:
             text = require_encodable("prompt", body.prompt or "")
             # The engine refuses an empty prompt; "" is still a fair question here (the BOS alone),

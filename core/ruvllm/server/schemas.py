@@ -179,6 +179,9 @@ class TokenizeRequest(RequestBody, ChatTemplateFields):
     #: With ``prompt``: add the model's BOS. With ``messages`` the chat template places the special
     #: tokens, so only false (vLLM's default for chat) is accepted.
     add_special_tokens: bool = True
+    #: With ``messages``: the chat request's tools (under ``tool_choice`` auto), so that the count
+    #: is that request's, tools and all (vLLM's).
+    tools: list[dict[str, Any]] | None = None
 
     @model_validator(mode="after")
     def _special_tokens_with_messages(self) -> TokenizeRequest:
@@ -186,7 +189,7 @@ class TokenizeRequest(RequestBody, ChatTemplateFields):
                 "add_special_tokens" in self.model_fields_set:
             raise InvalidRequest("add_special_tokens", "cannot be true with messages: the chat template "
                                  "places the special tokens; leave it out (or false) with messages")
-        template_fields = sorted(ChatTemplateFields.model_fields.keys() & self.model_fields_set)
+        template_fields = sorted((ChatTemplateFields.model_fields.keys() | {"tools"}) & self.model_fields_set)
         if self.messages is None and template_fields:
             raise InvalidRequest(template_fields[0], "is for the chat template, which renders messages; "
                                  "a prompt is tokenized as is")
