@@ -62,7 +62,8 @@ class RequestOutputBuilder:
         self._tok = tokenizer
         self.params = params
         self.prompt_len = len(prompt_ids)
-        self._detok = IncrementalDetokenizer(tokenizer, context=prompt_ids)
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special=params.skip_special_tokens,
+                                             context=prompt_ids)
         self._stops = StopStringMatcher(params.stop)
         self._stop_ids = ending_ids(params, tokenizer)
         self.token_ids: list[int] = []
@@ -84,6 +85,9 @@ class RequestOutputBuilder:
         text = ""
         if tid in self._stop_ids:
             self.finish_reason, self.stop_reason = FinishReason.STOP, tid
+            if self.params.include_stop_str_in_output:
+                # After any text held back as a possible stop-string prefix, which it ends.
+                text = self._stops.flush() + self._detok.push(tid)
         elif index < self.params.min_tokens:
             # vLLM's min_tokens: stop strings are matched only in what follows.
             text = self._detok.push(tid)
@@ -91,6 +95,7 @@ class RequestOutputBuilder:
             text = self._stops.feed(self._detok.push(tid))
             if self._stops.matched is not None:
                 self.finish_reason, self.stop_reason = FinishReason.STOP, self._stops.matched
+                text += self._included_stop()
         if self.finish_reason is None and len(self.token_ids) >= self.params.max_tokens:
             self.finish_reason = FinishReason.LENGTH
         if self.finish_reason is not None and self._stops.matched is None:
@@ -122,8 +127,14 @@ class RequestOutputBuilder:
         tail = self._stops.feed(self._detok.flush())
         if self._stops.matched is not None:
             self.finish_reason, self.stop_reason = FinishReason.STOP, self._stops.matched
-            return tail
+            return tail + self._included_stop()
         return tail + self._stops.flush()
+
+    def _included_stop(self) -> str:
+        """The matched stop string, where the request wants it in its text."""
+        if self.params.include_stop_str_in_output and self._stops.matched is not None:
+            return self._stops.matched
+        return ""
 
     def _logprob_of(self, token: SampledToken) -> tuple[TokenLogprob, ...]:
         if token.logprob is None:

@@ -160,6 +160,12 @@ class GenerationParams:
     stop: tuple[str, ...] = attrs.field(default=(), converter=_stop_strings)
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
     ignore_eos: bool = False
+    #: The answer's text hides special (control) tokens, as ``decode(skip_special_tokens=True)``;
+    #: false shows them (vLLM's ``skip_special_tokens``). The ending EOS is never text.
+    skip_special_tokens: bool = True
+    #: The stop string or stop token that ended the answer is part of its text (vLLM's
+    #: ``include_stop_str_in_output``); a special stop token shows only with skip_special_tokens false.
+    include_stop_str_in_output: bool = False
     seed: int | None = attrs.field(default=None, validator=_int_at_least(0))
     #: Number of top alternatives to report per token (0 = only the chosen token's logprob,
     #: None = no logprobs at all).

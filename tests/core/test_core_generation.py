@@ -237,3 +237,26 @@ def test_stop_strings_are_matched_only_after_min_tokens():
     assert result.text == "a.b" and result.stop_reason == "."
     assert "".join(o.text for o in outputs) == result.text
     assert run(ids, stop=["."])[0].text == "a"
+
+
+def test_include_stop_str_in_output_keeps_what_ended_the_answer():
+    """vLLM's include_stop_str_in_output: the stop string, or a stop token's text, ends the text."""
+    ids = text_ids("a.b.c")
+    assert run(ids, stop=["."], include_stop_str_in_output=True)[0].text == "a."
+    assert run(TOK.encode_bytes(b"a#", cuts="pairs") + TOK.encode_bytes(b"#b", cuts="pairs"), stop=["##"],
+               include_stop_str_in_output=True)[0].text == "a##"
+    dot = text_ids(".")[0]
+    result, outputs, _ = run(ids, stop_token_ids=[dot], include_stop_str_in_output=True)
+    assert result.text == "a." and result.stop_reason == dot
+    assert "".join(o.text for o in outputs) == result.text
+    # A special stop token (EOS) shows only where special tokens do.
+    assert run([*text_ids("x"), EOS], include_stop_str_in_output=True)[0].text == "x"
+
+
+def test_skip_special_tokens_false_shows_control_tokens_in_the_text():
+    shown = run([*text_ids("x"), IM_END, *text_ids("y")], ignore_eos=True, stop_token_ids=[],
+                skip_special_tokens=False, max_tokens=3)[0]
+    hidden = run([*text_ids("x"), IM_END, *text_ids("y")], ignore_eos=True, max_tokens=3)[0]
+    assert hidden.text == "xy" and shown.text == "x" + TOK.decode([IM_END], skip_special=False) + "y"
+    ended = run([*text_ids("x"), EOS], skip_special_tokens=False, include_stop_str_in_output=True)[0]
+    assert ended.text == "x" + TOK.decode([EOS], skip_special=False)

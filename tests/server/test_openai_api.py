@@ -84,6 +84,22 @@ def test_min_tokens_goes_on_past_the_end(client, model_name):
         client.chat.completions.create(**ask, max_tokens=4, extra_body={"min_tokens": 5})
 
 
+def test_special_tokens_and_what_stopped_the_answer_are_text_when_asked(client, model_name):
+    """vLLM's skip_special_tokens: false and include_stop_str_in_output: true."""
+    ask = dict(model=model_name, messages=[{"role": "user", "content": "Hi"}], temperature=0)
+    client.chat.completions.create(**ask, max_tokens=1)  # warm: a cached prefix can round differently
+    plain = client.chat.completions.create(**ask, max_tokens=32)
+    assert plain.choices[0].finish_reason == "stop", plain
+    shown = client.chat.completions.create(**ask, max_tokens=32, extra_body={
+        "skip_special_tokens": False, "include_stop_str_in_output": True})
+    assert shown.choices[0].message.content == plain.choices[0].message.content + "<|im_end|>"
+    counting = dict(model=model_name, prompt="1, 2, 3,", max_tokens=12, temperature=0, stop=[" 5"])
+    cut, kept = (client.completions.create(**counting, extra_body={"include_stop_str_in_output": keep})
+                 for keep in (False, True))
+    assert cut.choices[0].finish_reason == kept.choices[0].finish_reason == "stop"
+    assert kept.choices[0].text == cut.choices[0].text + " 5"
+
+
 def test_completion_stop_string_and_max_tokens(client, model_name):
     full = client.completions.create(model=model_name, prompt="The capital of France is",
                                      max_tokens=8, temperature=0)

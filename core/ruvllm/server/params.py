@@ -237,6 +237,8 @@ def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits:
         "logprobs": logprobs,
         "ignore_eos": req.ignore_eos,
         "min_tokens": req.min_tokens,
+        "skip_special_tokens": req.skip_special_tokens,
+        "include_stop_str_in_output": req.include_stop_str_in_output,
         "stop_token_ids": req.stop_token_ids,
         "logit_bias": req.logit_bias,
         "tenant": req.user,  # a learning plugin (SONA) learns per end user

@@ -68,6 +68,9 @@ class _Request(RequestBody):
     ignore_eos: bool = False
     #: At least this many tokens before the answer may end (GenerationParams.min_tokens).
     min_tokens: int = Field(0, ge=0)
+    #: The answer's text with special tokens shown, and with what stopped it (GenerationParams).
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     stop_token_ids: list[_TokenId] | None = None
     #: vLLM's names: scheduling priority (LOWER runs first, as in vLLM; needs the engine's
     #: priority policy) and the prefix-cache salt (requests share cached KV only with the same salt).
