@@ -201,10 +201,13 @@ class AsyncEngine(Protocol):
         timeout: float | None = None,
         cache_salt: str | None = None,
         logits_processors: Sequence[LogitsProcessor] = (),
+        prediction: Sequence[int] = (),
     ) -> RequestHandle:
         """Queue a request; raises ``InvalidRequest`` / ``ContextLengthExceeded`` at once for a
         bad one and ``Overloaded`` when the queue is full. ``logits_processors`` (a grammar's)
-        rewrite its logits before each choice; ``RemoteEngine`` takes grammar processors only."""
+        rewrite its logits before each choice; ``RemoteEngine`` takes grammar processors only.
+        ``prediction``: the answer the client expects (token ids), verified as drafts where the
+        engine can (OpenAI's Predicted Outputs), a refusal naming it where it cannot."""
         ...
 
     def metrics(self) -> MetricsSnapshot: ...

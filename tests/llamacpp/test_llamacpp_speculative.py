@@ -39,12 +39,13 @@ GREEDY = GenerationParams(max_tokens=36, temperature=0.0, ignore_eos=True)
 PROMPTS = [COPY_PROMPT, FREE]
 
 
-def recorded(backend, options, prompts, params, check=None):
-    """Results, logits recorders and metrics; ``check(engine)`` runs before the engine closes."""
+def recorded(backend, options, prompts, params, check=None, predictions=None):
+    """Results, logits recorders and metrics; ``check(engine)`` runs before the engine closes;
+    ``predictions``: each prompt's predicted output (token ids)."""
     with ServingEngine(backend, options, owns_backend=False) as eng:
         recorders = [LogitsRecorder() for _ in prompts]
-        handles = [eng.submit_sync(eng.encode(p), params, logits_processors=[r])
-                   for p, r in zip(prompts, recorders, strict=True)]
+        handles = [eng.submit_sync(eng.encode(p), params, logits_processors=[r], prediction=pred)
+                   for p, r, pred in zip(prompts, recorders, predictions or [()] * len(prompts), strict=True)]
         results = [h.result() for h in handles]
         if check is not None:
             check(eng)
@@ -72,6 +73,19 @@ def test_greedy_output_is_plain_decodings_up_to_near_ties(backend, plain_greedy)
     assert snap.spec_decode_draft_tokens > snap.spec_decode_accepted_tokens > 16, snap
     assert_plain_up_to_near_ties(backend, plain_greedy, spec, spec_rows)
     assert spec[0].usage.accepted_draft_tokens > 16  # the copy prompt is mostly drafted
+
+
+def test_a_predicted_output_drafts_without_a_speculative_method(backend, plain_greedy):
+    """OpenAI's Predicted Outputs: each answer predicted as plain decoding wrote it, with a few
+    tokens edited in the middle; the drafts are verified like prompt lookup's, the output is
+    plain decoding's up to near-ties."""
+    plain = plain_greedy[0]
+    predictions = [(*r.token_ids[:12], *r.token_ids[:3], *r.token_ids[15:]) for r in plain]
+    spec, spec_rows, _ = recorded(backend, EngineOptions(max_num_seqs=4, speculative_adaptive=False),
+                                     PROMPTS, GREEDY, predictions=predictions)
+    assert all(r.usage.draft_tokens > r.usage.accepted_draft_tokens > 16 for r in spec), \
+        [r.usage for r in spec]
+    assert_plain_up_to_near_ties(backend, plain_greedy, spec, spec_rows)
 
 
 def test_own_model_as_draft_keeps_greedy_output_and_frees_its_cells(backend, plain_greedy, model_path):

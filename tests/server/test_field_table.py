@@ -284,6 +284,9 @@ NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
                                  f"stream_options.{UNKNOWN}"),
     ("completions", "stream_options"): ({"prompt": "Hi", "stream": True, "stream_options": {UNKNOWN: True}},
                                         f"stream_options.{UNKNOWN}"),
+    ("chat", "prediction"): (
+        {**BASE["chat"][0], "prediction": {"type": "content", "content": "Hi", UNKNOWN: 1}},
+        f"prediction.{UNKNOWN}"),
     **{(label, where): ({**BASE[label][0], **body}, param) for label in ANTHROPIC
        for where, (body, param) in _CONVERSATION_OBJECTS.items()},
     ("messages", "metadata"): ({**BASE["messages"][0], "metadata": {"user_id": "u1", UNKNOWN: 1}},

@@ -322,7 +322,7 @@ class DraftModelSpeculator(Speculator):
         wants = []
         for req in requests:
             limit = min(self.max_length, req.max_tokens - req.num_output - 1)
-            if limit < 1:
+            if limit < 1 or req.prediction:  # a predicted output drafts for its request
                 continue
             state = self._state(req.request_id, lookup=False)
             k = self._sized(state, cost) if self.adaptive else self.max_length
@@ -339,6 +339,8 @@ class DraftModelSpeculator(Speculator):
             self.draft.release_all()
 
     def propose(self, req: SchedRequest, limit: int, batch_size: int) -> tuple[int, ...]:
+        if req.prediction:
+            return super().propose(req, limit, batch_size)
         return self._ready.pop(req.request_id, ())[:max(limit, 0)]
 
     def preempted(self, request_id: str) -> None:

@@ -170,22 +170,25 @@ class ServingEngine:
     async def submit(self, prompt_ids: Sequence[int], params: GenerationParams, *,
                      request_id: str | None = None, priority: int = 0, timeout: float | None = None,
                      cache_salt: str | None = None,
-                     logits_processors: Sequence[LogitsProcessor] = ()) -> RequestHandle:
+                     logits_processors: Sequence[LogitsProcessor] = (),
+                     prediction: Sequence[int] = ()) -> RequestHandle:
         """Queue one request; ``logits_processors`` rewrite its logits before each choice (core's
-        sampler runs them, so they need the executor path)."""
+        sampler runs them, so they need the executor path); ``prediction`` is the answer the
+        client expects, as token ids, verified as drafts (OpenAI's Predicted Outputs)."""
         sink = AsyncSink(asyncio.get_running_loop())
         rid = self._enqueue(prompt_ids, params, sink, request_id, priority, timeout, cache_salt,
-                            logits_processors)
+                            logits_processors, prediction)
         return RequestHandle(rid, sink, self._cancel)
 
     def submit_sync(self, prompt_ids: Sequence[int], params: GenerationParams, *,
                     request_id: str | None = None, priority: int = 0, timeout: float | None = None,
                     cache_salt: str | None = None,
-                    logits_processors: Sequence[LogitsProcessor] = ()) -> SyncRequestHandle:
+                    logits_processors: Sequence[LogitsProcessor] = (),
+                    prediction: Sequence[int] = ()) -> SyncRequestHandle:
         """:meth:`submit` for plain threads: the handle iterates and waits without asyncio."""
         sink = SyncSink()
         rid = self._enqueue(prompt_ids, params, sink, request_id, priority, timeout, cache_salt,
-                            logits_processors)
+                            logits_processors, prediction)
         return SyncRequestHandle(rid, sink, self._cancel)
 
     def generate_sync(self, prompts: Sequence[str | Sequence[int]], params: GenerationParams | None = None,
@@ -244,10 +247,11 @@ class ServingEngine:
 
     def _enqueue(self, prompt_ids: Sequence[int], params: GenerationParams, sink: Sink,
                  request_id: str | None, priority: int, timeout: float | None, cache_salt: str | None,
-                 logits_processors: Sequence[LogitsProcessor] = ()) -> str:
+                 logits_processors: Sequence[LogitsProcessor] = (), prediction: Sequence[int] = ()) -> str:
         self._check_open()
         if logits_processors:
             require_core_sampler(self.path, self.backend_name, "logits_processors", "a logits processor")
+        predicted = self._checked_prediction(prediction)
         if not isinstance(params, GenerationParams):
             raise InvalidRequest("params", f"must be GenerationParams, got {type(params).__name__}")
         if isinstance(priority, bool) or not isinstance(priority, int):
@@ -282,7 +286,8 @@ class ServingEngine:
             self._queued += 1
             self._active.add(rid)
         sched = SchedRequest(rid, prompt, params.max_tokens, priority=priority, arrival=time.monotonic(),
-                             cache_salt=cache_salt, reuse_prefix=params.prompt_logprobs is None)
+                             cache_salt=cache_salt, reuse_prefix=params.prompt_logprobs is None,
+                             prediction=predicted)
         sampler = Sampler(params, self._info.vocab_size, prompt, logits_processors,
                           end_ids=ending_ids(params, self._backend.tokenizer)) \
             if self.path == "executor" else None
@@ -295,6 +300,22 @@ class ServingEngine:
                                                            self._backend.tokenizer)
         self._inbox.put(("add", live))
         return rid
+
+    def _checked_prediction(self, prediction: Sequence[int]) -> tuple[int, ...]:
+        """``prediction`` as token ids this engine can verify as drafts, or a refusal naming it."""
+        ids = tuple(int(t) for t in prediction)
+        if not ids:
+            return ids
+        if getattr(self._core, "speculator", None) is None:
+            raise InvalidRequest("prediction", f"backend {self.backend_name!r} cannot verify drafted tokens "
+                                 "(its engine gives no logits per drafted position, or it samples by "
+                                 "itself), so a predicted output cannot be used; drop prediction or use a "
+                                 "backend with an executor (llamacpp, candle_like, mlx)")
+        bad = next((t for t in ids if not 0 <= t < self._info.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequest("prediction", f"token id {bad} is outside the vocabulary "
+                                 f"[0, {self._info.vocab_size})", bad)
+        return ids
 
     def _cancel(self, request_id: str) -> None:
         if not self._closed:

@@ -47,7 +47,8 @@ class ExecutorCore:
             split_prompt_tail=getattr(executor, "split_prompt_tail", False),
         )
         per_sequence = self._per_sequence = executor.kv_layout == "per_sequence"
-        #: Verifying drafts needs logits at every position of an entry (``all_logits``).
+        #: Verifying drafts needs logits at every position of an entry (``all_logits``); without
+        #: speculative_method only predicted outputs draft.
         self.speculator = options.speculator(draft) if getattr(executor, "prompt_logits", False) else None
         if options.speculative_method != "none" and self.speculator is None:
             log.warning("speculative decoding is off: this executor gives no logits per drafted position")

@@ -150,11 +150,9 @@ class EngineOptions:
         """From the ``[engine]`` table; unknown keys are an error listing the known ones."""
         return parse_table(cls, values)
 
-    def speculator(self, draft: DraftModel | None = None) -> Speculator | None:
-        """The drafts' policy these options ask for (None: no speculation); ``draft`` is the
-        loaded draft model of ``draft_model``."""
-        if self.speculative_method == "none":
-            return None
+    def speculator(self, draft: DraftModel | None = None) -> Speculator:
+        """The drafts' policy these options ask for; ``draft`` is the loaded draft model of
+        ``draft_model``. With ``none`` only requests with a predicted output draft."""
         if self.speculative_method == "draft_model":
             from ruvllm.engine.draft_model import DraftModelSpeculator
 
@@ -166,7 +164,7 @@ class EngineOptions:
         return Speculator(num_speculative_tokens=self.num_speculative_tokens,
                           prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max,
                           disable_by_batch_size=self.speculative_disable_by_batch_size,
-                          adaptive=self.speculative_adaptive)
+                          adaptive=self.speculative_adaptive, lookup=self.speculative_method == "ngram")
 
     def scheduler_config(self, max_num_seqs: int, max_batch_tokens: int,
                          split_prompt_tail: bool = False) -> SchedulerConfig:

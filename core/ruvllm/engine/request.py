@@ -45,6 +45,8 @@ class SchedRequest:
     cache_salt: str | None = None
     #: False when every prompt position must run (prompt logprobs need their logits).
     reuse_prefix: bool = True
+    #: OpenAI's predicted output as token ids: drafts to verify (ruvllm.engine.prediction).
+    prediction: tuple[int, ...] = ()
     num_prompt: int = attrs.field(default=-1)
     num_computed: int = 0
     #: Executor sequence id while the request holds KV.

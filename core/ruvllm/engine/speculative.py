@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import attrs
 
 from ruvllm.engine.ngram import PromptLookup
+from ruvllm.engine.prediction import PredictionCursor
 from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.step_cost import StepCostModel
 
@@ -42,6 +43,12 @@ ACCEPTANCE_DECAY = 0.95
 PRIOR_WEIGHT = 2.0
 #: Steps between one-token probes of a request that drafts nothing.
 PROBE_INTERVAL = 32
+#: Longest draft from a predicted output in one step: its tokens are kept far more often than
+#: an n-gram's, so a step verifies more of them (the acceptance policy still sizes each draft).
+MAX_PREDICTED_DRAFT = 16
+#: The engine-wide acceptance of predicted drafts is kept apart from prompt lookup's (which is
+#: kept by match length, >= 0).
+PREDICTED = -1
 
 
 @attrs.define
@@ -62,26 +69,31 @@ class Acceptance:
 
 @attrs.define
 class _DraftState:
-    #: The request's n-gram index (None when a draft model proposes).
+    #: The request's n-gram index (None when a draft model proposes or a prediction drafts).
     lookup: PromptLookup | None
     acceptance: Acceptance = attrs.field(factory=Acceptance)
     #: Match length of the draft being verified (whose outcome :meth:`Speculator.record` gets).
     match: int = 0
     #: Steps since the request last drafted.
     idle: int = 0
+    #: The request's place in its predicted output (OpenAI's ``prediction``), which drafts for it.
+    predicted: PredictionCursor | None = None
 
 
 class Speculator:
-    """Prompt-lookup drafts for the scheduler, sized per request and per step."""
+    """Prompt-lookup drafts for the scheduler, sized per request and per step; a request with a
+    predicted output drafts from it instead (:mod:`ruvllm.engine.prediction`)."""
 
     #: Per-token acceptance assumed for a request before the engine has seen any drafts.
     prior_acceptance = 0.5
 
     def __init__(self, *, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int,
-                 disable_by_batch_size: int, adaptive: bool = True):
+                 disable_by_batch_size: int, adaptive: bool = True, lookup: bool = True):
         """``adaptive`` False: every request drafts ``num_speculative_tokens`` whenever its tail
-        matches (vLLM's fixed length), whatever its acceptance and the cost."""
+        matches (vLLM's fixed length), whatever its acceptance and the cost. ``lookup`` False:
+        only requests with a predicted output draft (``speculative_method = "none"``)."""
         self.adaptive = adaptive
+        self.lookup = lookup
         self.max_length = num_speculative_tokens
         self.min_n = prompt_lookup_min
         self.max_n = prompt_lookup_max
@@ -99,12 +111,29 @@ class Speculator:
         """Drafted tokens to verify after ``req``'s last token (at most ``limit``)."""
         if batch_size > self.disable_by_batch_size or limit < 1:
             return ()
+        if req.prediction:
+            return self._predicted(req, limit, batch_size)
+        if not self.lookup:
+            return ()
         state = self._state(req.request_id, lookup=True)
         assert state.lookup is not None
         drafts, state.match = state.lookup.propose(req.token_ids, min(self.max_length, limit))
         if not drafts or not self.adaptive:
             return drafts
         return drafts[:self._sized(state, self.cost.token_cost(batch_size))]
+
+    def _predicted(self, req: SchedRequest, limit: int, batch_size: int) -> tuple[int, ...]:
+        """Drafts from ``req``'s predicted output, sized by their own acceptance (a request
+        editing a file keeps most of them; one rewriting it, few)."""
+        state = self._states.get(req.request_id)
+        if state is None:
+            cursor = PredictionCursor(req.prediction, self.min_n, self.max_n)
+            state = self._states[req.request_id] = _DraftState(None, match=PREDICTED, predicted=cursor)
+        assert state.predicted is not None
+        drafts = state.predicted.propose(req.token_ids[req.num_prompt:], min(MAX_PREDICTED_DRAFT, limit))
+        if not drafts or not self.adaptive:
+            return drafts
+        return drafts[:self._sized(state, self.cost.token_cost(batch_size), MAX_PREDICTED_DRAFT)]
 
     def _state(self, request_id: str, *, lookup: bool) -> _DraftState:
         """``request_id``'s state, created on its first proposal (with an n-gram index if ``lookup``)."""
@@ -114,10 +143,11 @@ class Speculator:
             state = self._states[request_id] = _DraftState(index)
         return state
 
-    def _sized(self, state: _DraftState, cost: float) -> int:
-        """How many tokens ``state``'s request drafts when each costs ``cost``: 0 while drafting
-        does not pay, except a one-token probe every ``PROBE_INTERVAL`` such steps."""
-        k = self._length(self.acceptance(state), cost)
+    def _sized(self, state: _DraftState, cost: float, most: int | None = None) -> int:
+        """How many tokens ``state``'s request drafts when each costs ``cost`` (at most ``most``,
+        default ``num_speculative_tokens``): 0 while drafting does not pay, except a one-token
+        probe every ``PROBE_INTERVAL`` such steps."""
+        k = self._length(self.acceptance(state), cost, most or self.max_length)
         if k == 0:
             state.idle += 1
             if state.idle < PROBE_INTERVAL:
@@ -132,11 +162,12 @@ class Speculator:
         prior = self._by_match[state.match].rate(self.prior_acceptance, PRIOR_WEIGHT)
         return state.acceptance.rate(prior, PRIOR_WEIGHT)
 
-    def _length(self, acceptance: float, cost: float) -> int:
-        """The most tokens whose chance of being kept, ``acceptance ** i``, exceeds ``cost``."""
+    def _length(self, acceptance: float, cost: float, most: int) -> int:
+        """The most tokens (up to ``most``) whose chance of being kept, ``acceptance ** i``,
+        exceeds ``cost``."""
         if cost <= 0.0:
-            return self.max_length
-        return max(0, min(int(math.log(cost) / math.log(acceptance)), self.max_length))
+            return most
+        return max(0, min(int(math.log(cost) / math.log(acceptance)), most))
 
     def record(self, request_id: str, drafted: int, accepted: int) -> None:
         """``accepted`` of the ``drafted`` tokens proposed for ``request_id`` were kept."""

@@ -302,13 +302,14 @@ class RemoteEngine:
     async def submit(self, prompt_ids: Sequence[int], params: GenerationParams, *,
                      request_id: str | None = None, priority: int = 0, timeout: float | None = None,
                      cache_salt: str | None = None,
-                     logits_processors: Sequence[Any] = ()) -> RemoteRequestHandle:
+                     logits_processors: Sequence[Any] = (),
+                     prediction: Sequence[int] = ()) -> RemoteRequestHandle:
         grammars = _recipes(logits_processors)
         self._ensure_refresher()
         request = ReplicaRequest(
             prompt_ids=tuple(int(t) for t in prompt_ids), params=params,
             request_id=request_id or f"ray-{time.monotonic_ns():x}", priority=priority, timeout=timeout,
-            cache_salt=cache_salt, grammars=grammars,
+            cache_salt=cache_salt, grammars=grammars, prediction=tuple(int(t) for t in prediction),
             prefix_key=prefix_key(prompt_ids, block_size=self._desc.block_size, blocks=self.affinity_blocks,
                                   cache_salt=cache_salt))
         stream, accepted, resends = await self._open(request, self.retries)

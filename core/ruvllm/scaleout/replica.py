@@ -91,7 +91,7 @@ class EngineReplica:
             handle = await self._engine.submit(
                 request.prompt_ids, request.params, request_id=request.request_id,
                 priority=request.priority, timeout=request.timeout, cache_salt=request.cache_salt,
-                logits_processors=processors)
+                logits_processors=processors, prediction=request.prediction)
         except RuvllmError as exc:
             yield pack_error(exc)
             return

@@ -37,6 +37,8 @@ class ReplicaRequest:
     #: rebuilds one processor per recipe with its own tokenizer and grammar engine, since the
     #: ingress's compiled matchers cannot leave its process.
     grammars: tuple[GrammarSpec, ...] = ()
+    #: The client's predicted output (token ids), drafted by the replica's engine.
+    prediction: tuple[int, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -19,7 +19,7 @@ from ruvllm.guided.request import processors as guided_processors
 from ruvllm.reasoning import Reasoning, reasoning_for
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService, Submission
 from ruvllm.server.model_pool import Route
-from ruvllm.server.params import Limits, chat_prompt_ids, message_dicts, seeded
+from ruvllm.server.params import Limits, chat_prompt_ids, message_dicts, prediction_ids, seeded
 from ruvllm.server.responses import ChatFormatter
 from ruvllm.server.scheduling import submit_options
 from ruvllm.server.schemas import ChatCompletionRequest
@@ -60,12 +60,13 @@ async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, 
     constraint, ids = await _constrained_prompt(route, body)
     params = service.choice_params(body, ids)
     procs = await guided_processors(engine, constraint.spec, body.n)
+    predicted = await prediction_ids(engine, body.prediction)
     submission = await service.submit(
         [ChoiceRequest(index=i, prompt_ids=ids, params=seeded(params, i), processors=procs[i])
          for i in range(body.n)],
-        id_prefix=id_prefix, **submit_options(body.priority, body.cache_salt, engine))
+        id_prefix=id_prefix, prediction=predicted, **submit_options(body.priority, body.cache_salt, engine))
     fmt = chat_formatter(submission.id, route.served_name, engine.tokenizer, params.logprobs,
-                         constraint.tools, prompt_reasoning(route, limits, ids))
+                         constraint.tools, prompt_reasoning(route, limits, ids), predicted=bool(predicted))
     return ChatRun(submission, fmt, ids)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any
 
 import attrs
 
@@ -255,10 +256,11 @@ class CompletionService:
         return params
 
     async def submit(self, choices: Sequence[ChoiceRequest], *, id_prefix: str, priority: int = 0,
-                     cache_salt: str | None = None) -> Submission:
+                     cache_salt: str | None = None, prediction: Sequence[int] = ()) -> Submission:
         """Submit every choice under the route's adapter; if one is refused, cancel those already
-        accepted and raise the refusal. ``priority`` and ``cache_salt`` are the engine's own
-        (a higher priority runs first)."""
+        accepted and raise the refusal. ``priority``, ``cache_salt`` and ``prediction`` (a
+        predicted output's ids, drafted for every choice) are the engine's own (a higher
+        priority runs first)."""
         response_id = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
         running: list[_Running] = []
         try:
@@ -266,7 +268,9 @@ class CompletionService:
                 params = choice.params if self.adapter is None \
                     else attrs.evolve(choice.params, adapter=self.adapter)
                 # Only a grammar needs the keyword: an engine that takes no processors still serves the rest.
-                extra = {"logits_processors": choice.processors} if choice.processors else {}
+                extra: dict[str, Any] = {"logits_processors": choice.processors} if choice.processors else {}
+                if prediction:
+                    extra["prediction"] = prediction
                 handle = await self.engine.submit(choice.prompt_ids, params,
                                                   request_id=f"{response_id}-{choice.index}",
                                                   priority=priority, cache_salt=cache_salt, **extra)

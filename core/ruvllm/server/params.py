@@ -23,6 +23,7 @@ from ruvllm.server.schemas import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    Prediction,
 )
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable
@@ -146,6 +147,12 @@ async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage],
                        bos_token=st.bos_text, eos_token=st.eos_text, tools=tools and tools.rendered,
                        options=options)
     return await engine.encode_async(text, add_special=False, parse_special=True)
+
+
+async def prediction_ids(engine: AsyncEngine, prediction: Prediction | None) -> list[int]:
+    """OpenAI's predicted output as token ids (no special tokens: it is answer text)."""
+    text = _content_text(prediction.content, "prediction") if prediction is not None else ""
+    return await engine.encode_async(require_encodable("prediction", text), add_special=False) if text else []
 
 
 async def completion_prompts(engine: AsyncEngine, prompt: Any) -> list[list[int]]:

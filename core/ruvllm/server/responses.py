@@ -20,15 +20,21 @@ from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import GenerationResult, TokenOutput
 
 
-def usage(prompt_tokens: int, completion_tokens: int,
-          results: Sequence[GenerationResult] = ()) -> dict[str, int]:
-    """OpenAI's usage object; with the draft counts of ``results`` when any were drafted."""
-    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-           "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, results: Sequence[GenerationResult] = (), *,
+          predicted: bool = False) -> dict[str, Any]:
+    """OpenAI's usage object; with the draft counts of ``results`` when any were drafted, and
+    with ``predicted`` (the request sent a predicted output, which drafted for it) OpenAI's
+    ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``."""
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
     drafted = sum(r.usage.draft_tokens for r in results)
+    accepted = sum(r.usage.accepted_draft_tokens for r in results)
     if drafted:
         out["draft_tokens"] = drafted
-        out["accepted_draft_tokens"] = sum(r.usage.accepted_draft_tokens for r in results)
+        out["accepted_draft_tokens"] = accepted
+    if predicted:
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                            "rejected_prediction_tokens": drafted - accepted}
     return out
 
 
@@ -54,7 +60,11 @@ class _Base(abc.ABC):
     object_name = ""
     chunk_name = ""
 
-    def __init__(self, response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None):
+    def __init__(self, response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None, *,
+                 predicted: bool = False):
+        """``predicted``: the request sent a predicted output (its usage reports the prediction's
+        tokens)."""
+        self.predicted = predicted
         self.id = response_id
         self.model = model
         self.tok = tokenizer
@@ -69,7 +79,7 @@ class _Base(abc.ABC):
     def usage(self, prompt_tokens: int, completion_tokens: int,
               results: Sequence[GenerationResult] = ()) -> dict[str, Any]:
         out = self._envelope(self.chunk_name, [])
-        out["usage"] = usage(prompt_tokens, completion_tokens, results)
+        out["usage"] = usage(prompt_tokens, completion_tokens, results, predicted=self.predicted)
         return out
 
     def _token_text(self, out: TokenOutput) -> str:
@@ -197,7 +207,8 @@ class ChatFormatter(_Base):
                             "logprobs": lp, "finish_reason": result.finish_reason.value})
         out = self._envelope(self.object_name, choices)
         results = [r for _, r in outcomes]
-        out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for r in results), results)
+        out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for r in results), results,
+                             predicted=self.predicted)
         return out
 
 
@@ -259,5 +270,6 @@ class CompletionFormatter(_Base):
                             "finish_reason": result.finish_reason.value})
         out = self._envelope(self.object_name, choices)
         results = [r for _, r in outcomes]
-        out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for r in results), results)
+        out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for r in results), results,
+                             predicted=self.predicted)
         return out

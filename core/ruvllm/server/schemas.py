@@ -13,7 +13,7 @@ ranges here are the ones the server enforces, so the published OpenAPI schema (w
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -121,6 +121,14 @@ Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, F
                      Field(max_length=16)]
 
 
+class Prediction(StrictModel):
+    """OpenAI's predicted output: the answer the client expects (text, or text parts), whose
+    matching tokens are verified as drafts instead of decoded one by one."""
+
+    type: Literal["content"]
+    content: str | list[dict[str, Any]]
+
+
 class ChatTemplateFields(BaseModel):
     """vLLM's fields for how the messages become a prompt (ruvllm.chat.TemplateOptions), shared by
     chat and ``/tokenize`` so that a count is the chat request's."""
@@ -148,6 +156,7 @@ class ChatCompletionRequest(_Request, ChatTemplateFields):
     #: engine's prefix cache serves every cached prefix by itself).
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prediction: Prediction | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)

@@ -85,10 +85,12 @@ class ToolChatFormatter(ChatFormatter):
 
 
 def chat_formatter(response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None,
-                   plan: ToolPlan, reasoning: Reasoning | None = None) -> ChatFormatter:
+                   plan: ToolPlan, reasoning: Reasoning | None = None, *,
+                   predicted: bool = False) -> ChatFormatter:
     """The formatter of one chat request: tool calls are read out of the output only where the
     plan expects them (enforced calls, or ``auto`` with a format the model's template teaches),
     and from the answer only, after the thinking (``reasoning``) is split off."""
     if plan.parses_output:
-        return ToolChatFormatter(response_id, model, tokenizer, logprobs, plan=plan, reasoning=reasoning)
-    return ChatFormatter(response_id, model, tokenizer, logprobs, reasoning=reasoning)
+        return ToolChatFormatter(response_id, model, tokenizer, logprobs, plan=plan, reasoning=reasoning,
+                                 predicted=predicted)
+    return ChatFormatter(response_id, model, tokenizer, logprobs, reasoning=reasoning, predicted=predicted)
