@@ -376,6 +376,25 @@ class OverclaimedPoolLlamaCppBackend(LlamaCppBackend):
         return executor
 
 
+# ------------------------------------------------ 16. a rejected draft's KV stays in the sequence
+
+
+class _KeepsRejectedDraftsExecutor(LlamaCppExecutor):
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        """The bug: the engine asks to cut a sequence back (a rejected draft's positions); its
+        cells stay."""
+        self._check_open()
+
+
+class KeepsRejectedDraftsLlamaCppBackend(_ExecutorMutant):
+    """llama.cpp whose executor never trims a sequence: the KV of a rejected draft stays where
+    the accepted tokens are written next, so what follows a rejection is computed over it."""
+
+    name: ClassVar[str] = "llamacpp-keeps-rejected-drafts"
+
+    executor_class: ClassVar[type[LlamaCppExecutor]] = _KeepsRejectedDraftsExecutor
+
+
 # ----------------------------------------------------------------------- 15. min_tokens ignored
 
 
@@ -395,4 +414,5 @@ MUTANTS = (
     FixedSeedLlamaCppBackend, DropsHeldBackLlamaCppBackend, TemperatureIgnoredLlamaCppBackend,
     OverlongLeavesKvLlamaCppBackend, StaleKvLlamaCppBackend, SlotOrderRowsLlamaCppBackend,
     SlidingWindowLlamaCppBackend, OverclaimedPoolLlamaCppBackend, MinTokensIgnoredLlamaCppBackend,
+    KeepsRejectedDraftsLlamaCppBackend,
 )

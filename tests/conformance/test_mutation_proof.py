@@ -88,6 +88,8 @@ MUTATIONS = (
     Mutation(14, M.OverclaimedPoolLlamaCppBackend,
              ("TestKvPool::test_demand_beyond_the_pool_completes_every_request",)),
     Mutation(15, M.MinTokensIgnoredLlamaCppBackend, ("TestOutputs::test_min_tokens_keeps_the_end_out",)),
+    Mutation(16, M.KeepsRejectedDraftsLlamaCppBackend,
+             ("TestEngine::test_a_predicted_output_is_verified_not_trusted",)),
 )
 
 

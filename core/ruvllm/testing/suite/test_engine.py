@@ -24,7 +24,7 @@ import attrs
 import pytest
 
 from ruvllm.engine import ServingEngine
-from ruvllm.errors import ContextLengthExceeded
+from ruvllm.errors import ContextLengthExceeded, InvalidRequest
 from ruvllm.llm import LLM
 from ruvllm.testing.isolation import LogitsRecorder, NearTieRule, TeacherForcer, max_distance
 from ruvllm.testing.support import PROMPT_A, PROMPT_C, report_speculation
@@ -49,6 +49,10 @@ SLOT_REUSE_SLOTS = 3
 #: it takes seconds, not a minute (200 took 77 s on mlx).
 MIXED_REQUESTS = 60
 SLOT_REUSE_LENGTHS = (9, 3, 7, 2, 6, 4, 8, 5)
+#: Tokens of the predicted-output test's answers: several drafts' worth.
+PREDICTED_TOKENS = 24
+#: The position of the token the predicted-output test edits.
+PREDICTION_EDIT = 8
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +110,18 @@ def _assert_isolated_within_near_ties(engine: ServingEngine, prompts: list[list[
           f"distance {widest:.4f} (bounds: margin < {rule.margin_bound}, distance < {rule.distance_bound})")
     assert not problems, "batched sequences diverged from their solo runs beyond rounding:\n" + \
         "\n".join(problems)
+
+
+def _assert_plain_up_to_near_ties(engine: ServingEngine, text: str, plain, plain_rows: LogitsRecorder,
+                                  other, other_rows: LogitsRecorder) -> None:
+    """``other`` is ``plain``'s output until a position where plain decoding had a near-tie that
+    ``other``'s rows (computed in another batch shape) flipped; from there the contexts differ."""
+    rule = NearTieRule()
+    for k, (x, y) in enumerate(zip(plain.token_ids, other.token_ids, strict=True)):
+        d = rule.compare_row(k, plain_rows.rows[k], other_rows.rows[k], reference_token=x)
+        assert d is None or d.allowed, f"prompt {text!r}: {d.describe(engine.tokenizer.token_text)}"
+        if x != y:
+            return
 
 
 def _submit_held(engine: ServingEngine, prompts: list[list[int]], params: list[GenerationParams],
@@ -253,6 +269,50 @@ class TestEngine:
             assert sorted(order, key=started.__getitem__) == ["critical", "high", "normal", "low"]
         finally:
             gate.set()
+            eng.close()
+
+    def test_a_predicted_output_is_verified_not_trusted(self, ruvllm_llm: LLM, ruvllm_engine_options) -> None:
+        """OpenAI's Predicted Outputs: the expected answer drafts the request's tokens and the
+        request's own sampler verifies them. Predicting the answer plain decoding gives keeps
+        most drafts; predicting it with one token edited has that draft rejected (and the rest
+        kept once the cursor finds the unchanged text again); either way the output is plain
+        decoding's (exactly, or up to near-ties where the
+        executor's numerics depend on the batch shape). An engine that trusted drafts writes the
+        wrong prediction; an executor that keeps a rejected draft's KV (``trim``) changes what
+        follows it. A backend that cannot verify drafts refuses a prediction by name."""
+        options = ruvllm_engine_options(max_num_seqs=4, speculative_adaptive=False)
+        eng = ServingEngine(ruvllm_llm.backend, options, owns_backend=False)
+        try:
+            if eng.path != "executor":
+                with pytest.raises(InvalidRequest) as err:
+                    eng.submit_sync(_ids(eng, PROMPT_A), GREEDY, prediction=[1, 2])
+                assert err.value.field == "prediction"
+                return
+            exact = eng.backend.capabilities().batch_invariant
+            params = GenerationParams(max_tokens=PREDICTED_TOKENS, temperature=0.0, ignore_eos=True)
+            for text in (PROMPT_A, PROMPT_C):
+                prompt = _ids(eng, text)
+                plain_rows = LogitsRecorder()
+                plain = eng.submit_sync(prompt, params, logits_processors=[plain_rows]).result()
+                ids = plain.token_ids
+                edited = (*ids[:PREDICTION_EDIT], (ids[PREDICTION_EDIT] + 1) % eng.info.vocab_size,
+                          *ids[PREDICTION_EDIT + 1:])
+                for prediction, kept in ((ids, True), (edited, False)):
+                    rows = LogitsRecorder()
+                    out = eng.submit_sync(prompt, params, logits_processors=[rows],
+                                          prediction=prediction).result()
+                    used = out.usage
+                    assert used.accepted_draft_tokens > PREDICTION_EDIT // 2, f"prompt {text!r}: {used}"
+                    if not kept:
+                        assert used.draft_tokens > used.accepted_draft_tokens, f"prompt {text!r}: {used}"
+                    if exact:
+                        assert out.token_ids == plain.token_ids, (
+                            f"prompt {text!r}, {'right' if kept else 'edited'} prediction: {out.text!r} != "
+                            f"plain {plain.text!r}")
+                    else:
+                        _assert_plain_up_to_near_ties(eng, text, plain, plain_rows, out, rows)
+            assert eng.metrics().kv_usage == 0.0
+        finally:
             eng.close()
 
     def test_slot_reuse_keeps_each_request_its_rows(self, ruvllm_llm: LLM, ruvllm_engine_options) -> None:
