@@ -29,6 +29,8 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as TokenizersImpl
 
 from ruvllm.errors import ModelLoadError
+from ruvllm.fim import find_fim_tokens
+from ruvllm.types import FimTokens
 
 # llama.cpp token types (llama_token_type in llama.h), as stored in tokenizer.ggml.token_type.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -120,6 +122,10 @@ class HfTokenizer:
         return self.impl.decode([token_id], skip_special_tokens=False)
 
     # -- extras for backends ------------------------------------------------------------------
+    def fim_tokens(self) -> FimTokens | None:
+        """The fill-in-the-middle tokens of a known family in this vocabulary (ruvllm.fim)."""
+        return find_fim_tokens(self.impl.token_to_id)
+
     @property
     def special_ids(self) -> frozenset[int]:
         """Control tokens plus BOS/EOS: what ``decode(skip_special=True)`` hides."""

@@ -298,6 +298,15 @@ class GenerationResult:
         return n / self.timings.decode if n > 0 and self.timings.decode > 0 else 0.0
 
 
+@attrs.frozen
+class FimTokens:
+    """A code model's fill-in-the-middle tokens (ruvllm.fim): the prompt is prefix-suffix-middle."""
+
+    prefix: int
+    suffix: int
+    middle: int
+
+
 @attrs.frozen(kw_only=True)
 class SpecialTokens:
     bos_id: int | None
@@ -305,6 +314,8 @@ class SpecialTokens:
     pad_id: int | None = None
     bos_text: str = ""
     eos_text: str = ""
+    #: Fill-in-the-middle tokens; None: the model cannot fill in (a ``suffix`` is refused).
+    fim: FimTokens | None = None
 
 
 @attrs.frozen(kw_only=True)

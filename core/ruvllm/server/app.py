@@ -242,7 +242,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
         async with pool.route(body.model) as route:
             service = CompletionService(route, settings.limits)
             engine = route.engine
-            prompts = await completion_prompts(engine, body.prompt)
+            prompts = await completion_prompts(engine, body.prompt, body.suffix)
             params = [service.choice_params(body, ids) for ids in prompts]
             # Choice index -> its prompt's index: n choices per prompt, prompt after prompt.
             prompt_of = [p for p in range(len(prompts)) for _ in range(body.n)]

@@ -223,11 +223,12 @@ class _Exchange:
 
 
 async def _generate_ids(route: Route, body: OllamaGenerateRequest) -> list[int]:
-    """The prompt's token ids: as is with ``raw`` (tokenized as ``/v1/completions`` does), else
-    the earlier ``context`` followed by the system and prompt in the model's chat template."""
+    """The prompt's token ids: as is with ``raw`` (tokenized as ``/v1/completions`` does), the
+    fill-in-the-middle prompt with a ``suffix``, else the earlier ``context`` followed by the
+    system and prompt in the model's chat template."""
     engine = route.engine
-    if body.raw:
-        return (await completion_prompts(engine, body.prompt))[0]
+    if body.raw or body.suffix:
+        return (await completion_prompts(engine, body.prompt, body.suffix))[0]
     context = body.context or []
     vocab = engine.info.vocab_size
     bad = next((t for t in context if not 0 <= t < vocab), None)
@@ -301,7 +302,8 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
         sampling = {**sampling_fields(body.options), "guided_json": format_schema(body.format)}
         async with _route(pool, body.model, body.keep_alive) as (route, load):
             engine = route.engine
-            check_think(body.think, not body.raw and thinks(route, limits))
+            templated = not body.raw and not body.suffix
+            check_think(body.think, templated and thinks(route, limits))
             if logprobs is not None and not engine.capabilities.logprobs:
                 raise InvalidRequest("logprobs", "this model's backend cannot report logprobs (see "
                                      "`ruvllm backends`)")
@@ -316,9 +318,9 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
                     [ChoiceRequest(index=0, prompt_ids=ids, params=params, processors=procs[0])],
                     id_prefix="ollama")
             formatter = ChatFormatter(submission.id, route.served_name, engine.tokenizer, logprobs,
-                                      reasoning=None if body.raw else prompt_reasoning(route, limits, ids))
+                                      reasoning=prompt_reasoning(route, limits, ids) if templated else None)
             exchange = _Exchange(submission=submission, formatter=formatter, prompt_ids=ids, model=body.model,
-                                 chat=False, started=started, load=load, context=not body.raw,
+                                 chat=False, started=started, load=load, context=templated,
                                  thinking=body.think is not False)
             return await exchange.answer(body.stream is not False, request)
 

@@ -311,7 +311,12 @@ def check_generate(body: OllamaGenerateRequest) -> None:
     """Refuse, by name, what ``/api/generate`` cannot honour (before the model is touched)."""
     refuse_images(body.images, "images")
     if body.suffix:
-        raise InvalidRequest("suffix", "ruvllm does no fill-in-the-middle; leave suffix out (or empty)")
+        for field, what in (("raw", body.raw), ("system", body.system), ("context", body.context),
+                            ("think", body.think)):
+            if what:
+                raise InvalidRequest(field, "belongs to a chat prompt; with suffix the prompt is the model's "
+                                     "fill-in-the-middle one (the text before and after the gap): leave "
+                                     "one out")
     if body.template:
         raise InvalidRequest("template", "is a Go template for Ollama's prompt renderer; ruvllm renders the "
                              "model's own (Jinja) chat template: leave template out, or send the prompt "

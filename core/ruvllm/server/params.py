@@ -17,6 +17,7 @@ import attrs
 
 from ruvllm.chat import DEFAULT_OPTIONS, TemplateOptions, render_chat
 from ruvllm.errors import InvalidRequest
+from ruvllm.fim import infill_ids
 from ruvllm.guided.tools import ToolPlan, taught_conversation
 from ruvllm.server.schemas import (
     MAX_COMPLETION_LOGPROBS,
@@ -155,9 +156,29 @@ async def prediction_ids(engine: AsyncEngine, prediction: Prediction | None) -> 
     return await engine.encode_async(require_encodable("prediction", text), add_special=False) if text else []
 
 
-async def completion_prompts(engine: AsyncEngine, prompt: Any) -> list[list[int]]:
+async def infill_prompt(engine: AsyncEngine, prefix: str, suffix: str) -> list[int]:
+    """The fill-in-the-middle prompt asking for what goes between ``prefix`` and ``suffix``
+    (OpenAI's and Ollama's ``suffix``; ruvllm.fim), or a refusal naming ``suffix`` where the model
+    has no fill-in-the-middle tokens."""
+    special = engine.info.special_tokens
+    if special.fim is None:
+        raise InvalidRequest("suffix", "this model has no fill-in-the-middle tokens, so it cannot write what "
+                             "goes between a prompt and a suffix; leave suffix out, or serve a code model "
+                             "trained for it (Qwen2.5-Coder, StarCoder2, DeepSeek-Coder; docs/server.md)")
+
+    async def ids(field: str, text: str) -> list[int]:
+        return await engine.encode_async(require_encodable(field, text), add_special=False) if text else []
+
+    # What the tokenizer starts every prompt with (the BOS, where the model wants one): "" costs
+    # the event loop nothing to tokenize.
+    head = [t for t in engine.tokenizer.encode("", add_special=True) if t not in special.eos_ids]
+    return infill_ids(special.fim, head, await ids("prompt", prefix), await ids("suffix", suffix))
+
+
+async def completion_prompts(engine: AsyncEngine, prompt: Any, suffix: str | None = None) -> list[list[int]]:
     """Each prompt of a completions request as token ids (a string, ids, or a list of either);
-    the strings are tokenized together, in one visit to the engine's model thread."""
+    the strings are tokenized together, in one visit to the engine's model thread. With a
+    ``suffix`` each prompt is the text before it, and the model fills in between."""
     if isinstance(prompt, str):
         prompts: list[Any] = [prompt]
     elif prompt and all(isinstance(t, int) for t in prompt):
@@ -166,6 +187,11 @@ async def completion_prompts(engine: AsyncEngine, prompt: Any) -> list[list[int]
         prompts = list(prompt)
     if not prompts:
         raise InvalidRequest("prompt", "must not be empty")
+    if suffix:
+        if not all(isinstance(p, str) for p in prompts):
+            raise InvalidRequest("prompt", "must be text with suffix: the fill-in-the-middle prompt is built "
+                                 "from the text before and after the gap")
+        return [await infill_prompt(engine, p, suffix) for p in prompts]
     pending = []
     for p in prompts:
         if isinstance(p, str):
@@ -215,8 +241,9 @@ def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits:
                 _refuse("top_logprobs", f"must be between 0 and {MAX_LOGPROBS}; got {logprobs}")
             lp_field = "top_logprobs" if req.top_logprobs else "logprobs"
     else:
-        if req.suffix:
-            _refuse("suffix", "is not supported by ruvllm (no fill-in-the-middle); remove it")
+        if req.suffix and req.echo:
+            _refuse("echo", "cannot be used with suffix: a fill-in-the-middle prompt is not the text sent "
+                    "(OpenAI refuses the pair too); leave one out")
         max_field, max_tokens = "max_tokens", req.max_tokens
         logprobs = req.logprobs
         if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:

@@ -76,6 +76,7 @@ class CandleLikeBackend(LlmBackend):
                 bos_id=tok.bos_id, eos_ids=tok.eos_ids,
                 bos_text=tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
                 eos_text=tok.token_text(tok.eos_ids[0]) if tok.eos_ids else "",
+                fim=tok.fim_tokens(),
             ),
             chat_template=loaded.chat_template,
             path=str(source.path),

@@ -68,6 +68,7 @@ def model_info(
         # Templates write {{ bos_token }} themselves even where the tokenizer does not add it.
         bos_text=tokenizer.token_text(bos) if bos is not None else "",
         eos_text=tokenizer.token_text(eos) if eos is not None else "",
+        fim=tokenizer.fim_tokens(),
     )
     n_params = int(llama_cpp.llama_model_n_params(model))
     return ModelInfo(

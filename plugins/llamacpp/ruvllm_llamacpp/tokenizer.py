@@ -13,6 +13,8 @@ import ctypes
 from collections.abc import Sequence
 from types import ModuleType
 
+from ruvllm.types import FimTokens
+
 
 class LlamaCppTokenizer:
     """Tokenizer of one loaded llama.cpp model (valid while the model is loaded)."""
@@ -57,6 +59,15 @@ class LlamaCppTokenizer:
     @property
     def eos_ids(self) -> tuple[int, ...]:
         return self._eos_ids
+
+    def fim_tokens(self) -> FimTokens | None:
+        """The fill-in-the-middle tokens llama.cpp found (GGUF metadata, or the token texts it
+        knows); None when the model has not all three."""
+        ids = [int(f(self._vocab)) for f in (self._lib.llama_vocab_fim_pre, self._lib.llama_vocab_fim_suf,
+                                             self._lib.llama_vocab_fim_mid)]
+        if min(ids) < 0:
+            return None
+        return FimTokens(prefix=ids[0], suffix=ids[1], middle=ids[2])
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")

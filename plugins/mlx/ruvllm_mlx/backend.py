@@ -129,6 +129,7 @@ class MlxBackend(LlmBackend):
             bos_id=tokenizer.bos_id, eos_ids=tokenizer.eos_ids,
             bos_text=tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else "",
             eos_text=tokenizer.token_text(tokenizer.eos_ids[0]) if tokenizer.eos_ids else "",
+            fim=tokenizer.fim_tokens(),
         )
         info = ModelInfo(
             name=model.name, architecture=config.architecture, context_length=context,
