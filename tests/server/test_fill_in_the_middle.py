@@ -35,8 +35,8 @@ def _write(root, form: str):
     tiny = _tiny_module()
     vocab = tiny.tiny_tokenizer()
     ids = tuple(range(len(vocab.tokens), len(vocab.tokens) + len(FIM)))
-    vocab = attrs.evolve(vocab, tokens=[*vocab.tokens, *FIM], token_types=[*vocab.token_types, *[CONTROL] * 3],
-                         chat_template=CHATML)
+    vocab = attrs.evolve(vocab, tokens=[*vocab.tokens, *FIM], chat_template=CHATML,
+                         token_types=[*vocab.token_types, *[CONTROL] * len(FIM)])
     cfg = tiny.tiny_config("qwen2", len(vocab.tokens))
     weights = tiny.tiny_weights(cfg, seed=0)
     if form == "gguf":
@@ -96,5 +96,5 @@ def test_a_model_without_the_tokens_refuses_a_suffix_by_name(client, model_name,
     with pytest.raises(openai.BadRequestError, match="no fill-in-the-middle tokens") as err:
         client.completions.create(model=model_name, prompt=PREFIX, suffix=SUFFIX, max_tokens=2)
     assert err.value.body["param"] == "suffix"
-    with pytest.raises(ollama.ResponseError, match="^suffix: this model has no fill-in-the-middle"):
+    with pytest.raises(ollama.ResponseError, match=r"^suffix: this model has no fill-in-the-middle"):
         ollama.Client(host=server.url, headers=AUTH).generate(model=model_name, prompt=PREFIX, suffix=SUFFIX)
