@@ -120,6 +120,8 @@ def test_whole_suite_passes_on_correct_backend_and_gates_capabilities(suite_runn
         "TestDeterminism::test_temperature_changes_output[toy-nologprobs]":
             "toy-nologprobs lacks core_sampler: sampling runs inside the engine, so ruvllm "
             "cannot promise that a seed reproduces the same tokens",
+        "TestOutputs::test_min_tokens_keeps_the_end_out[toy-nologprobs]":
+            "toy-nologprobs lacks core_sampler: the engine samples by itself and has no minimum length",
         **{f"TestKvPool::test_demand_beyond_the_pool_completes_every_request[{b}]":
            f"backend {b!r} has no iteration-level executor: it schedules requests by itself and "
            "the engine keeps no KV pool for it" for b in ("toy", "toy-nologprobs")},

@@ -279,11 +279,13 @@ class TestEngine:
         decoding's (exactly, or up to near-ties where the
         executor's numerics depend on the batch shape). An engine that trusted drafts writes the
         wrong prediction; an executor that keeps a rejected draft's KV (``trim``) changes what
-        follows it. A backend that cannot verify drafts refuses a prediction by name."""
+        follows it. A backend that cannot verify drafts (no executor, or one without logits per
+        position) refuses a prediction by name."""
         options = ruvllm_engine_options(max_num_seqs=4, speculative_adaptive=False)
         eng = ServingEngine(ruvllm_llm.backend, options, owns_backend=False)
         try:
-            if eng.path != "executor":
+            # Verifying drafts needs logits at every drafted position (BatchExecutor.prompt_logits).
+            if not getattr(getattr(eng._core, "executor", None), "prompt_logits", False):
                 with pytest.raises(InvalidRequest) as err:
                     eng.submit_sync(_ids(eng, PROMPT_A), GREEDY, prediction=[1, 2])
                 assert err.value.field == "prediction"
