@@ -17,7 +17,7 @@ from typing import Any
 
 from ruvllm.adapters import adapter_cache_key
 from ruvllm.backend import LlmBackend
-from ruvllm.chat import render_chat
+from ruvllm.chat import DEFAULT_OPTIONS, TemplateOptions, render_chat
 from ruvllm.config import Config, load_config, merged_options
 from ruvllm.generation import GenerationStream, RequestOutputBuilder, check_prompt
 from ruvllm.models import ModelSource
@@ -92,11 +92,14 @@ class LLM:
             return self.tokenizer.encode(require_prompt_text(prompt), add_special=True)
         return list(prompt)
 
-    def chat_prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Token ids of ``messages`` rendered with the model's own chat template."""
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]],
+                    options: TemplateOptions = DEFAULT_OPTIONS) -> list[int]:
+        """Token ids of ``messages`` rendered with the model's own chat template, as the server's
+        ``chat_template_kwargs`` / ``continue_final_message`` / ``add_generation_prompt`` ask
+        (``options``: a final assistant message is continued unless they say otherwise)."""
         st = self.info.special_tokens
         text = render_chat(self.info.chat_template, messages,
-                           bos_token=st.bos_text, eos_token=st.eos_text)
+                           bos_token=st.bos_text, eos_token=st.eos_text, options=options)
         return self.tokenizer.encode(text, add_special=False, parse_special=True)
 
     def stream(self, prompt: Prompt, params: GenerationParams | None = None,

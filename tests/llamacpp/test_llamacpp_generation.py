@@ -5,6 +5,7 @@ from __future__ import annotations
 import llama_cpp
 import pytest
 from ruvllm import LLM
+from ruvllm.chat import TemplateOptions
 from ruvllm.types import FinishReason, GenerationParams
 
 PROMPTS = [
@@ -57,6 +58,17 @@ def test_chat_uses_the_models_template_and_stops_on_eos(llm):
     assert result.stop_reason in llm.tokenizer.eos_ids
     assert "Paris" in result.text
     assert "<|im_end|>" not in result.text
+
+
+def test_chat_prompt_continues_a_final_assistant_message_unless_told(llm):
+    """The Python API renders as the server does (ruvllm.chat.TemplateOptions): a final assistant
+    message is continued by default, closed with a new answer's header when asked."""
+    messages = [{"role": "user", "content": "List three colours."},
+                {"role": "assistant", "content": "1. Red\n2."}]
+    continued = llm.chat_prompt(messages)
+    closed = llm.chat_prompt(messages, TemplateOptions(continue_final_message=False))
+    assert llm.tokenizer.decode(continued).endswith("1. Red\n2.")
+    assert closed[:len(continued)] == continued and len(closed) > len(continued)
 
 
 def test_isolation_same_prompt_after_a_long_other_prompt(llm):
