@@ -307,6 +307,8 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
     ("completions", "suffix"): ({"prompt": "def f(x):", "suffix": "    return y"}, "suffix"),
     ("embeddings", "dimensions"): ({"input": "Hi", "dimensions": 8}, "dimensions"),
     ("chat", "store"): ({**BASE["chat"][0], "store": True}, "store"),
+    ("chat", "service_tier"): ({**BASE["chat"][0], "service_tier": "priority"}, "service_tier"),
+    ("chat", "modalities"): ({**BASE["chat"][0], "modalities": ["text", "audio"]}, "modalities"),
     **{(label, "stream_options.include_obfuscation"): (
         {**BASE[label][0], "stream": True, "stream_options": {"include_obfuscation": True}},
         "stream_options.include_obfuscation") for label in ("chat", "completions")},

@@ -100,6 +100,22 @@ def test_special_tokens_and_what_stopped_the_answer_are_text_when_asked(client, 
     assert kept.choices[0].text == cut.choices[0].text + " 5"
 
 
+def test_the_one_tier_and_text_are_what_a_client_may_ask_for(client, model_name):
+    """OpenAI's ``service_tier`` (auto / default) and ``modalities`` (["text"]) describe what this
+    server does anyway: the answer is the one without them; another tier or an audio answer is a
+    400 naming the field."""
+    ask = dict(model=model_name, messages=CHAT, max_tokens=6, temperature=0)
+    client.chat.completions.create(**ask)  # warm: a cached prefix can round differently
+    plain = client.chat.completions.create(**ask).choices[0].message.content
+    for tier in ("auto", "default"):
+        said = client.chat.completions.create(**ask, service_tier=tier, modalities=["text"])
+        assert said.choices[0].message.content == plain
+    for field, value in (("service_tier", "flex"), ("modalities", ["text", "audio"])):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(**ask, **{field: value})
+        assert err.value.body["param"] == field
+
+
 def test_completion_stop_string_and_max_tokens(client, model_name):
     full = client.completions.create(model=model_name, prompt="The capital of France is",
                                      max_tokens=8, temperature=0)

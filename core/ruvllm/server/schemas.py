@@ -149,6 +149,10 @@ class ChatCompletionRequest(_Request, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     #: OpenAI's stored completions: only false (nothing is stored; refused when true, below).
     store: bool | None = None
+    #: OpenAI's processing tier: this server has one, so only ``auto`` and ``default`` (below).
+    service_tier: str | None = None
+    #: OpenAI's output types: this server writes text only, so only ``["text"]`` (below).
+    modalities: list[str] | None = None
     #: Accepted, unused: tags OpenAI keeps with a stored completion, and nothing is stored.
     metadata: Metadata | None = None
     #: Accepted, unused, as the Responses API's: an end-user id for OpenAI's abuse monitoring
@@ -166,10 +170,17 @@ class ChatCompletionRequest(_Request, ChatTemplateFields):
     response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _nothing_to_store(self) -> ChatCompletionRequest:
+    def _one_tier_text_only_nothing_stored(self) -> ChatCompletionRequest:
         if self.store:
             raise InvalidRequest("store", "this server stores no completions (stateless), so nothing could "
                                  "be fetched later; leave store out or send false")
+        if self.service_tier not in (None, "auto", "default"):
+            raise InvalidRequest("service_tier", f"this server has one processing tier, so "
+                                 f"{self.service_tier!r} cannot be promised; send auto or default, or leave "
+                                 "it out")
+        if self.modalities is not None and set(self.modalities) != {"text"}:
+            raise InvalidRequest("modalities", f"this server writes text only; got {self.modalities!r}: send "
+                                 '["text"], or leave modalities out')
         return self
 
 
