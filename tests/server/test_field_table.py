@@ -315,10 +315,6 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
     **{(label, "messages[].audio"): (
         {"messages": [*CHAT_MESSAGES, {**_ASSISTANT_SAID, "audio": {"id": "audio_abc123"}}]},
         "messages[1].audio") for label in ("chat", "tokenize")},
-    **{(label, "messages[].function_call"): (
-        {"messages": [*CHAT_MESSAGES, {"role": "assistant", "content": None,
-                                       "function_call": {"name": "greet", "arguments": "{}"}}]},
-        "messages[1].function_call") for label in ("chat", "tokenize")},
     **{(label, field): ({**BASE[label][0], **body}, field) for label in ANTHROPIC for field, body in (
         ("thinking.type", {"thinking": {"type": "enabled", "budget_tokens": 1024}}),
         ("thinking.budget_tokens", {"thinking": {"type": "disabled", "budget_tokens": 1024}}),

@@ -66,7 +66,8 @@ async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, 
          for i in range(body.n)],
         id_prefix=id_prefix, prediction=predicted, **submit_options(body.priority, body.cache_salt, engine))
     fmt = chat_formatter(submission.id, route.served_name, engine.tokenizer, params.logprobs,
-                         constraint.tools, prompt_reasoning(route, limits, ids), predicted=bool(predicted))
+                         constraint.tools, prompt_reasoning(route, limits, ids), predicted=bool(predicted),
+                         legacy_functions=body.legacy_functions)
     return ChatRun(submission, fmt, ids)
 
 

@@ -51,14 +51,16 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Plain dicts for the chat template: text content parts joined, an assistant's ``refusal``
     as its content, ``tool_calls`` with their arguments as objects, a ``developer`` turn (what
     OpenAI's newer clients send for instructions) as the system turn chat templates know, for chat
-    and the Responses API alike. What cannot be rendered (image or audio parts, a reference to an
-    audio answer, the deprecated ``function_call``) is a 400 naming it, never dropped."""
+    and the Responses API alike. The deprecated functions API's turns are the tool turns they
+    stand for: an assistant's ``function_call`` its one tool call, a ``function`` message that
+    call's answer. What cannot be rendered (image or audio parts, a reference to an audio answer)
+    is a 400 naming it, never dropped."""
     out = []
+    legacy_call: str | None = None
     for i, m in enumerate(messages):
         at = f"messages[{i}]"
-        for field in ("audio", "function_call"):
-            if getattr(m, field) is not None:
-                _refuse(f"{at}.{field}", _UNRENDERABLE[field])
+        if m.audio is not None:
+            _refuse(f"{at}.audio", _AUDIO_REFERENCE)
         content = _content_text(m.content, at)
         if m.refusal:
             if m.role != "assistant":
@@ -66,23 +68,33 @@ def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             if content:
                 _refuse(f"{at}.refusal", "give the assistant's turn as content or as refusal, not both")
             content = m.refusal
-        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
+        role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
+        d: dict[str, Any] = {"role": role, "content": content}
         if m.name:
             d["name"] = m.name
         if m.tool_call_id is not None:
             d["tool_call_id"] = m.tool_call_id
         if m.tool_calls is not None:
             d["tool_calls"] = _template_tool_calls(m.tool_calls, f"{at}.tool_calls")
+        if m.function_call is not None:
+            if m.role != "assistant" or m.tool_calls is not None:
+                _refuse(f"{at}.function_call", "is an assistant's call of the deprecated functions API; "
+                        "give it on an assistant message without tool_calls")
+            legacy_call = f"call_{i}"
+            d["tool_calls"] = _template_tool_calls([{"id": legacy_call, "type": "function",
+                                                     "function": m.function_call}], f"{at}.function_call")
+        if m.role == "function":
+            if not m.name or legacy_call is None:
+                _refuse(f"{at}.name" if not m.name else f"{at}.role",
+                        "a function message answers the assistant's function_call before it, by the "
+                        "function's name")
+            d["tool_call_id"] = legacy_call
         out.append(d)
     return out
 
 
-_UNRENDERABLE = {
-    "audio": "refers to an earlier audio answer, and ruvllm serves text models; send that answer's "
-             "transcript as content (or audio: null)",
-    "function_call": "is the deprecated functions API, which ruvllm does not serve; send the call as "
-                     "tool_calls (or function_call: null)",
-}
+_AUDIO_REFERENCE = ("refers to an earlier audio answer, and ruvllm serves text models; send that answer's "
+                    "transcript as content (or audio: null)")
 #: The keys of a text content part (the ``openai`` client's ChatCompletionContentPartTextParam).
 _TEXT_PART_KEYS = frozenset({"type", "text"})
 

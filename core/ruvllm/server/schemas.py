@@ -110,7 +110,8 @@ class ChatMessage(StrictModel):
     refusal: str | None = None
     #: Accepted only as null: a reference to an earlier audio answer.
     audio: dict[str, Any] | None = None
-    #: Accepted only as null: the deprecated functions API's call (send ``tool_calls``).
+    #: An assistant turn's call in the deprecated functions API (``{"name", "arguments"}``),
+    #: rendered as its one tool call; a ``function`` message after it is that call's answer.
     function_call: dict[str, Any] | None = None
     #: URL citations of an earlier OpenAI answer: accepted, not rendered (docs/server.md).
     annotations: list[Any] | None = None
@@ -168,6 +169,30 @@ class ChatCompletionRequest(_Request, ChatTemplateFields):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+    #: OpenAI's deprecated functions API: ``functions`` / ``function_call`` are ``tools`` /
+    #: ``tool_choice`` with one call an answer, which comes back as ``message.function_call``.
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+
+    @property
+    def legacy_functions(self) -> bool:
+        """The request uses the deprecated functions API (its answer is shaped so too)."""
+        return self.functions is not None
+
+    @model_validator(mode="after")
+    def _functions_as_tools(self) -> ChatCompletionRequest:
+        if self.functions is None:
+            if self.function_call is not None:
+                raise InvalidRequest("function_call", "needs functions (or send tools and tool_choice)")
+            return self
+        if self.tools is not None or self.tool_choice is not None:
+            raise InvalidRequest("functions", "give tools and tool_choice, or the deprecated functions and "
+                                 "function_call, not both")
+        self.tools = [{"type": "function", "function": f} for f in self.functions]
+        call = self.function_call
+        self.tool_choice = {"type": "function", "function": call} if isinstance(call, dict) else call
+        self.parallel_tool_calls = False  # the functions API answers with one call
+        return self
 
     @model_validator(mode="after")
     def _one_tier_text_only_nothing_stored(self) -> ChatCompletionRequest:

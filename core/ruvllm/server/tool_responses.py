@@ -29,9 +29,12 @@ from ruvllm.types import TokenOutput
 
 
 class ToolChatFormatter(ChatFormatter):
-    def __init__(self, *args: Any, plan: ToolPlan, **kwargs: Any):
+    def __init__(self, *args: Any, plan: ToolPlan, legacy_functions: bool = False, **kwargs: Any):
+        """``legacy_functions``: the request used the deprecated functions API, whose one call
+        comes back as ``function_call`` with ``finish_reason: "function_call"``."""
         super().__init__(*args, **kwargs)
         self.plan = plan
+        self.legacy_functions = legacy_functions
         self._text: dict[int, str] = {}
         self._sent: dict[int, int] = {}
         #: Choice index -> logprobs entries of tokens whose entry has not been sent yet.
@@ -67,9 +70,18 @@ class ToolChatFormatter(ChatFormatter):
         if len(content) > sent:
             delta["content"] = content[sent:]
         if calls:
-            delta["tool_calls"] = [c.openai(k) for k, c in enumerate(calls)]
-            reason = "tool_calls" if reason == "stop" else reason
+            key, value = self._calls(calls, streamed=True)
+            delta[key] = value
+            reason = key if reason == "stop" else reason
         return self._chunk(index, delta, reason, self._unsent_logprobs(index))
+
+    def _calls(self, calls: list[Any], *, streamed: bool) -> tuple[str, Any]:
+        """The answer's calls as OpenAI returns them: ``tool_calls``, or the functions API's one
+        ``function_call`` (a plan for it allows one call)."""
+        if self.legacy_functions:
+            call = calls[0].openai()["function"]
+            return "function_call", call
+        return "tool_calls", [c.openai(k if streamed else None) for k, c in enumerate(calls)]
 
     def complete(self, outcomes, prompt_lengths) -> dict[str, Any]:
         out = super().complete(outcomes, prompt_lengths)
@@ -78,19 +90,20 @@ class ToolChatFormatter(ChatFormatter):
             content, calls = split_tool_calls(message["content"] or "", self.plan)
             message["content"] = content or (None if calls else content)
             if calls:
-                message["tool_calls"] = [c.openai() for c in calls]
+                key, value = self._calls(calls, streamed=False)
+                message[key] = value
                 if choice["finish_reason"] == "stop":
-                    choice["finish_reason"] = "tool_calls"
+                    choice["finish_reason"] = key
         return out
 
 
 def chat_formatter(response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None,
                    plan: ToolPlan, reasoning: Reasoning | None = None, *,
-                   predicted: bool = False) -> ChatFormatter:
+                   predicted: bool = False, legacy_functions: bool = False) -> ChatFormatter:
     """The formatter of one chat request: tool calls are read out of the output only where the
     plan expects them (enforced calls, or ``auto`` with a format the model's template teaches),
     and from the answer only, after the thinking (``reasoning``) is split off."""
     if plan.parses_output:
         return ToolChatFormatter(response_id, model, tokenizer, logprobs, plan=plan, reasoning=reasoning,
-                                 predicted=predicted)
+                                 predicted=predicted, legacy_functions=legacy_functions)
     return ChatFormatter(response_id, model, tokenizer, logprobs, reasoning=reasoning, predicted=predicted)
