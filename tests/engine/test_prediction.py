@@ -8,9 +8,11 @@ import pytest
 from engine_fakes import FakeBackend
 from ruvllm.engine import EngineOptions, ServingEngine
 from ruvllm.engine.prediction import PredictionCursor
+from ruvllm.engine.request import SchedRequest
+from ruvllm.engine.speculative import PROBE_INTERVAL, Speculator
 from ruvllm.errors import InvalidRequest
 from ruvllm.types import GenerationParams
-from test_speculative import PROMPTS, PagedCopying, PerSeqCopying
+from test_speculative import PROMPTS, FixedCost, PagedCopying, PerSeqCopying
 
 GREEDY = GenerationParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 SAMPLED = GenerationParams(max_tokens=40, temperature=0.9, top_p=0.9, seed=7, ignore_eos=True, logprobs=2)
@@ -38,6 +40,26 @@ def test_the_cursor_prefers_the_occurrence_ahead_of_where_it_was():
     cursor = PredictionCursor(predicted, min_n=2, max_n=2)
     assert cursor.propose([1, 2, 7, 3, 4], 1) == (1,)
     assert cursor.propose([1, 2, 7, 3, 4, 5, 1, 2], 1) == (8,)  # not the "1 2" behind (-> 7)
+
+
+def test_each_prediction_is_sized_by_its_own_acceptance_not_by_other_clients():
+    """A client's poor prediction stops its own drafts (but for probes), never another's: each
+    predicted request starts from the same optimistic prior."""
+    spec = Speculator(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=2,
+                      disable_by_batch_size=4, lookup=False)
+    spec.cost = FixedCost(0.5)
+    prompt, predicted = [1, 2, 3], tuple(range(10, 40))
+
+    def request(rid):
+        return SchedRequest(rid, [*prompt, 10], max_tokens=100, prediction=predicted)
+
+    bad = request("bad")
+    assert len(spec.propose(bad, 16, 1)) == 3  # acceptance 0.8 at first: three tokens are worth it
+    for _ in range(30):
+        spec.record("bad", 3, 0)
+    assert [len(spec.propose(bad, 16, 1)) for _ in range(PROBE_INTERVAL)][-2:] == [0, 1]
+    assert len(spec.propose(request("good"), 16, 1)) == 3
+    assert spec.propose(SchedRequest("plain", [*prompt, 1, 2, 3], max_tokens=100), 16, 1) == ()  # no lookup
 
 
 def _run(executor_cls, params, predictions, **options):

@@ -46,9 +46,12 @@ PROBE_INTERVAL = 32
 #: Longest draft from a predicted output in one step: its tokens are kept far more often than
 #: an n-gram's, so a step verifies more of them (the acceptance policy still sizes each draft).
 MAX_PREDICTED_DRAFT = 16
-#: The engine-wide acceptance of predicted drafts is kept apart from prompt lookup's (which is
-#: kept by match length, >= 0).
-PREDICTED = -1
+#: Per-token acceptance a request's predicted output starts from. A client sends one because it
+#: expects most of the answer (a file it asks to have edited), and how right it is depends on
+#: that client, not on the others: each request starts here, never from the engine's figures,
+#: and its own drafts replace this after a few (one client's poor predictions never stop
+#: another's from drafting).
+PREDICTION_PRIOR = 0.8
 
 
 @attrs.define
@@ -128,7 +131,7 @@ class Speculator:
         state = self._states.get(req.request_id)
         if state is None:
             cursor = PredictionCursor(req.prediction, self.min_n, self.max_n)
-            state = self._states[req.request_id] = _DraftState(None, match=PREDICTED, predicted=cursor)
+            state = self._states[req.request_id] = _DraftState(None, predicted=cursor)
         assert state.predicted is not None
         drafts = state.predicted.propose(req.token_ids[req.num_prompt:], min(MAX_PREDICTED_DRAFT, limit))
         if not drafts or not self.adaptive:
@@ -158,8 +161,12 @@ class Speculator:
 
     def acceptance(self, state: _DraftState) -> float:
         """The request's per-token acceptance, starting from the engine's for its match length
-        (itself starting from ``prior_acceptance``); always below 1."""
-        prior = self._by_match[state.match].rate(self.prior_acceptance, PRIOR_WEIGHT)
+        (itself starting from ``prior_acceptance``), or from ``PREDICTION_PRIOR`` for a predicted
+        output; always below 1."""
+        if state.predicted is not None:
+            prior = PREDICTION_PRIOR
+        else:
+            prior = self._by_match[state.match].rate(self.prior_acceptance, PRIOR_WEIGHT)
         return state.acceptance.rate(prior, PRIOR_WEIGHT)
 
     def _length(self, acceptance: float, cost: float, most: int) -> int:
@@ -175,7 +182,8 @@ class Speculator:
         if state is None:
             return
         state.acceptance.add(drafted, accepted)
-        self._by_match[state.match].add(drafted, accepted)
+        if state.predicted is None:
+            self._by_match[state.match].add(drafted, accepted)
 
     def preempted(self, request_id: str) -> None:
         """``request_id`` lost its KV (it will be prefilled again); its history is unchanged, so
