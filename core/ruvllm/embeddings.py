@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.tokenizer import require_in_vocabulary
 
 
 def check_embedding_inputs(inputs: Sequence[Sequence[int]], *, vocab_size: int, max_tokens: int,
@@ -35,9 +36,7 @@ def check_embedding_inputs(inputs: Sequence[Sequence[int]], *, vocab_size: int, 
         if len(ids) > max_tokens:
             raise InvalidRequest(name, f"has {len(ids)} tokens, but this model embeds at most {max_tokens} "
                                  "tokens per input; shorten or split it", len(ids))
-        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise InvalidRequest(name, f"token id {bad} is outside the vocabulary [0, {vocab_size})", bad)
+        require_in_vocabulary(name, ids, vocab_size)
         out.append(ids)
     return out
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 from ruvllm.errors import ContextLengthExceeded, InvalidRequest
 from ruvllm.stops import StopStringMatcher
-from ruvllm.tokenizer import IncrementalDetokenizer, Tokenizer
+from ruvllm.tokenizer import IncrementalDetokenizer, Tokenizer, require_in_vocabulary
 from ruvllm.types import (
     FinishReason,
     GenerationParams,
@@ -30,9 +30,7 @@ def check_prompt(prompt_ids: Sequence[int], params: GenerationParams, context_le
     """Reject a prompt that cannot be served, before any engine state is touched."""
     if len(prompt_ids) == 0:
         raise InvalidRequest("prompt", "must contain at least one token; got an empty prompt")
-    bad = next((t for t in prompt_ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise InvalidRequest("prompt", f"token id {bad} is outside the vocabulary [0, {vocab_size})", bad)
+    require_in_vocabulary("prompt", prompt_ids, vocab_size)
     if len(prompt_ids) + params.max_tokens > context_length:
         raise ContextLengthExceeded(len(prompt_ids), params.max_tokens, context_length, limit_note=limit_note)
 

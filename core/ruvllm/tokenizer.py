@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from ruvllm.errors import InvalidRequest
@@ -23,6 +23,16 @@ def require_encodable(field: str, text: str) -> str:
             "which is not valid Unicode; send well-formed UTF-8 (combine surrogate pairs)", None,
         ) from None
     return text
+
+
+def require_in_vocabulary(field: str, ids: Iterable[int], vocab_size: int, advice: str = "") -> None:
+    """InvalidRequest naming ``field`` at the first id outside ``[0, vocab_size)`` (``advice``
+    says how to fix it where the field's origin does): the one wording of the check every path
+    makes before token ids reach a model."""
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidRequest(field, f"token id {bad} is outside the vocabulary [0, {vocab_size}){advice}",
+                             bad)
 
 
 def require_prompt_text(text: str) -> str:

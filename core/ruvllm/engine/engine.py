@@ -40,7 +40,7 @@ from ruvllm.errors import BackendError, EngineClosed, EngineOptionError, Invalid
 from ruvllm.generation import RequestOutputBuilder, check_prompt, ending_ids, require_core_sampler
 from ruvllm.sampling import LogitsProcessor, Sampler
 from ruvllm.serving import MetricsSnapshot, PluginMetric
-from ruvllm.tokenizer import Tokenizer, require_prompt_text
+from ruvllm.tokenizer import Tokenizer, require_in_vocabulary, require_prompt_text
 from ruvllm.types import Capabilities, FinishReason, GenerationParams, GenerationResult, ModelInfo, Trajectory
 
 log = logging.getLogger(__name__)
@@ -311,10 +311,7 @@ class ServingEngine:
                                  "(its engine gives no logits per drafted position, or it samples by "
                                  "itself), so a predicted output cannot be used; drop prediction or use a "
                                  "backend with an executor (llamacpp, candle_like, mlx)")
-        bad = next((t for t in ids if not 0 <= t < self._info.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequest("prediction", f"token id {bad} is outside the vocabulary "
-                                 f"[0, {self._info.vocab_size})", bad)
+        require_in_vocabulary("prediction", ids, self._info.vocab_size)
         return ids
 
     def _cancel(self, request_id: str) -> None:

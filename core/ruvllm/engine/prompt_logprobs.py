@@ -17,7 +17,7 @@ import numpy as np
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.sampling import log_softmax, top_logprobs
-from ruvllm.tokenizer import Tokenizer
+from ruvllm.tokenizer import Tokenizer, require_in_vocabulary
 from ruvllm.types import GenerationParams, PromptLogprob, TokenLogprob
 
 
@@ -26,10 +26,7 @@ def check_logits_options(params: GenerationParams, *, path: str, backend: str, v
     """Refuse ``logit_bias`` / ``min_tokens`` / ``prompt_logprobs`` a request cannot have, naming
     the reason."""
     if params.logit_bias:
-        bad = next((t for t, _ in params.logit_bias if t >= vocab_size), None)
-        if bad is not None:
-            raise InvalidRequest("logit_bias", f"token id {bad} is outside the vocabulary [0, {vocab_size})",
-                                 bad)
+        require_in_vocabulary("logit_bias", (t for t, _ in params.logit_bias), vocab_size)
         if path != "executor":
             raise InvalidRequest(
                 "logit_bias", f"backend {backend!r} samples inside its own engine (request-level "

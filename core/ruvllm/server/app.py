@@ -64,7 +64,7 @@ from ruvllm.server.schemas import (
 )
 from ruvllm.server.tokenizer_info import refuse_unknown_query, tokenizer_info
 from ruvllm.serving import AsyncEngine
-from ruvllm.tokenizer import require_encodable
+from ruvllm.tokenizer import require_encodable, require_in_vocabulary
 
 
 @attrs.frozen(kw_only=True)
@@ -225,10 +225,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
         async with pool.route(body.model) as route:
             engine = route.engine
-        vocab = engine.tokenizer.vocab_size
-        bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequest("tokens", f"token id {bad} is outside the vocabulary [0, {vocab})", bad)
+        require_in_vocabulary("tokens", body.tokens, engine.tokenizer.vocab_size)
         return {"prompt": engine.tokenizer.decode(body.tokens, skip_special=False)}
 
     @app.post("/v1/chat/completions")

@@ -59,6 +59,7 @@ from ruvllm.server.params import Limits, chat_prompt_ids, completion_prompts
 from ruvllm.server.responses import ChatFormatter
 from ruvllm.server.schemas import ChatMessage, CompletionRequest
 from ruvllm.server.sse import SSEResponse
+from ruvllm.tokenizer import require_in_vocabulary
 from ruvllm.types import GenerationResult, TokenOutput
 
 #: The Ollama release whose API this surface follows (``think``, ``tool_name``, ``logprobs``):
@@ -230,11 +231,8 @@ async def _generate_ids(route: Route, body: OllamaGenerateRequest) -> list[int]:
     if body.raw or body.suffix:
         return (await completion_prompts(engine, body.prompt, body.suffix))[0]
     context = body.context or []
-    vocab = engine.info.vocab_size
-    bad = next((t for t in context if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise InvalidRequest("context", f"token id {bad} is outside the vocabulary [0, {vocab}); send the "
-                             "context an earlier answer of this model returned", bad)
+    require_in_vocabulary("context", context, engine.info.vocab_size,
+                          "; send the context an earlier answer of this model returned")
     turn = [ChatMessage(role="system", content=body.system)] if body.system else []
     return [*context, *await chat_prompt_ids(engine, [*turn, ChatMessage(role="user", content=body.prompt)])]
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from ruvllm.errors import BackendError, InvalidRequest
 from ruvllm.executor import BatchEntry, KvLayout
+from ruvllm.tokenizer import require_in_vocabulary
 
 from ruvllm_mlx.kv_cache import SequenceCache
 from ruvllm_mlx.mlx_core import mx
@@ -91,9 +92,7 @@ class MlxBatchExecutor:
             if end > self.max_seq_len:
                 raise InvalidRequest("start_pos", f"sequence {entry.seq_id} would reach position "
                                                   f"{end}, past the context length {self.max_seq_len}")
-            bad = next((t for t in entry.tokens if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise InvalidRequest("tokens", f"token id {bad} is outside the vocabulary [0, {vocab})", bad)
+            require_in_vocabulary("tokens", entry.tokens, vocab)
             cache = self._cache(entry.seq_id)
             if entry.start_pos > cache.length:
                 raise InvalidRequest(
