@@ -162,29 +162,34 @@ async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage],
     return await engine.encode_async(text, add_special=False, parse_special=True)
 
 
+async def _piece_ids(engine: AsyncEngine, field: str, text: str) -> list[int]:
+    """Token ids of a piece of text inside a prompt or an answer: no BOS, special tokens not
+    parsed, none for "" (which the engine would refuse as a whole prompt)."""
+    return await engine.encode_async(require_encodable(field, text), add_special=False) if text else []
+
+
 async def prediction_ids(engine: AsyncEngine, prediction: Prediction | None) -> list[int]:
-    """OpenAI's predicted output as token ids (no special tokens: it is answer text)."""
-    text = _content_text(prediction.content, "prediction") if prediction is not None else ""
-    return await engine.encode_async(require_encodable("prediction", text), add_special=False) if text else []
+    """OpenAI's predicted output as token ids (answer text)."""
+    if prediction is None:
+        return []
+    return await _piece_ids(engine, "prediction", _content_text(prediction.content, "prediction"))
 
 
-async def infill_prompt(engine: AsyncEngine, prefix: str, suffix: str) -> list[int]:
-    """The fill-in-the-middle prompt asking for what goes between ``prefix`` and ``suffix``
-    (OpenAI's and Ollama's ``suffix``; ruvllm.fim), or a refusal naming ``suffix`` where the model
-    has no fill-in-the-middle tokens."""
+async def infill_prompts(engine: AsyncEngine, prefixes: Sequence[str], suffix: str) -> list[list[int]]:
+    """The fill-in-the-middle prompts asking for what goes between each of ``prefixes`` and
+    ``suffix`` (OpenAI's and Ollama's ``suffix``; ruvllm.fim), or a refusal naming ``suffix``
+    where the model has no fill-in-the-middle tokens."""
     special = engine.info.special_tokens
     if special.fim is None:
         raise InvalidRequest("suffix", "this model has no fill-in-the-middle tokens, so it cannot write what "
                              "goes between a prompt and a suffix; leave suffix out, or serve a code model "
                              "trained for it (Qwen2.5-Coder, StarCoder2, DeepSeek-Coder; docs/server.md)")
-
-    async def ids(field: str, text: str) -> list[int]:
-        return await engine.encode_async(require_encodable(field, text), add_special=False) if text else []
-
     # What the tokenizer starts every prompt with (the BOS, where the model wants one): "" costs
     # the event loop nothing to tokenize.
     head = [t for t in engine.tokenizer.encode("", add_special=True) if t not in special.eos_ids]
-    return infill_ids(special.fim, head, await ids("prompt", prefix), await ids("suffix", suffix))
+    before = [await _piece_ids(engine, "prompt", p) for p in prefixes]
+    after = await _piece_ids(engine, "suffix", suffix)
+    return [infill_ids(special.fim, head, ids, after) for ids in before]
 
 
 async def completion_prompts(engine: AsyncEngine, prompt: Any, suffix: str | None = None) -> list[list[int]]:
@@ -203,7 +208,7 @@ async def completion_prompts(engine: AsyncEngine, prompt: Any, suffix: str | Non
         if not all(isinstance(p, str) for p in prompts):
             raise InvalidRequest("prompt", "must be text with suffix: the fill-in-the-middle prompt is built "
                                  "from the text before and after the gap")
-        return [await infill_prompt(engine, p, suffix) for p in prompts]
+        return await infill_prompts(engine, prompts, suffix)
     pending = []
     for p in prompts:
         if isinstance(p, str):
