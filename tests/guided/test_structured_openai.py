@@ -158,8 +158,12 @@ def test_guided_regex_and_choice_on_completions(oai, model_name):
     assert r.choices[0].text in ("red", "green")
 
 
-def test_lark_grammar_on_chat(oai, model_name):
-    grammar = 'start: "x=" NUM ";"\nNUM: /[0-9]{1,3}/'
+@pytest.mark.parametrize("grammar", [
+    'start: "x=" NUM ";"\nNUM: /[0-9]{1,3}/',
+    # vLLM's guided_grammar under xgrammar is llama.cpp's GBNF: llguidance translates it.
+    'root ::= "x=" num ";"\nnum ::= [0-9] [0-9]? [0-9]?',
+], ids=["lark", "gbnf"])
+def test_a_grammar_on_chat(oai, model_name, grammar):
     r = oai.chat.completions.create(model=model_name, max_tokens=12, temperature=0.8,
                                     messages=[{"role": "user", "content": "Assign x."}],
                                     extra_body={"guided_grammar": grammar})
@@ -171,6 +175,7 @@ def test_lark_grammar_on_chat(oai, model_name):
      "response_format.json_schema.schema"),
     ({"response_format": {"type": "yaml"}}, "response_format"),
     ({"extra_body": {"guided_regex": "[a-"}}, "guided_regex"),
+    ({"extra_body": {"guided_grammar": "root ::= ("}}, "guided_grammar"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice.function.name"),
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},

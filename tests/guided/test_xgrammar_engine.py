@@ -45,6 +45,8 @@ from ruvllm.types import GenerationParams  # noqa: E402
 from server_helpers import API_KEY, _require_backend, start_server  # noqa: E402
 
 LARK = 'start: "x=" NUM ";"\nNUM: /[0-9]{1,3}/'
+#: The same language in llama.cpp's GBNF: xgrammar compiles it itself, llguidance translated.
+GBNF = 'root ::= "x=" num ";"\nnum ::= [0-9] [0-9]? [0-9]?'
 # llguidance-only Lark: a terminal intersection ("&"), which xgrammar's dialect lacks.
 LARK_LLGUIDANCE_ONLY = 'start: WORD\nWORD: /[a-z]+/ & /.{3}/'
 REGEX = r" (yes|no), [a-z ]{3,20}\."
@@ -79,6 +81,7 @@ COMPARED = {
     "regex": from_extensions(guided_regex=REGEX),
     "choice": from_extensions(guided_choice=CHOICES),
     "lark": from_extensions(guided_grammar=LARK),
+    "gbnf": from_extensions(guided_grammar=GBNF),
 }
 
 
@@ -122,8 +125,9 @@ def test_regex_choice_and_lark_under_xgrammar(engine):
         assert re.fullmatch(REGEX, r.text), r.text
     for r in _generate(engine, from_extensions(guided_choice=CHOICES), "Pick a color:", range(3), 10):
         assert r.text in CHOICES
-    for r in _generate(engine, from_extensions(guided_grammar=LARK), "Assign x.", range(3), 12):
-        assert re.fullmatch(r"x=[0-9]{1,3};", r.text), r.text
+    for grammar in (LARK, GBNF):
+        for r in _generate(engine, from_extensions(guided_grammar=grammar), "Assign x.", range(3), 12):
+            assert re.fullmatch(r"x=[0-9]{1,3};", r.text), r.text
 
 
 def _walk(spec, tokenizer, seed: int, steps: int = 48):

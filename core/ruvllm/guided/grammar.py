@@ -16,11 +16,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+from llguidance.gbnf_to_lark import is_lark_syntax
 
 from ruvllm.errors import InvalidRequest
 
 #: The languages a GrammarSpec can be written in.
-LANGUAGES = ("json_schema", "regex", "lark")
+LANGUAGES = ("json_schema", "regex", "lark", "gbnf")
 
 
 @attrs.frozen
@@ -31,8 +32,9 @@ class GrammarSpec:
     field: str
     #: Short description for logs and errors ("json_schema 'weather'", "regex").
     kind: str
-    #: ``json_schema`` (source: the schema as JSON text), ``regex`` or ``lark`` (llguidance's
-    #: Lark dialect; xgrammar documents its own as compatible with it).
+    #: ``json_schema`` (source: the schema as JSON text), ``regex``, ``lark`` (llguidance's
+    #: Lark dialect; xgrammar documents its own as compatible with it) or ``gbnf`` (llama.cpp's
+    #: grammar format, which xgrammar compiles as its EBNF and llguidance translates to Lark).
     language: str = attrs.field(validator=attrs.validators.in_(LANGUAGES))
     source: str
 
@@ -109,9 +111,9 @@ def from_response_format(response_format: Mapping[str, Any] | None) -> GrammarSp
 def from_extensions(*, guided_regex: str | None = None, guided_grammar: str | None = None,
                     guided_choice: Sequence[str] | None = None,
                     guided_json: Any = None) -> GrammarSpec | None:
-    """vLLM's extension fields (at most one may be set): a regex, a Lark grammar (llguidance's
-    Lark dialect, which also embeds ``%json`` schemas; xgrammar takes the part of it its own
-    dialect shares), a list of choices or a JSON schema."""
+    """vLLM's extension fields (at most one may be set): a regex, a grammar (llguidance's Lark
+    dialect, which also embeds ``%json`` schemas, or llama.cpp's GBNF; xgrammar takes the part of
+    Lark its own dialect shares), a list of choices or a JSON schema."""
     given = {k: v for k, v in (("guided_regex", guided_regex), ("guided_grammar", guided_grammar),
                                ("guided_choice", guided_choice), ("guided_json", guided_json))
              if v is not None}
@@ -126,8 +128,9 @@ def from_extensions(*, guided_regex: str | None = None, guided_grammar: str | No
         return GrammarSpec(field, "regex", "regex", value)
     if field == "guided_grammar":
         if not isinstance(value, str) or not value.strip():
-            raise InvalidRequest(field, "must be a non-empty Lark grammar string")
-        return GrammarSpec(field, "lark", "lark", value)
+            raise InvalidRequest(field, "must be a non-empty Lark or GBNF grammar string")
+        language = "lark" if is_lark_syntax(value) else "gbnf"
+        return GrammarSpec(field, language, language, value)
     if field == "guided_choice":
         if not value or not all(isinstance(c, str) and c for c in value):
             raise InvalidRequest(field, "must be a non-empty list of non-empty strings")

@@ -14,6 +14,7 @@ from typing import Any
 import llguidance
 import llguidance.numpy as lln
 import numpy as np
+from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.guided.engine import GrammarEngine, GuidedMatcher, first_lines
@@ -61,8 +62,10 @@ def ll_grammar(spec: GrammarSpec) -> str:
                 spec.source, defaults={"whitespace_flexible": False})
         if spec.language == "regex":
             return llguidance.LLMatcher.grammar_from_regex(spec.source)
+        if spec.language == "gbnf":
+            return llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(spec.source))
         return llguidance.LLMatcher.grammar_from_lark(spec.source)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, GbnfToLarkError) as exc:
         what = "JSON schema" if spec.language == "json_schema" else f"{spec.kind} grammar"
         raise InvalidRequest(spec.field, f"is not a usable {what}: {exc}") from exc
 

@@ -94,6 +94,8 @@ class XGrammarEngine(GrammarEngine):
                                                     separators=(",", ":"), strict_mode=True)
             if spec.language == "regex":
                 return compiler.compile_regex(spec.source)
+            if spec.language == "gbnf":
+                return compiler.compile_grammar(spec.source)  # xgrammar's EBNF is llama.cpp's GBNF
             return compiler.compile_lark(spec.source)
         except (RuntimeError, ValueError, TypeError) as exc:
             reason = first_lines(str(exc))
