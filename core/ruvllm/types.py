@@ -305,6 +305,11 @@ class FimTokens:
     prefix: int
     suffix: int
     middle: int
+    #: The repository-name and file-separator tokens of models trained on whole repositories
+    #: (Qwen2.5-Coder, StarCoder2): other files of the project go before the prefix, each under
+    #: its name. None where the model has not both.
+    repo: int | None = None
+    file_sep: int | None = None
 
 
 @attrs.frozen(kw_only=True)

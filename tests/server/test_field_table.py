@@ -194,7 +194,12 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
     "ollama_embed": ({"model": "default", "input": "The cat sat on the mat."}, 200),
     "ollama_embeddings": ({"model": "default", "prompt": "The cat sat on the mat."}, 200),
     "responses": ({"model": "default", "input": "Say hello.", "max_output_tokens": 2, "temperature": 0}, 200),
+    "llama_completion": ({"prompt": "One, two, three, four, five,", "n_predict": 2, "temperature": 0}, 200),
+    # The embedded model has no fill-in-the-middle tokens: every field is checked before that 400.
+    "llama_infill": ({"input_prefix": "def f(x):\n    ", "input_suffix": "\n    return y\n", "n_predict": 2},
+                     400),
 }
+LLAMA = ("llama_completion", "llama_infill")
 ANTHROPIC = ("messages", "count_tokens")
 _CONVERSATION_OBJECTS = {
     "messages[]": ({"messages": [{"role": "user", "content": "Hi", UNKNOWN: 1}]}, f"messages[0].{UNKNOWN}"),
@@ -297,6 +302,8 @@ NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
        for label in OLLAMA},
     **{("responses", where): ({**BASE["responses"][0], **body}, param)
        for where, (body, param) in _RESPONSES_OBJECTS.items()},
+    ("llama_infill", "input_extra[]"): (
+        {**BASE["llama_infill"][0], "input_extra": [{"text": "x", UNKNOWN: 1}]}, f"input_extra[0].{UNKNOWN}"),
 }
 
 _ASSISTANT_SAID = {"role": "assistant", "content": "Hello"}
@@ -342,6 +349,13 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
     **{(label, "options"): ({**BASE[label][0], "options": {"num_ctx": 8}}, "options.num_ctx")
        for label in ("ollama_embed", "ollama_embeddings")},
     ("ollama_embed", "dimensions"): ({**BASE["ollama_embed"][0], "dimensions": 8}, "dimensions"),
+    **{(label, field): ({**BASE[label][0], **body}, field) for label in LLAMA for field, body in (
+        ("repeat_last_n", {"repeat_last_n": 64, "repeat_penalty": 1.1}), ("typical_p", {"typical_p": 0.7}),
+        ("mirostat", {"mirostat": 2}), ("dry_multiplier", {"dry_multiplier": 0.8}),
+        ("xtc_probability", {"xtc_probability": 0.5}), ("dynatemp_range", {"dynatemp_range": 0.5}),
+        ("top_n_sigma", {"top_n_sigma": 1.0}), ("min_keep", {"min_keep": 2}), ("n_cmpl", {"n_cmpl": 2}),
+        ("post_sampling_probs", {"post_sampling_probs": True}),
+        ("lora", {"lora": [{"id": 0, "scale": 1.0}]}))},
 }
 
 def _anthropic_accepted(label: str) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -463,6 +477,9 @@ ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
     **{(label, field): ({**BASE[label][0], **without}, {**BASE[label][0], **with_field})
        for label in (*OLLAMA, "ollama_show", "ollama_embed", "ollama_embeddings", "ollama_pull")
        for field, without, with_field in _ollama_accepted(label)},
+    **{(label, field): (BASE[label][0], {**BASE[label][0], field: value}) for label in LLAMA
+       for field, value in (("cache_prompt", False), ("id_slot", 0), ("t_max_prompt_ms", 500),
+                            ("n_keep", -1))},
 }
 
 
@@ -536,6 +553,8 @@ def _answer(label: str, r: httpx.Response) -> Any:
         return data.get("prompt_eval_count"), np.array(data.get("embeddings") or [data["embedding"]])
     if label.startswith("ollama_") and r.status_code == 200:  # without the answer's timestamp and timings
         return {k: v for k, v in data.items() if k != "created_at" and not k.endswith("_duration")}
+    if label in LLAMA and r.status_code == 200:  # without the answer's timings
+        return {k: v for k, v in data.items() if k != "timings"}
     if label == "responses" and r.status_code == 200:
         # The answer, not the request's settings echoed around it (they repeat the field sent).
         output = [{k: v for k, v in item.items() if k != "id"} for item in data["output"]]

@@ -21,12 +21,14 @@ openai = pytest.importorskip("openai")
 ollama = pytest.importorskip("ollama")
 
 FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+#: Qwen2.5-Coder's repository-level pair: the project's other files go before the prefix.
+REPO = ("<|repo_name|>", "<|file_sep|>")
 PREFIX, SUFFIX = "def add(a, b):\n    ", "\n    return c\n"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def _write(root, form: str):
-    """The tiny model with the three tokens appended to its vocabulary; (path, their ids)."""
+    """The tiny model with the five tokens appended to its vocabulary; (path, their ids)."""
     pytest.importorskip("ruvllm_candle_like")
     from ruvllm.chat import CHATML
     from ruvllm.hf_tokenizer import CONTROL, HfTokenizer
@@ -34,10 +36,11 @@ def _write(root, form: str):
 
     tiny = _tiny_module()
     vocab = tiny.tiny_tokenizer()
-    ids = tuple(range(len(vocab.tokens), len(vocab.tokens) + len(FIM)))
-    vocab = attrs.evolve(vocab, tokens=[*vocab.tokens, *FIM], chat_template=CHATML,
-                         token_types=[*vocab.token_types, *[CONTROL] * len(FIM)])
-    cfg = tiny.tiny_config("qwen2", len(vocab.tokens))
+    ids = tuple(range(len(vocab.tokens), len(vocab.tokens) + len(FIM + REPO)))
+    vocab = attrs.evolve(vocab, tokens=[*vocab.tokens, *FIM, *REPO], chat_template=CHATML,
+                         token_types=[*vocab.token_types, *[CONTROL] * len(FIM + REPO)])
+    # Room for llama-server's batch (2048 tokens) and the other files beyond it (/infill).
+    cfg = attrs.evolve(tiny.tiny_config("qwen2", len(vocab.tokens)), max_position_embeddings=4096)
     weights = tiny.tiny_weights(cfg, seed=0)
     if form == "gguf":
         return write_gguf(root / "tiny-fim.gguf", cfg, weights, vocab), ids
@@ -62,7 +65,7 @@ def _tokens(server, text: str) -> list[int]:
 
 
 def test_the_prompt_is_prefix_suffix_middle_and_the_answer_fills_it(fim_server):
-    server, (pre, suf, mid) = fim_server
+    server, (pre, suf, mid, _, _) = fim_server
     client = openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0)
     model = client.models.list().data[0].id
     expected = [pre, *_tokens(server, PREFIX), suf, *_tokens(server, SUFFIX), mid]
@@ -98,3 +101,24 @@ def test_a_model_without_the_tokens_refuses_a_suffix_by_name(client, model_name,
     assert err.value.body["param"] == "suffix"
     with pytest.raises(ollama.ResponseError, match=r"^suffix: this model has no fill-in-the-middle"):
         ollama.Client(host=server.url, headers=AUTH).generate(model=model_name, prompt=PREFIX, suffix=SUFFIX)
+
+
+def test_llama_servers_infill_lays_out_the_project_the_line_and_the_gap(fim_server):
+    """llama-server's ``/infill`` as llama.vim sends it: the other files first (the project and
+    each file under its name, then the current one), the prefix followed by the cursor line,
+    the suffix, the middle; the answer is the completion of exactly those ids."""
+    server, (pre, suf, mid, repo, sep) = fim_server
+    line, other = "    c = ", "def sub(a, b):\n    return a - b\n"
+    expected = [repo, *_tokens(server, "myproject\n"), sep, *_tokens(server, "util.py\n"),
+                *_tokens(server, other), sep, *_tokens(server, "filename\n"),
+                pre, *_tokens(server, PREFIX), *_tokens(server, line), suf, *_tokens(server, SUFFIX), mid]
+    # llama.vim's chain has no temperature: its top_k 1 is what makes this answer greedy.
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": line, "n_predict": 8, "top_k": 1,
+            "ignore_eos": True, "input_extra": [{"filename": "util.py", "text": other}],
+            "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "t_max_prompt_ms": 500}
+    filled = httpx.post(server.url + "/infill", json=body, headers=AUTH, timeout=60)
+    assert filled.status_code == 200, filled.text
+    plain = {"prompt": expected, "n_predict": 8, "temperature": 0, "ignore_eos": True}
+    as_ids = httpx.post(server.url + "/completion", json=plain, headers=AUTH, timeout=60)
+    assert filled.json()["tokens_evaluated"] == len(expected) == as_ids.json()["tokens_evaluated"]
+    assert filled.json()["content"] == as_ids.json()["content"]

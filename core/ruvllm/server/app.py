@@ -42,6 +42,7 @@ from ruvllm.server.embeddings import (
 from ruvllm.server.errors import install_error_handlers
 from ruvllm.server.feedback import register_feedback
 from ruvllm.server.limits import RequestLimitsMiddleware, authorized
+from ruvllm.server.llama_server_api import register_llama_server_routes
 from ruvllm.server.lora import register_lora_routes
 from ruvllm.server.messages_api import register_messages_routes
 from ruvllm.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -138,6 +139,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     register_ollama_routes(app, pool, settings.limits)
     register_messages_routes(app, pool, settings.limits)
     register_responses_routes(app, pool, settings.limits)
+    register_llama_server_routes(app, pool, settings.limits)
     install_openapi_limits(
         app, settings.limits, single.info.vocab_size if single is not None else None,
         # Adapters loaded at runtime are valid names the published schema cannot know in advance.

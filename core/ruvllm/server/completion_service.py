@@ -102,6 +102,13 @@ class Submission:
                 r.finished = True
                 r.handle.cancel()
 
+    def cancel_choice(self, index: int) -> None:
+        """Cancel one choice that a surface's own rule ended early (llama-server's editor stops);
+        its result still arrives, as cancelled."""
+        for r in self._running:
+            if r.index == index:
+                r.handle.cancel()
+
     async def results(self, client_gone: Callable[[], Awaitable[bool]], *,
                       poll_seconds: float = 0.25) -> list[Outcome] | None:
         """Every choice's outputs and result, in submission order, or None when ``client_gone``

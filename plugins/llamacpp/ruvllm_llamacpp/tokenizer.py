@@ -62,12 +62,16 @@ class LlamaCppTokenizer:
 
     def fim_tokens(self) -> FimTokens | None:
         """The fill-in-the-middle tokens llama.cpp found (GGUF metadata, or the token texts it
-        knows); None when the model has not all three."""
+        knows), with its repository-level pair where it found both; None without all three."""
         ids = [int(f(self._vocab)) for f in (self._lib.llama_vocab_fim_pre, self._lib.llama_vocab_fim_suf,
                                              self._lib.llama_vocab_fim_mid)]
         if min(ids) < 0:
             return None
-        return FimTokens(prefix=ids[0], suffix=ids[1], middle=ids[2])
+        repo, file_sep = (int(f(self._vocab)) for f in (self._lib.llama_vocab_fim_rep,
+                                                         self._lib.llama_vocab_fim_sep))
+        both = repo >= 0 and file_sep >= 0
+        return FimTokens(prefix=ids[0], suffix=ids[1], middle=ids[2],
+                         repo=repo if both else None, file_sep=file_sep if both else None)
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")

@@ -1,0 +1,187 @@
+"""llama-server's own request bodies (``/completion``, ``/infill``) and what they mean in core terms.
+
+Scripts written against llama-server and the editor plugins made for it (llama.vim,
+llama.vscode) send these. Every field they send is declared here: each is honoured, refused by
+name unless a value that changes nothing, or accepted for a stated reason (docs/server.md's
+Request fields table says which); any other field is a 400 naming it, as on every endpoint of
+this server (llama-server itself ignores a field it does not know).
+
+Sampling runs through the one sampler every surface shares. Unset fields keep this server's
+defaults (temperature 1, no top-k, top-p or min-p: the same on every surface), not
+llama-server's, as for Ollama's options. ``samplers`` says which samplers run: one left out of
+the chain is off, as in llama.cpp; the order is core's (temperature, then top-k, min-p, top-p).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from ruvllm.errors import InvalidRequest
+from ruvllm.server.schemas import RequestBody, StrictModel
+from ruvllm.types import MAX_LOGIT_BIAS, MAX_LOGPROBS
+
+_Text = Annotated[str, Field(min_length=1)]
+_TokenId = Annotated[int, Field(ge=0)]
+#: One prompt: text, token ids, or both mixed (``[12, 34, "text", 56]``).
+_Prompt = str | Annotated[list[_TokenId | str], Field(min_length=1)]
+#: A bias, or false: the token is never produced.
+_Bias = float | bool
+#: ``[[token or text, bias], ...]``, or OpenAI's ``{"token or text": bias}``.
+_BiasPair = Annotated[list[_TokenId | str | _Bias], Field(min_length=2, max_length=2)]
+_LogitBias = list[_BiasPair] | dict[str, _Bias]
+
+#: llama.cpp's sampler names that core's sampler has, and the fields each reads.
+_SAMPLER_FIELDS = {"top_k": ("top_k",), "top_p": ("top_p",), "min_p": ("min_p",),
+                   "temperature": ("temperature",),
+                   "penalties": ("repeat_penalty", "presence_penalty", "frequency_penalty")}
+#: llama.cpp's own fill-in-the-middle sampler: named by the editor plugins' chains.
+INFILL_SAMPLER = "infill"
+#: Samplers core does not have, with the field that turns each off and its "off" value.
+_OFF = {"typical_p": 1.0, "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
+        "dynatemp_range": 0.0, "top_n_sigma": -1.0}
+
+
+class ExtraInput(StrictModel):
+    """A chunk of another file, for a model that reads the project around the gap."""
+
+    text: str = ""
+    filename: str = "tmp"
+
+
+class LlamaCompletionRequest(RequestBody):
+    """``/completion``'s body."""
+
+    prompt: _Prompt | Annotated[list[_Prompt], Field(min_length=1)]
+    model: str | None = None
+    # Length and stopping.
+    n_predict: int = Field(-1, ge=-1)
+    stop: list[_Text] | None = None
+    ignore_eos: bool = False
+    n_indent: int = Field(0, ge=0)
+    t_max_predict_ms: int = Field(0, ge=0)
+    # Sampling, through core's sampler.
+    temperature: float | None = Field(None, le=2.0)
+    top_k: int | None = None
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-1)
+    repeat_penalty: float | None = Field(None, gt=0.0, le=2.0)
+    repeat_last_n: int | None = Field(None, ge=-1)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: _LogitBias | None = None
+    samplers: list[str] | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    # What comes back.
+    stream: bool = False
+    n_probs: int = Field(0, ge=0, le=MAX_LOGPROBS)
+    return_tokens: bool = False
+    response_fields: list[str] | None = None
+    # Slots and caching: see docs/server.md.
+    cache_prompt: bool = True
+    id_slot: int = -1
+    t_max_prompt_ms: int | None = None
+    n_keep: int = 0
+    # Samplers and options core does not have: refused unless off.
+    typical_p: float | None = None
+    mirostat: int | None = None
+    dry_multiplier: float | None = None
+    xtc_probability: float | None = None
+    dynatemp_range: float | None = None
+    top_n_sigma: float | None = None
+    min_keep: int = 0
+    n_cmpl: int = 1
+    post_sampling_probs: bool = False
+    lora: list[dict[str, Any]] | None = None
+
+
+class LlamaInfillRequest(LlamaCompletionRequest):
+    """``/infill``'s body: the text around the gap, the cursor line before the cursor
+    (``prompt``) and chunks of other files (``input_extra``)."""
+
+    prompt: str = ""  # type: ignore[assignment]
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[ExtraInput] = []
+
+
+def _refuse_unsupported(body: LlamaCompletionRequest) -> None:
+    for name, off in _OFF.items():
+        value = getattr(body, name)
+        if value is not None and value != off:
+            raise InvalidRequest(name, f"asks for a sampler ruvllm's one sampler does not have; leave it out "
+                                 f"or set it to {off} (off)", value)
+    for name, off, why in (
+            ("min_keep", 0, "core's samplers keep what their thresholds keep"),
+            ("n_cmpl", 1, "send one request per answer"),
+            ("post_sampling_probs", False, "n_probs reports the model's own logprobs"),
+            ("lora", None, "a request names its adapter through model (docs/server.md, LoRA)")):
+        value = getattr(body, name)
+        if value not in (off, []):
+            raise InvalidRequest(name, f"is not supported by ruvllm ({why}); leave it out", value)
+    penalised = (body.repeat_penalty not in (None, 1.0) or bool(body.presence_penalty)
+                 or bool(body.frequency_penalty))
+    if penalised and body.repeat_last_n not in (None, -1):
+        raise InvalidRequest("repeat_last_n", "ruvllm's penalties see the whole sequence (repeat_penalty the "
+                             "prompt and the output, presence and frequency penalties the output), never a "
+                             "window of the last tokens; set -1", body.repeat_last_n)
+
+
+def _chain(samplers: list[str] | None) -> set[str]:
+    """The samplers that run: all of core's without a chain, else those it names."""
+    if samplers is None:
+        return set(_SAMPLER_FIELDS)
+    unknown = sorted(set(samplers) - set(_SAMPLER_FIELDS) - {INFILL_SAMPLER} - {"typ_p", "dry", "xtc"})
+    if unknown:
+        raise InvalidRequest("samplers", f"names samplers llama.cpp does not have: {', '.join(unknown)}; "
+                             f"use {', '.join(sorted(_SAMPLER_FIELDS))}", samplers)
+    return set(samplers) & set(_SAMPLER_FIELDS)
+
+
+def sampling_fields(body: LlamaCompletionRequest) -> dict[str, Any]:
+    """The completion request fields (``max_tokens``, ``temperature``...) ``body`` sets; what core
+    cannot do is refused naming the field sent. ``n_predict`` 0 evaluates the prompt only."""
+    _refuse_unsupported(body)
+    running = _chain(body.samplers)
+    values: dict[str, Any] = {
+        "max_tokens": body.n_predict if body.n_predict > 0 else None,
+        # llama.cpp's -1 (and its 32-bit "default seed") is a random seed.
+        "seed": body.seed if body.seed is not None and 0 <= body.seed < 0xFFFFFFFF else None,
+        "stop": body.stop or None, "ignore_eos": body.ignore_eos,
+        "guided_json": body.json_schema, "guided_grammar": body.grammar,
+    }
+    if "temperature" in running and body.temperature is not None:
+        values["temperature"] = max(body.temperature, 0.0)  # below 0: greedy, as llama.cpp's
+    if "top_k" in running and body.top_k is not None:
+        values["top_k"] = max(body.top_k, 0)  # 0 or below: off
+    if "top_p" in running and body.top_p not in (None, 0.0):
+        values["top_p"] = body.top_p
+    if "min_p" in running:
+        values["min_p"] = body.min_p
+    if "penalties" in running:
+        values.update(repetition_penalty=body.repeat_penalty, presence_penalty=body.presence_penalty,
+                      frequency_penalty=body.frequency_penalty)
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def bias_entries(bias: _LogitBias | None) -> list[tuple[int | str, float]]:
+    """``logit_bias`` as ``(token id or text, bias)`` pairs; false is the strongest negative bias
+    (the token is never produced)."""
+    if not bias:
+        return []
+    pairs = bias.items() if isinstance(bias, dict) else [tuple(p) for p in bias]
+    out: list[tuple[int | str, float]] = []
+    for k, (key, value) in enumerate(pairs):
+        at = f"logit_bias[{k}]" if isinstance(bias, list) else f"logit_bias.{key}"
+        if isinstance(key, bool) or isinstance(value, str) or (isinstance(value, bool) and value):
+            raise InvalidRequest(at, "must be [token id or text, bias or false]", [key, value])
+        weight = -MAX_LOGIT_BIAS if value is False else float(value)
+        if not -MAX_LOGIT_BIAS <= weight <= MAX_LOGIT_BIAS:
+            raise InvalidRequest(at, f"a bias must be between {-MAX_LOGIT_BIAS} and {MAX_LOGIT_BIAS}", value)
+        if isinstance(key, str) and key.isdigit() and isinstance(bias, dict):
+            key = int(key)  # OpenAI's form: token ids as strings
+        out.append((key, weight))
+    return out

@@ -1,0 +1,188 @@
+"""llama-server's own ``/completion`` and ``/infill``, as its scripts and editor plugins call them.
+
+There is no official Python client for llama-server's native API (llama.vim and llama.vscode
+post JSON with curl and fetch), so these post JSON with httpx. On the embedded SmolLM2 through
+llamacpp: a greedy ``/completion`` must be the same answer as ``/v1/completions`` on the same
+prompt (the prompt warmed first, so both reuse its cached KV), in llama-server's objects; the
+stream must add up to the whole answer; llama-server's editor stops must end the answer where
+llama-server ends it. ``/infill``'s prompt is tested on a code model in
+test_fill_in_the_middle.py (SmolLM2 has no fill-in-the-middle tokens: a 400 here).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from server_helpers import API_KEY
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+PROMPT = "One, two, three,"
+CODE = "def main():\n    x = 1\n    y = 2\n"
+
+
+def post(server, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, headers=AUTH, timeout=120)
+
+
+def complete(server, **body: Any) -> dict[str, Any]:
+    r = post(server, "/completion", {"temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def openai_text(server, prompt: Any, max_tokens: int, **extra: Any) -> dict[str, Any]:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+    r = post(server, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def events(r: httpx.Response) -> list[dict[str, Any]]:
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
+    return [json.loads(line[len("data: "):]) for line in r.text.splitlines() if line.startswith("data: ")]
+
+
+def test_a_completion_is_the_completions_answer_in_llama_servers_objects(server):
+    openai_text(server, PROMPT, 8)  # warm: both answers below reuse the prompt's cached KV
+    expected = openai_text(server, PROMPT, 8)
+    got = complete(server, prompt=PROMPT, n_predict=8, return_tokens=True)
+    assert got["content"] == expected["choices"][0]["text"]
+    assert got["tokens_predicted"] == len(got["tokens"]) == expected["usage"]["completion_tokens"] == 8
+    assert got["tokens_evaluated"] == got["timings"]["prompt_n"] == expected["usage"]["prompt_tokens"]
+    assert got["stop"] is True and got["stop_type"] == "limit" and got["stopping_word"] == ""
+    assert got["generation_settings"]["n_predict"] == 8 and got["prompt"].endswith(PROMPT)
+    assert got["timings"]["predicted_n"] == 8 and got["timings"]["predicted_per_second"] > 0
+
+
+def test_the_stream_adds_up_to_the_answer_and_ends_with_the_final_object(server):
+    whole = complete(server, prompt=PROMPT, n_predict=8)
+    parts = events(post(server, "/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 0,
+                                                "stream": True}))
+    assert "[DONE]" not in json.dumps(parts)  # llama-server's own stream has no [DONE]
+    *pieces, last = parts
+    assert all(p["stop"] is False and len(p["tokens"]) <= 1 for p in pieces)
+    assert "".join(p["content"] for p in pieces) == whole["content"]
+    assert last["stop"] is True and last["content"] == "" and last["tokens_predicted"] == 8
+
+
+def test_a_stop_word_and_the_end_of_text_say_why(server):
+    got = complete(server, prompt=PROMPT, n_predict=16, stop=[" five"])
+    assert got["stop_type"] == "word" and got["stopping_word"] == " five"
+    assert " five" not in got["content"]
+    chat = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
+    ended = complete(server, prompt=chat, n_predict=64)
+    assert ended["stop_type"] == "eos", ended  # the control tokens written as text were parsed
+
+
+def test_prompts_are_text_ids_or_both_and_several_answer_as_a_list(server):
+    ids = post(server, "/tokenize", {"prompt": PROMPT}).json()["tokens"]
+    as_text = complete(server, prompt=PROMPT, n_predict=4)
+    assert complete(server, prompt=ids, n_predict=4)["content"] == as_text["content"]
+    head = post(server, "/tokenize", {"prompt": "One, two,"}).json()["tokens"]
+    mixed = complete(server, prompt=[*head, " three,"], n_predict=4)
+    assert mixed["tokens_evaluated"] == len(head) + len(post(server, "/tokenize", {
+        "prompt": " three,", "add_special_tokens": False}).json()["tokens"])
+    several = post(server, "/completion", {"prompt": [PROMPT, ids], "n_predict": 4, "temperature": 0}).json()
+    assert [a["index"] for a in several] == [0, 1]
+    assert several[0]["content"] == several[1]["content"] == as_text["content"]
+
+
+def test_n_predict_zero_evaluates_the_prompt_and_writes_nothing(server):
+    got = complete(server, prompt=PROMPT, n_predict=0)
+    assert got["content"] == "" and got["tokens_predicted"] == 0 and got["tokens_evaluated"] > 0
+
+
+def test_n_indent_ends_at_the_first_line_indented_less_and_cuts_it(server):
+    """llama-server's rule for editors: lines after the first must be indented at least
+    ``n_indent``; the first that is not is cut after its indentation, and the engine stops."""
+    free = complete(server, prompt=CODE, n_predict=40)["content"]
+    lines = free.split("\n")
+    short = next(k for k, line in enumerate(lines[1:], 1) if line.strip() and
+                 len(line) - len(line.lstrip(" \t")) < 4)
+    indent = lines[short][: len(lines[short]) - len(lines[short].lstrip(" \t"))]
+    kept = "\n".join(lines[:short]) + "\n" + indent
+    for stream in (False, True):
+        body = {"prompt": CODE, "n_predict": 40, "temperature": 0, "n_indent": 4, "stream": stream}
+        r = post(server, "/completion", body)
+        if stream:
+            *pieces, final = events(r)
+            content = "".join(p["content"] for p in pieces)
+        else:
+            final = r.json()
+            content = final["content"]
+        assert content == kept and final["stop_type"] == "limit", (content, kept)
+        assert final["tokens_predicted"] < 40
+
+
+def test_t_max_predict_ms_ends_at_the_first_new_line_past_the_limit(server):
+    got = complete(server, prompt=CODE, n_predict=40, t_max_predict_ms=1)
+    assert got["stop_type"] == "limit" and got["content"].endswith("\n") and got["content"].count("\n") == 1
+    assert got["tokens_predicted"] < 40
+
+
+def test_n_probs_reports_each_tokens_logprob_and_alternatives(server):
+    openai_text(server, PROMPT, 4)
+    expected = openai_text(server, PROMPT, 4, logprobs=2)["choices"][0]["logprobs"]
+    got = complete(server, prompt=PROMPT, n_predict=4, n_probs=2)
+    probs = got["completion_probabilities"]
+    assert [p["token"] for p in probs] == expected["tokens"]
+    assert [p["logprob"] for p in probs] == pytest.approx(expected["token_logprobs"], abs=1e-4)
+    assert all(len(p["top_logprobs"]) == 2 and p["top_logprobs"][0]["logprob"] >= p["logprob"] - 1e-6
+               and bytes(p["bytes"]).decode() == p["token"] for p in probs)
+
+
+def test_grammars_bias_and_chains_steer_the_one_sampler(server):
+    said = complete(server, prompt="Is the sky blue? Answer:", n_predict=8, grammar='root ::= " yes" | " no"')
+    assert said["content"] in (" yes", " no")
+    as_json = complete(server, prompt="A person as JSON:", n_predict=48,
+                       json_schema={"type": "object", "properties": {"age": {"type": "integer"}},
+                                    "required": ["age"], "additionalProperties": False})
+    assert isinstance(json.loads(as_json["content"])["age"], int)
+    first = complete(server, prompt=PROMPT, n_predict=1, return_tokens=True)["tokens"][0]
+    banned = complete(server, prompt=PROMPT, n_predict=1, return_tokens=True, logit_bias=[[first, False]])
+    assert banned["tokens"][0] != first
+    unchained = complete(server, prompt=PROMPT, n_predict=1, samplers=["top_k"], top_k=1, temperature=0.5)
+    assert unchained["generation_settings"]["temperature"] == 1.0  # left out of the chain: off
+    assert unchained["generation_settings"]["top_k"] == 1
+
+
+def test_response_fields_keeps_only_those_paths(server):
+    got = complete(server, prompt=PROMPT, n_predict=2,
+                   response_fields=["content", "timings/predicted_n", "no/such/field"])
+    assert set(got) == {"content", "timings/predicted_n"} and got["timings/predicted_n"] == 2
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"repeat_penalty": 1.1, "repeat_last_n": 64}, "repeat_last_n"),
+    ({"mirostat": 2}, "mirostat"),
+    ({"samplers": ["top_k", "dry_run"]}, "samplers"),
+    ({"grammar": "root ::= ("}, "grammar"),
+    ({"n_predict": 100000}, "n_predict"),
+    ({"prompt": [10**9]}, "prompt"),
+    ({"logit_bias": [[1, True]]}, "logit_bias[0]"),
+    ({"n_cmpl": 2}, "n_cmpl"),
+])
+def test_what_cannot_be_done_is_a_400_naming_the_field(server, body, param):
+    r = post(server, "/completion", {"prompt": PROMPT, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_infill_on_a_model_without_the_tokens_is_a_400_naming_the_suffix(server):
+    r = post(server, "/infill", {"input_prefix": "def f(x):\n    ", "input_suffix": "\n    return y\n"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_suffix", r.text
+    assert "no fill-in-the-middle tokens" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("text, cut", [
+    ("a\n    b\n    c", None),  # every line after the first is in
+    ("a\n    b\nc", 8),  # "c" is out: cut before it
+    ("a\n\t\t\t\tb\n  \n", None),  # tabs count one each; a blank line is not checked
+    ("if x:\n  y", 8),
+    ("no new line yet", None),
+])
+def test_the_first_line_indented_less_is_found_after_its_indentation(text, cut):
+    from ruvllm.server.llama_server_api import _under_indented
+    assert _under_indented(text, 4) == cut
