@@ -41,6 +41,7 @@ from ruvllm.server.embeddings import (
 )
 from ruvllm.server.errors import install_error_handlers
 from ruvllm.server.feedback import register_feedback
+from ruvllm.server.json_bodies import JsonBodiesMiddleware
 from ruvllm.server.limits import RequestLimitsMiddleware, authorized
 from ruvllm.server.llama_server_api import register_llama_server_routes
 from ruvllm.server.lora import register_lora_routes
@@ -131,6 +132,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     app.state.metrics = server_metrics
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=settings.max_body_bytes,
                        api_key=settings.api_key)
+    app.add_middleware(JsonBodiesMiddleware)
     install_error_handlers(app)
     # POST /v1/feedback (SONA): request ids are unique in the process, so one hook relay serves
     # every model (a pool's engines share the plugin registry's).
