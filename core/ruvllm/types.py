@@ -258,6 +258,9 @@ class Usage:
     #: ``completion_tokens``); 0 without speculation.
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    #: Prompt tokens whose KV came from the prefix cache rather than being computed for this
+    #: request (part of ``prompt_tokens``; OpenAI's ``cached_tokens``); 0 on a backend without one.
+    cached_prompt_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

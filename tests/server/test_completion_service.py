@@ -179,7 +179,7 @@ def test_a_stream_dropped_before_its_first_write_still_cancels(server, prompt):
         submission = await service(spy).submit([ChoiceRequest(index=0, prompt_ids=prompt, params=LONG)],
                                                id_prefix="t")
         fmt = ChatFormatter(submission.id, "m", server.engine.tokenizer, None)
-        response = SSEResponse(sse_chunks(submission, fmt, include_usage=False, prompt_tokens=len(prompt)),
+        response = SSEResponse(sse_chunks(submission, fmt, include_usage=False, prompt_lengths=[len(prompt)]),
                                on_close=submission.cancel)
         with pytest.raises(ClientDisconnect):
             await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)

@@ -63,7 +63,9 @@ def test_echo_logprobs_match_in_process_logits(backend_server):
         assert got[p - 1] <= best + 1e-6
     # The generated token follows, with its own logprob.
     assert lp["token_logprobs"][n] is not None and lp["text_offset"][n] == len(TEXT)
-    assert r.json()["usage"] == {"prompt_tokens": n, "completion_tokens": 1, "total_tokens": n + 1}
+    # A request for the prompt's logprobs computes the whole prompt: nothing is read from the cache.
+    assert r.json()["usage"] == {"prompt_tokens": n, "completion_tokens": 1, "total_tokens": n + 1,
+                                 "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_echo_with_max_tokens_0_scores_the_prompt_only(backend_server):

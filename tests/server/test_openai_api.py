@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import httpx
 import openai
 import pytest
@@ -50,6 +52,29 @@ def test_chat_completion_counts_real_tokens(client, server, model_name):
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
     again = client.chat.completions.create(model=model_name, messages=CHAT, max_tokens=8, temperature=0)
     assert again.choices[0].message.content == choice.message.content  # greedy is deterministic
+
+
+def test_cached_tokens_are_the_prompt_read_from_the_prefix_cache(client, model_name):
+    """A prompt never seen before is computed but for the template's head other chats left in
+    the cache; the same prompt again reads all its whole KV blocks from the prefix cache, and usage
+    says so (OpenAI's ``cached_tokens``), streamed or not, on chat, completions and the
+    Responses API."""
+    fresh = [{"role": "user", "content": f"({uuid.uuid4().hex}) " + "Name a colour. " * 8}]
+    first = client.chat.completions.create(model=model_name, messages=fresh, max_tokens=2, temperature=0)
+    again = client.chat.completions.create(model=model_name, messages=fresh, max_tokens=2, temperature=0)
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens < cached < again.usage.prompt_tokens
+    streamed = next(c.usage for c in client.chat.completions.create(
+        model=model_name, messages=fresh, max_tokens=2, temperature=0, stream=True,
+        stream_options={"include_usage": True}) if c.usage is not None)
+    assert streamed.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens_details.cached_tokens
+    # Long enough to fill whole KV blocks, which is what the prefix cache keeps.
+    counting = f"({uuid.uuid4().hex}) " + "One, two, three, " * 12
+    client.completions.create(model=model_name, prompt=counting, max_tokens=1)
+    warm = client.completions.create(model=model_name, prompt=counting, max_tokens=1).usage
+    assert 0 < warm.prompt_tokens_details.cached_tokens < warm.prompt_tokens
+    answer = client.responses.create(model=model_name, input=fresh[0]["content"], max_output_tokens=4)
+    assert 0 < answer.usage.input_tokens_details.cached_tokens < answer.usage.input_tokens
 
 
 def test_a_developer_turn_is_the_system_turn(client, server, model_name):

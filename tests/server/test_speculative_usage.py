@@ -46,4 +46,5 @@ def test_usage_carries_draft_counts_streamed_and_not(client):
 def test_usage_has_no_draft_fields_without_drafts():
     result = GenerationResult(token_ids=(5, 6), text="ab", finish_reason=FinishReason.LENGTH,
                               usage=Usage(prompt_tokens=3, completion_tokens=2), timings=Timings())
-    assert usage(3, 2, [result]) == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert usage(3, 2, [result]) == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                                     "prompt_tokens_details": {"cached_tokens": 0}}

@@ -93,6 +93,9 @@ class LiveRequest:
         if self.draft_tokens:
             result = attrs.evolve(result, usage=attrs.evolve(result.usage, draft_tokens=self.draft_tokens,
                                                              accepted_draft_tokens=self.accepted_draft_tokens))
+        cached = min(self.sched.num_cached_tokens, result.usage.prompt_tokens)
+        if cached:
+            result = attrs.evolve(result, usage=attrs.evolve(result.usage, cached_prompt_tokens=cached))
         if isinstance(error, RequestTimedOut):
             error.partial = result
         metrics.observe_finish(

@@ -23,12 +23,12 @@ from ruvllm.types import GenerationResult, TokenOutput
 
 
 async def sse_chunks(submission: Submission, fmt: ChunkFormatter, *, include_usage: bool,
-                     prompt_tokens: int) -> AsyncIterator[str]:
+                     prompt_lengths: Sequence[int]) -> AsyncIterator[str]:
     """The SSE body of a streamed completion; a choice that fails ends it with an ``error``
     event before ``[DONE]`` (its status line was sent long ago)."""
     events = [sse_event(first) for first in map(fmt.opening, submission.indices) if first is not None]
     completion_tokens, failed = 0, False
-    results: list[GenerationResult] = []
+    results: dict[int, GenerationResult] = {}
     batches = submission.stream()
     try:
         if events:  # the role / echo chunks go out at once, before the first token
@@ -42,7 +42,7 @@ async def sse_chunks(submission: Submission, fmt: ChunkFormatter, *, include_usa
                         events.append(event)
                 elif isinstance(item, GenerationResult):
                     completion_tokens += item.usage.completion_tokens
-                    results.append(item)
+                    results[index] = item
                     events.append(fmt.finish_event(index, item))
                 else:
                     events.append(sse_event(ruvllm_error_body(item)[1]))
@@ -53,7 +53,9 @@ async def sse_chunks(submission: Submission, fmt: ChunkFormatter, *, include_usa
                 yield "".join(events)
                 events.clear()
         if not failed and include_usage:
-            events.append(sse_event(fmt.usage(prompt_tokens, completion_tokens, results)))
+            in_order = [results[k] for k in sorted(results)]
+            events.append(sse_event(fmt.usage(sum(prompt_lengths), completion_tokens, in_order,
+                                              len(prompt_lengths))))
         events.append(DONE)
         yield "".join(events)
     finally:
@@ -67,7 +69,7 @@ async def answer(submission: Submission, fmt: ChunkFormatter, request: Request,
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return SSEResponse(sse_chunks(submission, fmt, include_usage=include_usage,
-                                      prompt_tokens=sum(prompt_lengths)), on_close=submission.cancel)
+                                      prompt_lengths=prompt_lengths), on_close=submission.cancel)
     outcomes = await submission.results(request.is_disconnected)
     if outcomes is None:
         return Response(status_code=499)  # the client is gone

@@ -226,6 +226,9 @@ class _Exchange:
             stop_type, word = "eos", ""
         predicted = len(answer.token_ids) if answer.stopped_early else result.usage.completion_tokens
         prompt_ms, predicted_ms = result.timings.prefill * 1000, result.timings.decode * 1000
+        # As llama-server counts: the prompt tokens read from the cache, and those computed.
+        cached = result.usage.cached_prompt_tokens
+        computed = len(answer.prompt_ids) - cached
         stream = self.body.stream
         out: dict[str, Any] = {
             "index": answer.index, "content": "" if stream else answer.text,
@@ -234,10 +237,10 @@ class _Exchange:
             "tokens_evaluated": len(answer.prompt_ids), "generation_settings": self._settings(answer.params),
             "prompt": self.engine.tokenizer.decode(answer.prompt_ids, skip_special=False),
             "has_new_line": "\n" in answer.text, "truncated": False, "stop_type": stop_type,
-            "stopping_word": word,
-            "timings": {"prompt_n": len(answer.prompt_ids), "prompt_ms": prompt_ms,
-                        "prompt_per_token_ms": prompt_ms / max(len(answer.prompt_ids), 1),
-                        "prompt_per_second": len(answer.prompt_ids) / result.timings.prefill
+            "stopping_word": word, "tokens_cached": cached,
+            "timings": {"cache_n": cached, "prompt_n": computed, "prompt_ms": prompt_ms,
+                        "prompt_per_token_ms": prompt_ms / computed if computed else 0.0,
+                        "prompt_per_second": computed / result.timings.prefill
                         if result.timings.prefill else 0.0,
                         "predicted_n": predicted, "predicted_ms": predicted_ms,
                         "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,

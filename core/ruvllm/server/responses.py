@@ -20,13 +20,27 @@ from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import GenerationResult, TokenOutput
 
 
+def cached_tokens(results: Sequence[GenerationResult], prompts: int) -> int:
+    """The prompt tokens read from the prefix cache, counted as ``prompt_tokens`` are: once per
+    prompt, for the part of it none of its choices computed. ``results`` are in choice order
+    (each prompt's ``n`` choices together)."""
+    if not results:
+        return 0
+    n = max(1, len(results) // max(prompts, 1))
+    return sum(min(r.usage.cached_prompt_tokens for r in results[start:start + n])
+               for start in range(0, len(results), n))
+
+
 def usage(prompt_tokens: int, completion_tokens: int, results: Sequence[GenerationResult] = (), *,
-          predicted: bool = False) -> dict[str, Any]:
-    """OpenAI's usage object; with the draft counts of ``results`` when any were drafted, and
-    with ``predicted`` (the request sent a predicted output, which drafted for it) OpenAI's
-    ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``."""
+          prompts: int = 1, predicted: bool = False) -> dict[str, Any]:
+    """OpenAI's usage object, with ``prompt_tokens_details.cached_tokens`` (:func:`cached_tokens`
+    of ``results``, in choice order, for ``prompts`` prompts); with the draft counts of
+    ``results`` when any were drafted, and with ``predicted`` (the request sent a predicted
+    output, which drafted for it) OpenAI's ``accepted_prediction_tokens`` /
+    ``rejected_prediction_tokens``."""
     out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                           "total_tokens": prompt_tokens + completion_tokens}
+                           "total_tokens": prompt_tokens + completion_tokens,
+                           "prompt_tokens_details": {"cached_tokens": cached_tokens(results, prompts)}}
     drafted = sum(r.usage.draft_tokens for r in results)
     accepted = sum(r.usage.accepted_draft_tokens for r in results)
     if drafted:
@@ -50,7 +64,7 @@ class ChunkFormatter(Protocol):
     def finish_event(self, index: int, result: GenerationResult) -> str: ...
 
     def usage(self, prompt_tokens: int, completion_tokens: int,
-              results: Sequence[GenerationResult] = ()) -> dict[str, Any]: ...
+              results: Sequence[GenerationResult] = (), prompts: int = 1) -> dict[str, Any]: ...
 
     def complete(self, outcomes: Sequence[tuple[list[TokenOutput], GenerationResult]],
                  prompt_lengths: Sequence[int]) -> dict[str, Any]: ...
@@ -77,9 +91,10 @@ class _Base(abc.ABC):
                 "system_fingerprint": None, "choices": choices}
 
     def usage(self, prompt_tokens: int, completion_tokens: int,
-              results: Sequence[GenerationResult] = ()) -> dict[str, Any]:
+              results: Sequence[GenerationResult] = (), prompts: int = 1) -> dict[str, Any]:
         out = self._envelope(self.chunk_name, [])
-        out["usage"] = usage(prompt_tokens, completion_tokens, results, predicted=self.predicted)
+        out["usage"] = usage(prompt_tokens, completion_tokens, results, prompts=prompts,
+                             predicted=self.predicted)
         return out
 
     def _token_text(self, out: TokenOutput) -> str:
@@ -208,7 +223,7 @@ class ChatFormatter(_Base):
         out = self._envelope(self.object_name, choices)
         results = [r for _, r in outcomes]
         out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for r in results), results,
-                             predicted=self.predicted)
+                             prompts=len(prompt_lengths), predicted=self.predicted)
         return out
 
 
@@ -271,5 +286,5 @@ class CompletionFormatter(_Base):
         out = self._envelope(self.object_name, choices)
         results = [r for _, r in outcomes]
         out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for r in results), results,
-                             predicted=self.predicted)
+                             prompts=len(prompt_lengths), predicted=self.predicted)
         return out

@@ -41,10 +41,11 @@ from ruvllm.server.sse import named_sse_event
 from ruvllm.types import GenerationResult, TokenOutput
 
 
-def usage(input_tokens: int, output_tokens: int, reasoning_tokens: int = 0) -> dict[str, Any]:
-    """The engine's token counts. ``cached_tokens`` is 0: the engine does not report a request's
-    prefix-cache hits (``/metrics`` counts the server's)."""
-    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+def usage(input_tokens: int, result: GenerationResult, reasoning_tokens: int = 0) -> dict[str, Any]:
+    """The engine's token counts: ``cached_tokens`` are the input tokens read from the prefix cache."""
+    output_tokens = result.usage.completion_tokens
+    return {"input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": result.usage.cached_prompt_tokens},
             "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": input_tokens + output_tokens}
 
@@ -177,7 +178,7 @@ def whole_response(run: ChatRun, envelope: Envelope, outcomes: list[Outcome]) ->
     outputs, result = outcomes[0]
     reasoning_tokens = ReasoningTokens.of(run.formatter.reasoning, outputs)
     return envelope.response(_status(choice["finish_reason"]), output,
-                             usage(len(run.prompt_ids), result.usage.completion_tokens, reasoning_tokens))
+                             usage(len(run.prompt_ids), result, reasoning_tokens))
 
 
 class _Events:
@@ -293,8 +294,8 @@ class _Events:
                                    arguments=item["arguments"])]
             out.append(self.event("response.output_item.done", output_index=index, item=item))
         status = _status(choice["finish_reason"])
-        response = self.envelope.response(status, items, usage(
-            self.input_tokens, result.usage.completion_tokens, self.reasoning_tokens.count))
+        response = self.envelope.response(status, items, usage(self.input_tokens, result,
+                                                              self.reasoning_tokens.count))
         out.append(self.event("response.completed" if status == "completed" else "response.incomplete",
                               response=response))
         return out
