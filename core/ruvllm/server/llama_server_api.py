@@ -30,7 +30,7 @@ from ruvllm.fim import extra_pieces, fit_infill, infill_ids
 from ruvllm.guided.request import completion_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService, Submission
-from ruvllm.server.errors import ruvllm_error_body
+from ruvllm.server.errors import in_surface_terms, ruvllm_error_body
 from ruvllm.server.llama_server_schemas import (
     LlamaCompletionRequest,
     LlamaInfillRequest,
@@ -59,11 +59,10 @@ def _in_llama_terms(prompt_field: str = "prompt") -> Iterator[None]:
     try:
         yield
     except InvalidRequest as exc:
-        head = exc.field.split(".", 1)[0].split("[", 1)[0]
-        field = {**_LLAMA_FIELDS, "prompt": prompt_field}.get(head)
-        if field is None or field == head:
+        renamed = in_surface_terms(exc, {**_LLAMA_FIELDS, "prompt": prompt_field})
+        if renamed is None:
             raise
-        raise InvalidRequest(field, str(exc).removeprefix(f"{exc.field}: "), exc.value) from None
+        raise renamed from None
 
 
 async def _text_ids(engine: AsyncEngine, field: str, text: str, *, bos: bool = False,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -36,6 +35,7 @@ from ruvllm.guided.request import processors as guided_processors
 from ruvllm.server.chat_run import prompt_reasoning, start_chat, thinks
 from ruvllm.server.completion_service import Arrival, ChoiceRequest, CompletionService, Submission
 from ruvllm.server.embeddings import check_dimensions, input_ids, split_inputs
+from ruvllm.server.errors import in_surface_terms
 from ruvllm.server.model_pool import ModelPool, Route
 from ruvllm.server.ollama_models import Catalogue, iso_time, pool_name
 from ruvllm.server.ollama_schemas import (
@@ -110,11 +110,10 @@ def _in_ollama_terms(prompt_field: str, num_ctx: int | None = None) -> Iterator[
                              f"num_ctx is {num_ctx}; raise num_ctx, shorten the {prompt_field} or lower "
                              "options.num_predict", num_ctx) from None
     except InvalidRequest as exc:
-        head = re.split(r"[.\[]", exc.field, maxsplit=1)[0]
-        field = {**_OLLAMA_FIELDS, "prompt": prompt_field, "input": prompt_field}.get(head)
-        if field is None:
+        renamed = in_surface_terms(exc, {**_OLLAMA_FIELDS, "prompt": prompt_field, "input": prompt_field})
+        if renamed is None:
             raise
-        raise InvalidRequest(field, str(exc).removeprefix(f"{exc.field}: "), exc.value) from None
+        raise renamed from None
 
 
 def _num_ctx(options: OllamaOptions | None) -> int | None:
