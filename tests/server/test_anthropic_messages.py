@@ -59,10 +59,13 @@ def test_the_same_conversation_gives_the_same_answer_as_chat(claude, client, mod
     assert [b.type for b in message.content] == ["text"]
     assert message.content[0].text == chat.choices[0].message.content
     assert message.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[chat.choices[0].finish_reason]
-    assert message.usage.input_tokens == chat.usage.prompt_tokens
-    assert message.usage.output_tokens == chat.usage.completion_tokens
+    # Anthropic counts the tokens read from the prefix cache apart from input_tokens.
+    usage = message.usage
+    assert usage.cache_creation_input_tokens == 0
+    assert usage.input_tokens + usage.cache_read_input_tokens == chat.usage.prompt_tokens
+    assert usage.output_tokens == chat.usage.completion_tokens
     counted = claude.messages.count_tokens(model=model_name, system="Be brief.", messages=CONVERSATION)
-    assert counted.input_tokens == message.usage.input_tokens
+    assert counted.input_tokens == usage.input_tokens + usage.cache_read_input_tokens
 
 
 def test_a_stream_is_anthropics_events_and_adds_up_to_the_message(claude, model_name):
@@ -75,6 +78,10 @@ def test_a_stream_is_anthropics_events_and_adds_up_to_the_message(claude, model_
     assert "content_block_start" in events and "message_delta" in events
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in whole.content]
     assert (final.stop_reason, final.usage.output_tokens) == (whole.stop_reason, whole.usage.output_tokens)
+    # The stream's closing counts hold the cache hit the start could not know: same prompt as whole's.
+    assert final.usage.cache_read_input_tokens > 0
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == \
+        whole.usage.input_tokens + whole.usage.cache_read_input_tokens
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

@@ -549,8 +549,12 @@ def _answer(label: str, r: httpx.Response) -> Any:
         return r.status_code, r.text
     data = r.json()
     if isinstance(data, dict) and isinstance(data.get("usage"), dict):
-        data["usage"] = {k: v for k, v in data["usage"].items() if k not in ("prompt_tokens_details",
-                                                                          "input_tokens_details")}
+        counts = data["usage"]
+        if "cache_read_input_tokens" in counts:  # Anthropic's: the prompt is input plus cache reads
+            counts = {"prompt": counts["input_tokens"] + counts["cache_read_input_tokens"],
+                      "output_tokens": counts["output_tokens"]}
+        data["usage"] = {k: v for k, v in counts.items() if k not in ("prompt_tokens_details",
+                                                                      "input_tokens_details")}
     if label == "embeddings" and r.status_code == 200:
         return data["usage"], np.array([d["embedding"] for d in data["data"]], dtype=np.float64)
     if label in ("ollama_embed", "ollama_embeddings") and r.status_code == 200:

@@ -305,11 +305,21 @@ def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
             "name": call["function"]["name"], "input": json.loads(call["function"]["arguments"])}
 
 
+def _usage(prompt_tokens: int, result: GenerationResult | None) -> dict[str, int]:
+    """Anthropic's usage: the prompt tokens read from the prefix cache are ``cache_read_input_tokens``
+    and ``input_tokens`` the rest, as Anthropic counts a cache hit (their sum is the prompt);
+    before the result (a stream's start) nothing is known to be cached yet."""
+    cached = result.usage.cached_prompt_tokens if result is not None else 0
+    return {"input_tokens": prompt_tokens - cached, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached,
+            "output_tokens": result.usage.completion_tokens if result is not None else 0}
+
+
 def _message(run: ChatRun, model: str, content: list[dict[str, Any]], stop: tuple[str | None, str | None],
-             output_tokens: int) -> dict[str, Any]:
+             result: GenerationResult | None) -> dict[str, Any]:
     return {"id": run.submission.id, "type": "message", "role": "assistant", "model": model,
             "content": content, "stop_reason": stop[0], "stop_sequence": stop[1],
-            "usage": {"input_tokens": len(run.prompt_ids), "output_tokens": output_tokens}}
+            "usage": _usage(len(run.prompt_ids), result)}
 
 
 class _Blocks:
@@ -388,14 +398,14 @@ def _events(run: ChatRun, model: str, thinking: bool) -> AsyncIterator[str]:
             reason, sequence = _stop(last["finish_reason"], item)
             events.append(named_sse_event("message_delta", {
                 "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                "usage": {"output_tokens": item.usage.completion_tokens}}))
+                "usage": _usage(len(run.prompt_ids), item)}))
             events.append(named_sse_event("message_stop", {"type": "message_stop"}))
             return events
         status, body, _ = ruvllm_error_body(item)
         return [named_sse_event("error", anthropic_error_body(status, body["error"]["message"]))]
 
     return run.submission.writes(render, first=named_sse_event(
-        "message_start", {"type": "message_start", "message": _message(run, model, [], (None, None), 0)}))
+        "message_start", {"type": "message_start", "message": _message(run, model, [], (None, None), None)}))
 
 
 def register_messages_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> None:
@@ -419,8 +429,7 @@ def register_messages_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> N
             content += [_tool_use(c) for c in message.get("tool_calls") or []]
             result = outcomes[0][1]
             stop = _stop(whole["finish_reason"], result)
-            output_tokens = result.usage.completion_tokens
-            return JSONResponse(_message(run, route.served_name, content, stop, output_tokens))
+            return JSONResponse(_message(run, route.served_name, content, stop, result))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest) -> dict[str, int]:
