@@ -59,7 +59,7 @@ def test_every_surface_continues_the_same_prompt(server, client, model_name):
                                      extra_body={"temperature": 0})
     # Anthropic's and Ollama's APIs cannot ignore EOS: their answers may end sooner.
     assert message.content[0].text and expected.startswith(message.content[0].text)
-    assert message.usage.input_tokens == len(ids)
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == len(ids)
     assert claude.messages.count_tokens(model=model_name, messages=PREFILL).input_tokens == len(ids)
 
     llama = ollama.Client(host=server.url, headers=AUTH, timeout=120)
