@@ -116,3 +116,17 @@ class IncrementalDetokenizer:
         full_text = self._tok.decode(self._ids[self._prefix :], skip_special=self._skip)
         self._prefix = self._read = len(self._ids)
         return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
+
+
+def token_piece(tokenizer: Tokenizer, token_id: int) -> str | list[int]:
+    """One token as llama-server's ``/tokenize`` shows it: its text, or its bytes where they are
+    not UTF-8 on their own (a piece of a character). A tokenizer that cannot give a token's bytes
+    (``decode_bytes``) gives its text."""
+    decode_bytes = getattr(tokenizer, "decode_bytes", None)
+    if not callable(decode_bytes):
+        return tokenizer.token_text(token_id)
+    raw = decode_bytes([token_id], skip_special=False)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)

@@ -179,6 +179,7 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
     "completions": ({"prompt": "One, two, three, four, five,", "max_tokens": 2, "temperature": 0}, 200),
     "embeddings": ({"input": "The cat sat on the mat."}, 200),
     "tokenize": ({"prompt": "Hello there"}, 200),
+    "apply_template": ({"messages": CHAT_MESSAGES}, 200),
     "detokenize": ({"tokens": [1, 2, 3]}, 200),
     "feedback": ({"id": "chatcmpl-no-such-completion", "score": 1}, 404),
     "load_lora": ({"lora_name": "terse", "lora_path": "/no/such/adapter"}, 403),
@@ -281,9 +282,9 @@ _OLLAMA_OBJECTS = {
 NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
     ("chat", "messages[]"): ({"messages": [{"role": "user", "content": "Hi", UNKNOWN: 1}]},
                              f"messages[0].{UNKNOWN}"),
-    ("tokenize", "messages[]"): ({"messages": [{"role": "user", "content": "Hi"},
-                                               {"role": "assistant", "contnet": "Hello"}]},
-                                 "messages[1].contnet"),
+    **{(label, "messages[]"): ({"messages": [{"role": "user", "content": "Hi"},
+                                             {"role": "assistant", "contnet": "Hello"}]},
+                               "messages[1].contnet") for label in ("tokenize", "apply_template")},
     ("chat", "stream_options"): ({"messages": CHAT_MESSAGES, "stream": True,
                                   "stream_options": {"include_usage": True, UNKNOWN: True}},
                                  f"stream_options.{UNKNOWN}"),
@@ -321,7 +322,7 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
         "stream_options.include_obfuscation") for label in ("chat", "completions")},
     **{(label, "messages[].audio"): (
         {"messages": [*CHAT_MESSAGES, {**_ASSISTANT_SAID, "audio": {"id": "audio_abc123"}}]},
-        "messages[1].audio") for label in ("chat", "tokenize")},
+        "messages[1].audio") for label in ("chat", "tokenize", "apply_template")},
     **{(label, field): ({**BASE[label][0], **body}, field) for label in ANTHROPIC for field, body in (
         ("thinking.type", {"thinking": {"type": "enabled", "budget_tokens": 1024}}),
         ("thinking.budget_tokens", {"thinking": {"type": "disabled", "budget_tokens": 1024}}),
@@ -467,8 +468,9 @@ ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
         {**BASE["chat"][0], "messages": [*CHAT_MESSAGES, _ASSISTANT_SAID, *CHAT_MESSAGES]},
         {**BASE["chat"][0], "messages": [*CHAT_MESSAGES, _CITED, *CHAT_MESSAGES]})
        for label in ("chat",)},
-    ("tokenize", "messages[].annotations"): ({"messages": [*CHAT_MESSAGES, _ASSISTANT_SAID]},
-                                             {"messages": [*CHAT_MESSAGES, _CITED]}),
+    **{(label, "messages[].annotations"): ({"messages": [*CHAT_MESSAGES, _ASSISTANT_SAID]},
+                                           {"messages": [*CHAT_MESSAGES, _CITED]})
+       for label in ("tokenize", "apply_template")},
     ("unload_lora", "lora_int_id"): (BASE["unload_lora"][0], {**BASE["unload_lora"][0], "lora_int_id": 3}),
     **{(label, field): ({**BASE[label][0], **without}, {**BASE[label][0], **with_field})
        for label in ANTHROPIC for field, without, with_field in _anthropic_accepted(label)},

@@ -190,3 +190,35 @@ def test_infill_on_a_model_without_the_tokens_is_a_400_naming_the_suffix(server)
 def test_the_first_line_indented_less_is_found_after_its_indentation(text, cut):
     from ruvllm.server.llama_server_api import _under_indented
     assert _under_indented(text, 4) == cut
+
+
+def test_a_prompt_from_apply_template_completes_as_chat_answers(server):
+    """llama-server's way to edit a chat prompt by hand: render it, then complete the text."""
+    messages = [{"role": "user", "content": "Name a colour."}]
+    rendered = post(server, "/apply-template", {"messages": messages})
+    assert rendered.status_code == 200, rendered.text
+    prompt = rendered.json()["prompt"]
+    chat = {"messages": messages, "max_tokens": 8, "temperature": 0}
+    post(server, "/v1/chat/completions", chat)  # warm: both answers below reuse the prompt's cached KV
+    expected = post(server, "/v1/chat/completions", chat).json()
+    got = complete(server, prompt=prompt, n_predict=8)
+    assert got["content"] == expected["choices"][0]["message"]["content"]
+    assert got["tokens_evaluated"] == expected["usage"]["prompt_tokens"]
+
+
+def test_tokenize_and_detokenize_speak_llama_servers_fields(server):
+    text = "Hi <|im_end|> wörld"
+    pieces = post(server, "/tokenize", {"content": text, "with_pieces": True}).json()["tokens"]
+    assert "".join(t["piece"] for t in pieces) == text  # each piece whole characters here
+    assert {"id": 2, "piece": "<|im_end|>"} in pieces  # special tokens written as text are parsed
+    plain = post(server, "/tokenize", {"content": text, "parse_special": False}).json()["tokens"]
+    assert 2 not in plain and len(plain) > len(pieces)
+    as_prompt = post(server, "/tokenize", {"prompt": "Hi"}).json()["tokens"]  # vLLM's: the BOS where wanted
+    assert post(server, "/tokenize", {"content": "Hi", "add_special": True}).json()["tokens"] == as_prompt
+    ids = [t["id"] for t in pieces]
+    assert post(server, "/detokenize", {"tokens": ids}).json() == {"prompt": text, "content": text}
+    for body, param in (({"prompt": "Hi", "content": "Hi"}, "content"),
+                        ({"prompt": "Hi", "add_special": True}, "add_special"),
+                        ({"content": "Hi", "add_special_tokens": False}, "add_special_tokens")):
+        r = post(server, "/tokenize", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

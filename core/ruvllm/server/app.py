@@ -66,7 +66,7 @@ from ruvllm.server.schemas import (
 )
 from ruvllm.server.tokenizer_info import refuse_unknown_query, tokenizer_info
 from ruvllm.serving import AsyncEngine
-from ruvllm.tokenizer import require_encodable, require_in_vocabulary
+from ruvllm.tokenizer import require_encodable, require_in_vocabulary, token_piece
 
 
 @attrs.frozen(kw_only=True)
@@ -212,25 +212,28 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
             return await _tokenize(body, route.engine)
 
     async def _tokenize(body: TokenizeRequest, engine: AsyncEngine) -> dict[str, Any]:
-        if (body.prompt is None) == (body.messages is None):
-            raise InvalidRequest("prompt", "give exactly one of prompt or messages")
         if body.messages is not None:
             tools = plan_tools(body.tools, None, None, engine.info.chat_template)
             ids = await chat_prompt_ids(engine, body.messages, tools, body.template_options())
         else:
-            text = require_encodable("prompt", body.prompt or "")
+            field, add, parse = ("prompt", body.add_special_tokens, False) if body.content is None \
+                else ("content", body.add_special, body.parse_special)
+            text = require_encodable(field, body.prompt if body.content is None else body.content)
             # The engine refuses an empty prompt; "" is still a fair question here (the BOS alone),
             # and costs the event loop nothing to answer.
-            ids = await engine.encode_async(text, add_special=body.add_special_tokens) if text \
-                else engine.tokenizer.encode(text, add_special=body.add_special_tokens)
-        return {"tokens": ids, "count": len(ids), "max_model_len": engine.info.context_length}
+            ids = await engine.encode_async(text, add_special=add, parse_special=parse) if text \
+                else engine.tokenizer.encode(text, add_special=add)
+        tokens: list[Any] = [{"id": t, "piece": token_piece(engine.tokenizer, t)} for t in ids] \
+            if body.with_pieces else ids
+        return {"tokens": tokens, "count": len(ids), "max_model_len": engine.info.context_length}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
         async with pool.route(body.model) as route:
             engine = route.engine
         require_in_vocabulary("tokens", body.tokens, engine.tokenizer.vocab_size)
-        return {"prompt": engine.tokenizer.decode(body.tokens, skip_special=False)}
+        text = engine.tokenizer.decode(body.tokens, skip_special=False)
+        return {"prompt": text, "content": text}  # vLLM's name, and llama-server's
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:

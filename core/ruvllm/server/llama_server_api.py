@@ -1,4 +1,4 @@
-"""llama-server's own API on the same engine: ``/completion`` and ``/infill``.
+"""llama-server's own API on the same engine: ``/completion``, ``/infill`` and ``/apply-template``.
 
 Scripts written for llama-server post text or token ids to ``/completion`` and read its
 objects (``content``, ``stop_type``, ``timings``...); editor plugins (llama.vim, llama.vscode)
@@ -29,16 +29,18 @@ from ruvllm.errors import InvalidRequest
 from ruvllm.fim import extra_pieces, fit_infill, infill_ids
 from ruvllm.guided.request import completion_constraint
 from ruvllm.guided.request import processors as guided_processors
+from ruvllm.guided.tools import plan_tools
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService, Submission
 from ruvllm.server.errors import in_surface_terms, ruvllm_error_body
 from ruvllm.server.llama_server_schemas import (
+    ApplyTemplateRequest,
     LlamaCompletionRequest,
     LlamaInfillRequest,
     bias_entries,
     sampling_fields,
 )
 from ruvllm.server.model_pool import ModelPool, Route
-from ruvllm.server.params import Limits
+from ruvllm.server.params import Limits, chat_prompt_text
 from ruvllm.server.schemas import CompletionRequest
 from ruvllm.server.sse import SSEResponse, sse_event
 from ruvllm.serving import AsyncEngine
@@ -356,7 +358,7 @@ async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sam
 
 
 def register_llama_server_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> None:
-    """llama-server's ``/completion`` and ``/infill`` on ``app``."""
+    """llama-server's ``/completion``, ``/infill`` and ``/apply-template`` on ``app``."""
 
     @app.post("/completion")
     async def completion(body: LlamaCompletionRequest, request: Request) -> Response:
@@ -374,3 +376,12 @@ def register_llama_server_routes(app: FastAPI, pool: ModelPool, limits: Limits) 
             prompt = await _infill_ids(route.engine, body, context)
             exchange = await _start(route, limits, body, sampling, [prompt])
             return await exchange.answer(request)
+
+    @app.post("/apply-template")
+    async def apply_template(body: ApplyTemplateRequest) -> dict[str, str]:
+        """The conversation in the model's chat template, as chat renders it, for a client that
+        edits the prompt before it sends it to ``/completion``."""
+        async with pool.route(body.model) as route:
+            engine = route.engine
+        tools = plan_tools(body.tools, None, None, engine.info.chat_template)
+        return {"prompt": chat_prompt_text(engine, body.messages, tools, body.template_options())}

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.schemas import RequestBody, StrictModel
+from ruvllm.server.schemas import ChatMessage, ChatTemplateFields, RequestBody, StrictModel
 from ruvllm.types import MAX_LOGIT_BIAS, MAX_LOGPROBS
 
 _Text = Annotated[str, Field(min_length=1)]
@@ -106,6 +106,14 @@ class LlamaInfillRequest(LlamaCompletionRequest):
     input_prefix: str = ""
     input_suffix: str = ""
     input_extra: list[ExtraInput] = []
+
+
+class ApplyTemplateRequest(RequestBody, ChatTemplateFields):
+    """``/apply-template``'s body: a conversation to render, as chat's."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
 
 
 def _refuse_unsupported(body: LlamaCompletionRequest) -> None:

@@ -146,19 +146,24 @@ def _template_tool_calls(calls: Any, field: str) -> list[Any]:
     return out
 
 
-async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage],
-                          tools: ToolPlan | None = None,
-                          options: TemplateOptions = DEFAULT_OPTIONS) -> list[int]:
-    """Token ids of ``messages`` (and the plan's tools) in the model's own chat template (as
+def chat_prompt_text(engine: AsyncEngine, messages: Sequence[ChatMessage], tools: ToolPlan | None = None,
+                     options: TemplateOptions = DEFAULT_OPTIONS) -> str:
+    """``messages`` (and the plan's tools) in the model's own chat template (as
     ``LLM.chat_prompt``), rendered as the request asks (``options``); a template that renders no
     tools gets them taught in the conversation."""
     st = engine.info.special_tokens
     dicts = message_dicts(messages)
     if tools is not None:
         dicts = taught_conversation(dicts, tools)
-    text = render_chat(engine.info.chat_template, dicts,
-                       bos_token=st.bos_text, eos_token=st.eos_text, tools=tools and tools.rendered,
-                       options=options)
+    return render_chat(engine.info.chat_template, dicts, bos_token=st.bos_text, eos_token=st.eos_text,
+                       tools=tools and tools.rendered, options=options)
+
+
+async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage],
+                          tools: ToolPlan | None = None,
+                          options: TemplateOptions = DEFAULT_OPTIONS) -> list[int]:
+    """Token ids of :func:`chat_prompt_text`: the special tokens the template wrote are parsed."""
+    text = chat_prompt_text(engine, messages, tools, options)
     return await engine.encode_async(text, add_special=False, parse_special=True)
 
 

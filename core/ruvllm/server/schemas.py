@@ -230,9 +230,27 @@ class TokenizeRequest(RequestBody, ChatTemplateFields):
     #: With ``messages``: the chat request's tools (under ``tool_choice`` auto), so that the count
     #: is that request's, tools and all (vLLM's).
     tools: list[dict[str, Any]] | None = None
+    #: llama-server's request: ``content`` is the text, tokenized without the BOS and with special
+    #: tokens written as text parsed unless ``add_special`` / ``parse_special`` say otherwise;
+    #: ``with_pieces`` answers each token as ``{"id", "piece"}``.
+    content: str | None = None
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
 
     @model_validator(mode="after")
     def _special_tokens_with_messages(self) -> TokenizeRequest:
+        given = [name for name in ("prompt", "content", "messages") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise InvalidRequest(given[1] if given else "prompt",
+                                 "give exactly one of prompt (vLLM's), content (llama-server's) or messages")
+        llama = sorted({"add_special", "parse_special"} & self.model_fields_set)
+        if llama and self.content is None:
+            raise InvalidRequest(llama[0], "goes with content (llama-server's request); with prompt send "
+                                 "add_special_tokens")
+        if self.content is not None and "add_special_tokens" in self.model_fields_set:
+            raise InvalidRequest("add_special_tokens", "goes with prompt (vLLM's request); with content send "
+                                 "add_special (llama-server's)")
         if self.messages is not None and self.add_special_tokens and \
                 "add_special_tokens" in self.model_fields_set:
             raise InvalidRequest("add_special_tokens", "cannot be true with messages: the chat template "
