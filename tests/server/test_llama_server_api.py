@@ -12,6 +12,7 @@ test_fill_in_the_middle.py (SmolLM2 has no fill-in-the-middle tokens: a 400 here
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import httpx
@@ -94,9 +95,14 @@ def test_prompts_are_text_ids_or_both_and_several_answer_as_a_list(server):
     assert several[0]["content"] == several[1]["content"] == as_text["content"]
 
 
-def test_n_predict_zero_evaluates_the_prompt_and_writes_nothing(server):
-    got = complete(server, prompt=PROMPT, n_predict=0)
-    assert got["content"] == "" and got["tokens_predicted"] == 0 and got["tokens_evaluated"] > 0
+def test_n_predict_zero_evaluates_the_prompt_into_the_cache_and_writes_nothing(server):
+    """llama.vim sends the project's files with n_predict 0 to have them cached before it asks."""
+    files = f"# {uuid.uuid4().hex}\n" + "def add(a, b):\n    return a + b\n\n" * 8
+    got = complete(server, prompt=files, n_predict=0, return_tokens=True)
+    assert got["content"] == "" and got["tokens"] == [] and got["tokens_predicted"] == 0
+    assert got["tokens_evaluated"] > 32 and got["generation_settings"]["n_predict"] == 0
+    asked = complete(server, prompt=files + "def sub(a, b):", n_predict=4)
+    assert asked["tokens_cached"] >= 32  # the files' whole KV blocks
 
 
 def test_n_indent_ends_at_the_first_line_indented_less_and_cuts_it(server):

@@ -160,6 +160,10 @@ class _Answer:
     first_token_at: float | None = None
     #: An editor stop ended it (the engine request was cancelled for it).
     stopped_early: bool = False
+    #: ``n_predict`` 0: the prompt is evaluated into the prefix cache (llama.vim warms it with
+    #: the project's files this way) and nothing is written. The engine computes a prompt only
+    #: for a token, so one is sampled and dropped.
+    evaluate_only: bool = False
 
     def add(self, out: TokenOutput, probability: dict[str, Any] | None) -> str:
         """Record one token; the text that goes out for it (cut where an editor stop ends the answer)."""
@@ -209,7 +213,8 @@ class _Exchange:
     def _settings(self, params: GenerationParams) -> dict[str, Any]:
         """``generation_settings``: what this answer was made with."""
         seed = params.seed if params.seed is not None else -1
-        return {"n_ctx": self.context, "n_predict": params.max_tokens, "seed": seed,
+        return {"n_ctx": self.context, "n_predict": 0 if self.body.n_predict == 0 else params.max_tokens,
+                "seed": seed,
                 "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
                 "min_p": params.min_p, "repeat_penalty": params.repetition_penalty,
                 "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
@@ -225,7 +230,8 @@ class _Exchange:
             stop_type, word = "word", result.stop_reason
         else:
             stop_type, word = "eos", ""
-        predicted = len(answer.token_ids) if answer.stopped_early else result.usage.completion_tokens
+        predicted = len(answer.token_ids) if answer.stopped_early or answer.evaluate_only \
+            else result.usage.completion_tokens
         prompt_ms, predicted_ms = result.timings.prefill * 1000, result.timings.decode * 1000
         # As llama-server counts: the prompt tokens read from the cache, and those computed.
         cached = result.usage.cached_prompt_tokens
@@ -271,8 +277,8 @@ class _Exchange:
                 for index, item in batch.items:
                     answer = self.answers[index]
                     if isinstance(item, TokenOutput):
-                        if answer.stopped_early:
-                            continue  # the engine had more before the cancel reached it
+                        if answer.stopped_early or answer.evaluate_only:
+                            continue  # sent before the cancel reached the engine, or nothing is written
                         text = answer.add(item, self._probability(item))
                         if answer.stopped_early:
                             self.submission.cancel_choice(index)
@@ -345,9 +351,9 @@ async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sam
         for k, ids in enumerate(prompts):
             params = service.choice_params(completion, ids)
             if body.n_predict == 0:
-                params = attrs.evolve(params, max_tokens=0)  # the prompt is evaluated, nothing written
+                params = attrs.evolve(params, max_tokens=1)
             answers[k] = _Answer(index=k, prompt_ids=ids, n_indent=body.n_indent,
-                                 max_predict_ms=body.t_max_predict_ms,
+                                 max_predict_ms=body.t_max_predict_ms, evaluate_only=body.n_predict == 0,
                                  params=attrs.evolve(params, logprobs=body.n_probs or None))
         procs = await guided_processors(engine, completion_constraint(completion).spec, len(prompts))
     submission = await service.submit(
