@@ -154,7 +154,8 @@ def test_grammars_bias_and_chains_steer_the_one_sampler(server):
     first = complete(server, prompt=PROMPT, n_predict=1, return_tokens=True)["tokens"][0]
     banned = complete(server, prompt=PROMPT, n_predict=1, return_tokens=True, logit_bias=[[first, False]])
     assert banned["tokens"][0] != first
-    unchained = complete(server, prompt=PROMPT, n_predict=1, samplers=["top_k"], top_k=1, temperature=0.5)
+    unchained = complete(server, prompt=PROMPT, n_predict=1, samplers=["top-k", "dry"], top_k=1,
+                         temperature=0.5)
     assert unchained["generation_settings"]["temperature"] == 1.0  # left out of the chain: off
     assert unchained["generation_settings"]["top_k"] == 1
 

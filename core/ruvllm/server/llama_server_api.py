@@ -40,7 +40,7 @@ from ruvllm.server.llama_server_schemas import (
     sampling_fields,
 )
 from ruvllm.server.model_pool import ModelPool, Route
-from ruvllm.server.params import Limits, chat_prompt_text
+from ruvllm.server.params import Limits, chat_prompt_text, prompt_head
 from ruvllm.server.schemas import CompletionRequest
 from ruvllm.server.sse import SSEResponse, sse_event
 from ruvllm.serving import AsyncEngine
@@ -108,17 +108,15 @@ async def _infill_ids(engine: AsyncEngine, body: LlamaInfillRequest, context: in
                              "trained for it (Qwen2.5-Coder, StarCoder2, DeepSeek-Coder; docs/server.md)")
     extra: list[int] = []
     files = [(chunk.filename, chunk.text) for chunk in body.input_extra]
-    for k, piece in enumerate(extra_pieces(fim, files)):
-        extra += [piece] if isinstance(piece, int) else await _text_ids(engine, f"input_extra[{k}]", piece)
+    for piece in extra_pieces(fim, files):
+        extra += [piece] if isinstance(piece, int) else await _text_ids(engine, "input_extra", piece)
     prefix, suffix, line, extra = (
         await _text_ids(engine, "input_prefix", body.input_prefix),
         await _text_ids(engine, "input_suffix", body.input_suffix),
         await _text_ids(engine, "prompt", body.prompt), extra)
     prefix, suffix, extra = fit_infill(prefix, suffix, line, extra, context=context,
                                        max_tokens=max(body.n_predict, 0))
-    head = [t for t in engine.tokenizer.encode("", add_special=True)
-            if t not in engine.info.special_tokens.eos_ids]
-    return infill_ids(fim, head, prefix, suffix, line=line, extra=extra)
+    return infill_ids(fim, prompt_head(engine), prefix, suffix, line=line, extra=extra)
 
 
 async def _bias(engine: AsyncEngine, body: LlamaCompletionRequest) -> dict[str, float]:

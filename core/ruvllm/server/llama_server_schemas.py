@@ -138,15 +138,23 @@ def _refuse_unsupported(body: LlamaCompletionRequest) -> None:
                              "window of the last tokens; set -1", body.repeat_last_n)
 
 
+#: llama.cpp's other spellings of the samplers' names.
+_ALIASES = {"temp": "temperature", "top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min-p": "min_p",
+            "typical": "typ_p", "typical_p": "typ_p", "typical-p": "typ_p", "top-n-sigma": "top_n_sigma"}
+#: Samplers that are off unless their own field turns them on, which is refused (:data:`_OFF`).
+_OFF_UNLESS_SET = {"typ_p", "dry", "xtc", "top_n_sigma"}
+
+
 def _chain(samplers: list[str] | None) -> set[str]:
     """The samplers that run: all of core's without a chain, else those it names."""
     if samplers is None:
         return set(_SAMPLER_FIELDS)
-    unknown = sorted(set(samplers) - set(_SAMPLER_FIELDS) - {INFILL_SAMPLER} - {"typ_p", "dry", "xtc"})
+    named = {_ALIASES.get(name, name) for name in samplers}
+    unknown = sorted(named - set(_SAMPLER_FIELDS) - {INFILL_SAMPLER} - _OFF_UNLESS_SET)
     if unknown:
         raise InvalidRequest("samplers", f"names samplers llama.cpp does not have: {', '.join(unknown)}; "
                              f"use {', '.join(sorted(_SAMPLER_FIELDS))}", samplers)
-    return set(samplers) & set(_SAMPLER_FIELDS)
+    return named & set(_SAMPLER_FIELDS)
 
 
 def sampling_fields(body: LlamaCompletionRequest) -> dict[str, Any]:

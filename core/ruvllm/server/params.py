@@ -189,12 +189,17 @@ async def infill_prompts(engine: AsyncEngine, prefixes: Sequence[str], suffix: s
         raise InvalidRequest("suffix", "this model has no fill-in-the-middle tokens, so it cannot write what "
                              "goes between a prompt and a suffix; leave suffix out, or serve a code model "
                              "trained for it (Qwen2.5-Coder, StarCoder2, DeepSeek-Coder; docs/server.md)")
-    # What the tokenizer starts every prompt with (the BOS, where the model wants one): "" costs
-    # the event loop nothing to tokenize.
-    head = [t for t in engine.tokenizer.encode("", add_special=True) if t not in special.eos_ids]
+    head = prompt_head(engine)
     before = [await _piece_ids(engine, "prompt", p) for p in prefixes]
     after = await _piece_ids(engine, "suffix", suffix)
     return [infill_ids(special.fim, head, ids, after) for ids in before]
+
+
+def prompt_head(engine: AsyncEngine) -> list[int]:
+    """What the tokenizer starts every prompt with (the BOS, where the model wants one), for a
+    prompt built from pieces: "" costs the event loop nothing to tokenize."""
+    return [t for t in engine.tokenizer.encode("", add_special=True)
+            if t not in engine.info.special_tokens.eos_ids]
 
 
 async def completion_prompts(engine: AsyncEngine, prompt: Any, suffix: str | None = None) -> list[list[int]]:
