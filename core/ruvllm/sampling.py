@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 import numpy as np
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.infill_sampling import InfillFilter
 from ruvllm.types import GenerationParams, SampledToken
 
 _NUCLEUS_PROBE = 1024
@@ -39,10 +40,20 @@ class Sampler:
 
     def __init__(self, params: GenerationParams, vocab_size: int, prompt_ids: Sequence[int] = (),
                  logits_processors: Sequence[LogitsProcessor] = (), *,
-                 end_ids: Collection[int] | None = None):
+                 end_ids: Collection[int] | None = None,
+                 token_bytes: Callable[[int], bytes] | None = None):
         """``end_ids``: the tokens that would end the request (generation.ending_ids), kept out
-        until ``params.min_tokens`` tokens are chosen; a caller that cannot say refuses min_tokens."""
+        until ``params.min_tokens`` tokens are chosen; a caller that cannot say refuses min_tokens.
+        ``token_bytes``: a token's text, which ``params.infill_sampling`` compares; with
+        ``end_ids`` it is needed for that sampler, which a caller without them refuses."""
         self.params = params
+        self._infill: InfillFilter | None = None
+        if params.infill_sampling:
+            if end_ids is None or token_bytes is None:
+                raise InvalidRequest("infill_sampling", "this backend does not give core's sampler the "
+                                     "tokens that end a request and their texts, which the infill sampler "
+                                     "compares; leave it out or serve the model through the engine")
+            self._infill = InfillFilter(end_ids, token_bytes)
         self._end_ids = None
         if params.min_tokens:
             if end_ids is None:
@@ -92,8 +103,10 @@ class Sampler:
         if self._end_ids is not None and len(self._output) < p.min_tokens:
             scores = _without(scores, self._end_ids)
         scores = self._penalised(scores) if self._counts is not None else scores
-        if p.greedy:
+        if p.greedy and self._infill is None:
             token = int(np.argmax(scores))
+        elif p.greedy:  # the most probable token the infill rule keeps
+            token = self._draw(scores)
         else:
             with np.errstate(over="ignore"):
                 token = self._draw(_finite_top(scores / np.float32(p.temperature)))
@@ -130,6 +143,8 @@ class Sampler:
         if p.min_p > 0.0:
             # The best candidate has probability weight exp(0) = 1 after the shift above.
             probs[probs < p.min_p] = 0.0
+        if self._infill is not None:
+            return self._infill_draw(candidates, probs)
         # ``order`` maps positions in the cdf back to candidate positions (None: identity).
         order = None
         u = self._rng.random()
@@ -139,6 +154,15 @@ class Sampler:
         else:
             idx = _draw_index(probs, u)
         return int(idx if candidates is None else candidates[idx])
+
+    def _infill_draw(self, candidates: np.ndarray | None, probs: np.ndarray) -> int:
+        """A draw among what top-k, min-p and top-p kept, after the infill sampler's rule."""
+        assert self._infill is not None
+        kept = _nucleus(probs, self.params.top_p)[0] if self.params.top_p < 1.0 else np.flatnonzero(probs)
+        ids, weights = self._infill(kept if candidates is None else candidates[kept], probs[kept])
+        if self.params.greedy:
+            return int(ids[np.argmax(weights)])
+        return int(ids[_draw_index(weights, self._rng.random())])
 
     def _record(self, token: int) -> None:
         self._output.append(token)

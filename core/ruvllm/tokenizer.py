@@ -118,15 +118,25 @@ class IncrementalDetokenizer:
         return full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
 
 
+def _raw_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:
+    """A token's bytes where the tokenizer gives them (``decode_bytes``), else its text's."""
+    decode_bytes = getattr(tokenizer, "decode_bytes", None)
+    if callable(decode_bytes):
+        return decode_bytes([token_id], skip_special=False)
+    return tokenizer.token_text(token_id).encode("utf-8")
+
+
 def token_piece(tokenizer: Tokenizer, token_id: int) -> str | list[int]:
     """One token as llama-server's ``/tokenize`` shows it: its text, or its bytes where they are
-    not UTF-8 on their own (a piece of a character). A tokenizer that cannot give a token's bytes
-    (``decode_bytes``) gives its text."""
-    decode_bytes = getattr(tokenizer, "decode_bytes", None)
-    if not callable(decode_bytes):
-        return tokenizer.token_text(token_id)
-    raw = decode_bytes([token_id], skip_special=False)
+    not UTF-8 on their own (a piece of a character)."""
+    raw = _raw_bytes(tokenizer, token_id)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return list(raw)
+
+
+def text_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:
+    """A token's text as bytes, as llama.cpp's ``token_to_piece`` gives it without special
+    tokens: empty for a control token."""
+    return b"" if tokenizer.is_special(token_id) else _raw_bytes(tokenizer, token_id)

@@ -179,6 +179,9 @@ class GenerationParams:
     #: ``(token id, bias)`` pairs added to the logits before the sampler chooses (OpenAI's
     #: ``logit_bias``; a dict is accepted). Reported logprobs stay the model's own.
     logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_logit_bias)
+    #: llama.cpp's fill-in-the-middle sampler after top-k, min-p and top-p (ruvllm.infill_sampling;
+    #: llama-server's ``infill`` in ``samplers``). Needs core's sampler.
+    infill_sampling: bool = False
     #: Logprobs of the prompt's own tokens, from the prefill logits, with this many top
     #: alternatives each (None = not computed). The first prompt token has none (nothing
     #: precedes it). Needs the executor path; such a request never reuses cached prefix KV.

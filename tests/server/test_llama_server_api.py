@@ -229,3 +229,15 @@ def test_tokenize_and_detokenize_speak_llama_servers_fields(server):
                         ({"content": "Hi", "add_special_tokens": False}, "add_special_tokens")):
         r = post(server, "/tokenize", body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_llama_vims_chain_runs_the_infill_sampler(server):
+    """llama.vim's sampling: top-k and top-p, then llama.cpp's infill rule, at temperature 1. After
+    a finished answer SmolLM2 gives its end token about half the mass: the rule ends every answer
+    there, where plain sampling from the same candidates writes on about half the time."""
+    said = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\nHello! How can I help you today?"
+    body = {"prompt": said, "n_predict": 6, "top_k": 40, "top_p": 0.9}
+    ruled = [complete(server, **body, samplers=["top_k", "top_p", "infill"], seed=s) for s in range(8)]
+    plain = [complete(server, **body, samplers=["top_k", "top_p"], seed=s) for s in range(8)]
+    assert all(a["stop_type"] == "eos" and a["content"] == "" for a in ruled), ruled
+    assert any(a["content"] for a in plain), plain

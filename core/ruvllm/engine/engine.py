@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import queue
 import threading
@@ -40,7 +41,7 @@ from ruvllm.errors import BackendError, EngineClosed, EngineOptionError, Invalid
 from ruvllm.generation import RequestOutputBuilder, check_prompt, ending_ids, require_core_sampler
 from ruvllm.sampling import LogitsProcessor, Sampler
 from ruvllm.serving import MetricsSnapshot, PluginMetric
-from ruvllm.tokenizer import Tokenizer, require_in_vocabulary, require_prompt_text
+from ruvllm.tokenizer import Tokenizer, require_in_vocabulary, require_prompt_text, text_bytes
 from ruvllm.types import Capabilities, FinishReason, GenerationParams, GenerationResult, ModelInfo, Trajectory
 
 log = logging.getLogger(__name__)
@@ -288,8 +289,10 @@ class ServingEngine:
         sched = SchedRequest(rid, prompt, params.max_tokens, priority=priority, arrival=time.monotonic(),
                              cache_salt=cache_salt, reuse_prefix=params.prompt_logprobs is None,
                              prediction=predicted)
+        tokenizer = self._backend.tokenizer
         sampler = Sampler(params, self._info.vocab_size, prompt, logits_processors,
-                          end_ids=ending_ids(params, self._backend.tokenizer)) \
+                          end_ids=ending_ids(params, tokenizer),
+                          token_bytes=functools.partial(text_bytes, tokenizer)) \
             if self.path == "executor" else None
         live = LiveRequest(sched, params, RequestOutputBuilder(self._backend.tokenizer, prompt, params),
                            sampler, _Tracked(sink, self, rid, tuple(prompt), params.adapter, params.tenant),

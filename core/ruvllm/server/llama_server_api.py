@@ -37,6 +37,7 @@ from ruvllm.server.llama_server_schemas import (
     LlamaCompletionRequest,
     LlamaInfillRequest,
     bias_entries,
+    infill_sampling,
     sampling_fields,
 )
 from ruvllm.server.model_pool import ModelPool, Route
@@ -49,7 +50,7 @@ from ruvllm.types import FinishReason, GenerationParams, GenerationResult, Token
 
 #: Completion request field -> the field a llama-server client sent, for the shared core's errors.
 _LLAMA_FIELDS = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty", "logprobs": "n_probs",
-                 "guided_json": "json_schema", "guided_grammar": "grammar"}
+                 "guided_json": "json_schema", "guided_grammar": "grammar", "infill_sampling": "samplers"}
 
 #: How often a whole answer being written checks that its client is still there.
 _POLL_SECONDS = 0.25
@@ -350,9 +351,11 @@ async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sam
             params = service.choice_params(completion, ids)
             if body.n_predict == 0:
                 params = attrs.evolve(params, max_tokens=1)
+            params = attrs.evolve(params, logprobs=body.n_probs or None,
+                                  infill_sampling=infill_sampling(body))
             answers[k] = _Answer(index=k, prompt_ids=ids, n_indent=body.n_indent,
                                  max_predict_ms=body.t_max_predict_ms, evaluate_only=body.n_predict == 0,
-                                 params=attrs.evolve(params, logprobs=body.n_probs or None))
+                                 params=params)
         procs = await guided_processors(engine, completion_constraint(completion).spec, len(prompts))
     submission = await service.submit(
         [ChoiceRequest(index=k, prompt_ids=a.prompt_ids, params=a.params, processors=procs[k])

@@ -9,7 +9,8 @@ this server (llama-server itself ignores a field it does not know).
 Sampling runs through the one sampler every surface shares. Unset fields keep this server's
 defaults (temperature 1, no top-k, top-p or min-p: the same on every surface), not
 llama-server's, as for Ollama's options. ``samplers`` says which samplers run: one left out of
-the chain is off, as in llama.cpp; the order is core's (temperature, then top-k, min-p, top-p).
+the chain is off, as in llama.cpp; the order is core's (temperature, then top-k, min-p, top-p,
+then llama.cpp's ``infill`` sampler where the chain names it).
 """
 
 from __future__ import annotations
@@ -181,6 +182,11 @@ def sampling_fields(body: LlamaCompletionRequest) -> dict[str, Any]:
         values.update(repetition_penalty=body.repeat_penalty, presence_penalty=body.presence_penalty,
                       frequency_penalty=body.frequency_penalty)
     return {k: v for k, v in values.items() if v is not None}
+
+
+def infill_sampling(body: LlamaCompletionRequest) -> bool:
+    """Whether the chain names llama.cpp's fill-in-the-middle sampler (ruvllm.infill_sampling)."""
+    return INFILL_SAMPLER in (body.samplers or ())
 
 
 def bias_entries(bias: _LogitBias | None) -> list[tuple[int | str, float]]:

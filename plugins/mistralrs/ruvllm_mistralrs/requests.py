@@ -34,6 +34,10 @@ def chat_request(m: Any, prompt_text: str, params: GenerationParams, *, adapter:
         raise InvalidRequest("min_tokens", "mistral.rs samples inside its engine and has no minimum length, "
                              "so the end of the answer cannot be kept out; drop min_tokens or use a backend "
                              "whose sampling runs in ruvllm (capabilities.core_sampler)", params.min_tokens)
+    if params.infill_sampling:
+        raise InvalidRequest("infill_sampling", "mistral.rs samples inside its engine, which has no "
+                             "fill-in-the-middle sampler; drop it or use a backend whose sampling runs in "
+                             "ruvllm (capabilities.core_sampler)", True)
     kwargs: dict[str, Any] = dict(
         # Rendered through the pass-through template: the content is the prompt, verbatim.
         messages=[{"role": "user", "content": prompt_text}],
