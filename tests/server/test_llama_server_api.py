@@ -170,6 +170,7 @@ def test_response_fields_keeps_only_those_paths(server):
     ({"repeat_penalty": 1.1, "repeat_last_n": 64}, "repeat_last_n"),
     ({"mirostat": 2}, "mirostat"),
     ({"samplers": ["top_k", "dry_run"]}, "samplers"),
+    ({"samplers": "kpz"}, "samplers"),
     ({"grammar": "root ::= ("}, "grammar"),
     ({"n_predict": 100000}, "n_predict"),
     ({"prompt": [10**9]}, "prompt"),
@@ -237,7 +238,8 @@ def test_llama_vims_chain_runs_the_infill_sampler(server):
     there, where plain sampling from the same candidates writes on about half the time."""
     said = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\nHello! How can I help you today?"
     body = {"prompt": said, "n_predict": 6, "top_k": 40, "top_p": 0.9}
-    ruled = [complete(server, **body, samplers=["top_k", "top_p", "infill"], seed=s) for s in range(8)]
+    ruled = [complete(server, **body, samplers=["top_k", "top_p", "infill"] if s % 2 else "kpi", seed=s)
+             for s in range(8)]  # a chain of names, or of llama.cpp's letters
     plain = [complete(server, **body, samplers=["top_k", "top_p"], seed=s) for s in range(8)]
     assert all(a["stop_type"] == "eos" and a["content"] == "" for a in ruled), ruled
     assert any(a["content"] for a in plain), plain

@@ -73,7 +73,7 @@ class LlamaCompletionRequest(RequestBody):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logit_bias: _LogitBias | None = None
-    samplers: list[str] | None = None
+    samplers: list[str] | str | None = None
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
     # What comes back.
@@ -144,13 +144,27 @@ _ALIASES = {"temp": "temperature", "top-k": "top_k", "top-p": "top_p", "nucleus"
             "typical": "typ_p", "typical_p": "typ_p", "typical-p": "typ_p", "top-n-sigma": "top_n_sigma"}
 #: Samplers that are off unless their own field turns them on, which is refused (:data:`_OFF`).
 _OFF_UNLESS_SET = {"typ_p", "dry", "xtc", "top_n_sigma"}
+#: llama.cpp's one-letter names, for a chain sent as a string (``"kpi"``).
+_LETTERS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "m": "min_p", "x": "xtc",
+            "t": "temperature", "i": INFILL_SAMPLER, "e": "penalties", "s": "top_n_sigma"}
 
 
-def _chain(samplers: list[str] | None) -> set[str]:
+def _names(samplers: list[str] | str) -> list[str]:
+    """The chain's sampler names: a list of names, or a string of llama.cpp's letters."""
+    if isinstance(samplers, list):
+        return [_ALIASES.get(name, name) for name in samplers]
+    unknown = sorted(set(samplers) - set(_LETTERS))
+    if unknown:
+        raise InvalidRequest("samplers", f"has letters that name no llama.cpp sampler: {''.join(unknown)}; "
+                             f"use {''.join(_LETTERS)}", samplers)
+    return [_LETTERS[letter] for letter in samplers]
+
+
+def _chain(samplers: list[str] | str | None) -> set[str]:
     """The samplers that run: all of core's without a chain, else those it names."""
     if samplers is None:
         return set(_SAMPLER_FIELDS)
-    named = {_ALIASES.get(name, name) for name in samplers}
+    named = set(_names(samplers))
     unknown = sorted(named - set(_SAMPLER_FIELDS) - {INFILL_SAMPLER} - _OFF_UNLESS_SET)
     if unknown:
         raise InvalidRequest("samplers", f"names samplers llama.cpp does not have: {', '.join(unknown)}; "
@@ -186,7 +200,7 @@ def sampling_fields(body: LlamaCompletionRequest) -> dict[str, Any]:
 
 def infill_sampling(body: LlamaCompletionRequest) -> bool:
     """Whether the chain names llama.cpp's fill-in-the-middle sampler (ruvllm.infill_sampling)."""
-    return INFILL_SAMPLER in (body.samplers or ())
+    return body.samplers is not None and INFILL_SAMPLER in _names(body.samplers)
 
 
 def bias_entries(bias: _LogitBias | None) -> list[tuple[int | str, float]]:
