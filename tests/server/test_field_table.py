@@ -354,7 +354,7 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
         ("repeat_last_n", {"repeat_last_n": 64, "repeat_penalty": 1.1}), ("typical_p", {"typical_p": 0.7}),
         ("mirostat", {"mirostat": 2}), ("dry_multiplier", {"dry_multiplier": 0.8}),
         ("xtc_probability", {"xtc_probability": 0.5}), ("dynatemp_range", {"dynatemp_range": 0.5}),
-        ("top_n_sigma", {"top_n_sigma": 1.0}), ("min_keep", {"min_keep": 2}), ("n_cmpl", {"n_cmpl": 2}),
+        ("top_n_sigma", {"top_n_sigma": 1.0}), ("min_keep", {"min_keep": 2}),
         ("post_sampling_probs", {"post_sampling_probs": True}),
         ("lora", {"lora": [{"id": 0, "scale": 1.0}]}))},
 }

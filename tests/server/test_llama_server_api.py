@@ -93,6 +93,13 @@ def test_prompts_are_text_ids_or_both_and_several_answer_as_a_list(server):
     several = post(server, "/completion", {"prompt": [PROMPT, ids], "n_predict": 4, "temperature": 0}).json()
     assert [a["index"] for a in several] == [0, 1]
     assert several[0]["content"] == several[1]["content"] == as_text["content"]
+    # n_cmpl answers per prompt, prompt after prompt, each sampled with its own seed (seed + its rank).
+    sampled = post(server, "/completion", {"prompt": [PROMPT, "My favourite animal is"], "n_predict": 8,
+                                           "n_cmpl": 3, "temperature": 1.0, "seed": 7}).json()
+    assert [a["index"] for a in sampled] == list(range(6))
+    assert [a["tokens_evaluated"] for a in sampled[:3]] == [as_text["tokens_evaluated"]] * 3
+    assert [a["generation_settings"]["seed"] for a in sampled] == [7, 8, 9] * 2
+    assert len({a["content"] for a in sampled[3:]}) > 1
 
 
 def test_n_predict_zero_evaluates_the_prompt_into_the_cache_and_writes_nothing(server):
@@ -175,7 +182,7 @@ def test_response_fields_keeps_only_those_paths(server):
     ({"n_predict": 100000}, "n_predict"),
     ({"prompt": [10**9]}, "prompt"),
     ({"logit_bias": [[1, True]]}, "logit_bias[0]"),
-    ({"n_cmpl": 2}, "n_cmpl"),
+    ({"n_cmpl": 1000}, "n_cmpl"),
 ])
 def test_what_cannot_be_done_is_a_400_naming_the_field(server, body, param):
     r = post(server, "/completion", {"prompt": PROMPT, **body})

@@ -41,7 +41,7 @@ from ruvllm.server.llama_server_schemas import (
     sampling_fields,
 )
 from ruvllm.server.model_pool import ModelPool, Route
-from ruvllm.server.params import Limits, chat_prompt_text, prompt_head
+from ruvllm.server.params import Limits, chat_prompt_text, prompt_head, seeded
 from ruvllm.server.schemas import CompletionRequest
 from ruvllm.server.sse import SSEResponse, sse_event
 from ruvllm.serving import AsyncEngine
@@ -346,17 +346,22 @@ async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sam
     with _in_llama_terms("input_prefix" if isinstance(body, LlamaInfillRequest) else "prompt"):
         bias = await _bias(engine, body) or None
         completion = CompletionRequest(prompt=prompts[0], logit_bias=bias, **sampling)
+        if body.n_cmpl > limits.max_n:
+            raise InvalidRequest("n_cmpl", f"must be at most {limits.max_n} on this server (max_n); got "
+                                 f"{body.n_cmpl}", body.n_cmpl)
         answers = {}
-        for k, ids in enumerate(prompts):
+        for p, ids in enumerate(prompts):
             params = service.choice_params(completion, ids)
             if body.n_predict == 0:
                 params = attrs.evolve(params, max_tokens=1)
             params = attrs.evolve(params, logprobs=body.n_probs or None,
                                   infill_sampling=infill_sampling(body))
-            answers[k] = _Answer(index=k, prompt_ids=ids, n_indent=body.n_indent,
-                                 max_predict_ms=body.t_max_predict_ms, evaluate_only=body.n_predict == 0,
-                                 params=params)
-        procs = await guided_processors(engine, completion_constraint(completion).spec, len(prompts))
+            for c in range(body.n_cmpl):  # n_cmpl answers per prompt, prompt after prompt
+                k = p * body.n_cmpl + c
+                answers[k] = _Answer(index=k, prompt_ids=ids, n_indent=body.n_indent,
+                                     max_predict_ms=body.t_max_predict_ms, evaluate_only=body.n_predict == 0,
+                                     params=seeded(params, c))
+        procs = await guided_processors(engine, completion_constraint(completion).spec, len(answers))
     submission = await service.submit(
         [ChoiceRequest(index=k, prompt_ids=a.prompt_ids, params=a.params, processors=procs[k])
          for k, a in answers.items()], id_prefix="llama")

@@ -77,6 +77,7 @@ class LlamaCompletionRequest(RequestBody):
     grammar: str | None = None
     json_schema: dict[str, Any] | None = None
     # What comes back.
+    n_cmpl: int = Field(1, ge=1)
     stream: bool = False
     n_probs: int = Field(0, ge=0, le=MAX_LOGPROBS)
     return_tokens: bool = False
@@ -94,7 +95,6 @@ class LlamaCompletionRequest(RequestBody):
     dynatemp_range: float | None = None
     top_n_sigma: float | None = None
     min_keep: int = 0
-    n_cmpl: int = 1
     post_sampling_probs: bool = False
     lora: list[dict[str, Any]] | None = None
 
@@ -125,7 +125,6 @@ def _refuse_unsupported(body: LlamaCompletionRequest) -> None:
                                  f"or set it to {off} (off)", value)
     for name, off, why in (
             ("min_keep", 0, "core's samplers keep what their thresholds keep"),
-            ("n_cmpl", 1, "send one request per answer"),
             ("post_sampling_probs", False, "n_probs reports the model's own logprobs"),
             ("lora", None, "a request names its adapter through model (docs/server.md, LoRA)")):
         value = getattr(body, name)
