@@ -116,9 +116,10 @@ def test_llama_servers_infill_lays_out_the_project_the_line_and_the_gap(fim_serv
     body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": line, "n_predict": 8, "top_k": 1,
             "ignore_eos": True, "input_extra": [{"filename": "util.py", "text": other}],
             "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "t_max_prompt_ms": 500}
+    plain = {"prompt": expected, "n_predict": 8, "temperature": 0, "ignore_eos": True}
+    httpx.post(server.url + "/completion", json=plain, headers=AUTH, timeout=60)  # warm: both reuse its KV
     filled = httpx.post(server.url + "/infill", json=body, headers=AUTH, timeout=60)
     assert filled.status_code == 200, filled.text
-    plain = {"prompt": expected, "n_predict": 8, "temperature": 0, "ignore_eos": True}
     as_ids = httpx.post(server.url + "/completion", json=plain, headers=AUTH, timeout=60)
     assert filled.json()["tokens_evaluated"] == len(expected) == as_ids.json()["tokens_evaluated"]
     assert filled.json()["content"] == as_ids.json()["content"]
