@@ -18,6 +18,7 @@ the engine expects. Two sources:
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -140,24 +141,34 @@ class HfTokenizer:
         """Raw bytes of every token id (an engine that streams bytes, not ids, is mapped back
         with this table). Added tokens are their UTF-8 text; SentencePiece ``<0xNN>`` pieces
         their byte; ``▁`` is a space."""
-        added = {i: t.content for i, t in self.impl.get_added_tokens_decoder().items()}
-        byte_level = self.byte_level
+        return [self._bytes_of(i) for i in range(self._vocab_size)]
+
+    def decode_bytes(self, ids: Sequence[int], *, skip_special: bool = True) -> bytes:
+        """The exact bytes of ``ids`` (:meth:`token_bytes`'s, one token at a time): a byte
+        token that is part of a character stays that byte, where ``decode`` would show U+FFFD."""
+        return b"".join(self._bytes_of(i) for i in ids if not (skip_special and i in self._special))
+
+    @functools.cached_property
+    def _added_texts(self) -> dict[int, str]:
+        return {i: t.content for i, t in self.impl.get_added_tokens_decoder().items()}
+
+    @functools.cached_property
+    def _byte_level(self) -> bool:
+        return self.byte_level
+
+    def _bytes_of(self, token_id: int) -> bytes:
+        added = self._added_texts.get(token_id)
+        if added is not None:
+            return added.encode()
+        piece = self.impl.id_to_token(token_id)
         u2b = _unicode_to_byte()
-        out: list[bytes] = []
-        for i in range(self._vocab_size):
-            if i in added:
-                out.append(added[i].encode())
-                continue
-            piece = self.impl.id_to_token(i)
-            if piece is None:
-                out.append(b"")
-            elif byte_level and all(c in u2b for c in piece):
-                out.append(bytes(u2b[c] for c in piece))
-            elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-                out.append(bytes([int(piece[3:5], 16)]))
-            else:
-                out.append(piece.replace("\u2581", " ").encode())
-        return out
+        if piece is None:
+            return b""
+        if self._byte_level and all(c in u2b for c in piece):
+            return bytes(u2b[c] for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace("\u2581", " ").encode()
 
     # -- constructors -------------------------------------------------------------------------
     @classmethod

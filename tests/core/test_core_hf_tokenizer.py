@@ -12,7 +12,7 @@ import pytest
 from ruvllm.errors import ModelLoadError
 from ruvllm.hf_tokenizer import BYTE, CONTROL, NORMAL, UNKNOWN, GgufVocab, HfTokenizer, byte_level_alphabet
 from ruvllm.registry import embedded_model_path
-from ruvllm.tokenizer import IncrementalDetokenizer, Tokenizer
+from ruvllm.tokenizer import IncrementalDetokenizer, Tokenizer, text_bytes, token_piece
 
 CORPUS = [
     "Hello world",
@@ -97,6 +97,20 @@ def test_token_bytes_rebuild_utf8(tok):
     for text in CORPUS:
         ids = tok.encode(text, parse_special=True)
         assert b"".join(table[i] for i in ids) == text.encode()
+
+
+def test_decode_bytes_gives_each_tokens_exact_bytes(tok):
+    """Where ``decode`` shows a piece of a character as U+FFFD, ``decode_bytes`` keeps its byte,
+    so llama-server's ``with_pieces`` and the infill sampler compare real texts (two different
+    byte tokens are not the same "\ufffd")."""
+    table = tok.token_bytes()
+    ids = tok.encode("🚀 <|im_end|>", add_special=False, parse_special=True)
+    assert [tok.decode_bytes([i], skip_special=False) for i in ids] == [table[i] for i in ids]
+    assert tok.decode_bytes(ids, skip_special=False) == "🚀 <|im_end|>".encode()
+    assert tok.decode_bytes(ids) == "🚀 ".encode()  # the control token left out, as decode does
+    first, second = (tok.decode_bytes([i]) for i in tok.encode("🚀", add_special=False)[:2])
+    assert first != second and b"\xef\xbf\xbd" not in first + second
+    assert token_piece(tok, ids[0]) == list(first) and text_bytes(tok, ids[-1]) == b""
 
 
 def test_a_split_character_decodes_to_replacement_then_whole(tok):

@@ -294,7 +294,7 @@ class ServingEngine:
                           end_ids=ending_ids(params, tokenizer),
                           token_bytes=functools.partial(text_bytes, tokenizer)) \
             if self.path == "executor" else None
-        live = LiveRequest(sched, params, RequestOutputBuilder(self._backend.tokenizer, prompt, params),
+        live = LiveRequest(sched, params, RequestOutputBuilder(tokenizer, prompt, params),
                            sampler, _Tracked(sink, self, rid, tuple(prompt), params.adapter, params.tenant),
                            arrival=time.perf_counter(),
                            timeout=timeout if timeout is not None else self.options.request_timeout)
