@@ -41,11 +41,11 @@ from ruvllm.server.llama_server_schemas import (
     sampling_fields,
 )
 from ruvllm.server.model_pool import ModelPool, Route
-from ruvllm.server.params import Limits, chat_prompt_text, prompt_head, seeded
+from ruvllm.server.params import Limits, chat_prompt_text, piece_ids, prompt_head, seeded
 from ruvllm.server.schemas import CompletionRequest
 from ruvllm.server.sse import SSEResponse, sse_event
 from ruvllm.serving import AsyncEngine
-from ruvllm.tokenizer import require_encodable, require_in_vocabulary
+from ruvllm.tokenizer import require_in_vocabulary
 from ruvllm.types import FinishReason, GenerationParams, GenerationResult, TokenOutput
 
 #: Completion request field -> the field a llama-server client sent, for the shared core's errors.
@@ -68,24 +68,16 @@ def _in_llama_terms(prompt_field: str = "prompt") -> Iterator[None]:
         raise renamed from None
 
 
-async def _text_ids(engine: AsyncEngine, field: str, text: str, *, bos: bool = False,
-                    parse_special: bool = False) -> list[int]:
-    """Ids of a text, as llama-server tokenizes it: ``/completion``'s prompt parses special tokens
-    written as text (a prompt built with a chat template keeps its control tokens); the code
-    around an ``/infill`` gap and a ``logit_bias`` text do not."""
-    if not text:
-        return engine.tokenizer.encode("", add_special=True) if bos else []
-    return await engine.encode_async(require_encodable(field, text), add_special=bos,
-                                     parse_special=parse_special)
-
-
 async def _prompt_ids(engine: AsyncEngine, prompt: str | list[int | str], at: str) -> list[int]:
-    """One prompt's ids: text gets the model's BOS (where it wants one) when it comes first."""
+    """One prompt's ids, tokenized as llama-server does: text gets the model's BOS (where it wants
+    one) when it comes first, and special tokens written as text are parsed (a prompt built with
+    the chat template by hand keeps its control tokens); the code around an ``/infill`` gap and a
+    ``logit_bias`` text are tokenized plainly."""
     pieces = [prompt] if isinstance(prompt, str) else prompt
     ids: list[int] = []
     for k, piece in enumerate(pieces):
         ids += [piece] if isinstance(piece, int) else \
-            await _text_ids(engine, at, piece, bos=k == 0, parse_special=True)
+            await piece_ids(engine, at, piece, bos=k == 0, parse_special=True)
     if not ids:
         raise InvalidRequest(at, "must not be empty")
     require_in_vocabulary(at, ids, engine.info.vocab_size)
@@ -110,11 +102,11 @@ async def _infill_ids(engine: AsyncEngine, body: LlamaInfillRequest, context: in
     extra: list[int] = []
     files = [(chunk.filename, chunk.text) for chunk in body.input_extra]
     for piece in extra_pieces(fim, files):
-        extra += [piece] if isinstance(piece, int) else await _text_ids(engine, "input_extra", piece)
+        extra += [piece] if isinstance(piece, int) else await piece_ids(engine, "input_extra", piece)
     prefix, suffix, line, extra = (
-        await _text_ids(engine, "input_prefix", body.input_prefix),
-        await _text_ids(engine, "input_suffix", body.input_suffix),
-        await _text_ids(engine, "prompt", body.prompt), extra)
+        await piece_ids(engine, "input_prefix", body.input_prefix),
+        await piece_ids(engine, "input_suffix", body.input_suffix),
+        await piece_ids(engine, "prompt", body.prompt), extra)
     prefix, suffix, extra = fit_infill(prefix, suffix, line, extra, context=context,
                                        max_tokens=max(body.n_predict, 0))
     return infill_ids(fim, prompt_head(engine), prefix, suffix, line=line, extra=extra)
@@ -124,7 +116,7 @@ async def _bias(engine: AsyncEngine, body: LlamaCompletionRequest) -> dict[str, 
     """``logit_bias`` by token id; a text's bias goes to each of its tokens, as in llama-server."""
     out: dict[str, float] = {}
     for key, weight in bias_entries(body.logit_bias):
-        ids = [key] if isinstance(key, int) else await _text_ids(engine, "logit_bias", key)
+        ids = [key] if isinstance(key, int) else await piece_ids(engine, "logit_bias", key)
         require_in_vocabulary("logit_bias", ids, engine.info.vocab_size)
         out.update({str(t): weight for t in ids})
     return out

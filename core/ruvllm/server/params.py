@@ -167,17 +167,22 @@ async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage],
     return await engine.encode_async(text, add_special=False, parse_special=True)
 
 
-async def _piece_ids(engine: AsyncEngine, field: str, text: str) -> list[int]:
-    """Token ids of a piece of text inside a prompt or an answer: no BOS, special tokens not
-    parsed, none for "" (which the engine would refuse as a whole prompt)."""
-    return await engine.encode_async(require_encodable(field, text), add_special=False) if text else []
+async def piece_ids(engine: AsyncEngine, field: str, text: str, *, bos: bool = False,
+                    parse_special: bool = False) -> list[int]:
+    """Token ids of a piece of text inside a prompt or an answer: the model's BOS before it only
+    with ``bos``, special tokens written as text parsed only with ``parse_special``; "" is no
+    tokens (the BOS alone with ``bos``), which the engine would refuse as a whole prompt."""
+    if not text:
+        return engine.tokenizer.encode("", add_special=True) if bos else []
+    return await engine.encode_async(require_encodable(field, text), add_special=bos,
+                                     parse_special=parse_special)
 
 
 async def prediction_ids(engine: AsyncEngine, prediction: Prediction | None) -> list[int]:
     """OpenAI's predicted output as token ids (answer text)."""
     if prediction is None:
         return []
-    return await _piece_ids(engine, "prediction", _content_text(prediction.content, "prediction"))
+    return await piece_ids(engine, "prediction", _content_text(prediction.content, "prediction"))
 
 
 async def infill_prompts(engine: AsyncEngine, prefixes: Sequence[str], suffix: str) -> list[list[int]]:
@@ -190,8 +195,8 @@ async def infill_prompts(engine: AsyncEngine, prefixes: Sequence[str], suffix: s
                              "goes between a prompt and a suffix; leave suffix out, or serve a code model "
                              "trained for it (Qwen2.5-Coder, StarCoder2, DeepSeek-Coder; docs/server.md)")
     head = prompt_head(engine)
-    before = [await _piece_ids(engine, "prompt", p) for p in prefixes]
-    after = await _piece_ids(engine, "suffix", suffix)
+    before = [await piece_ids(engine, "prompt", p) for p in prefixes]
+    after = await piece_ids(engine, "suffix", suffix)
     return [infill_ids(special.fim, head, ids, after) for ids in before]
 
 
