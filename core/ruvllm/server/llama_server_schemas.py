@@ -20,6 +20,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.server.params import penalties_on, refuse_penalty_window
 from ruvllm.server.schemas import ChatMessage, ChatTemplateFields, RequestBody, StrictModel
 from ruvllm.types import MAX_LOGIT_BIAS, MAX_LOGPROBS
 
@@ -130,12 +131,8 @@ def _refuse_unsupported(body: LlamaCompletionRequest) -> None:
         value = getattr(body, name)
         if value not in (off, []):
             raise InvalidRequest(name, f"is not supported by ruvllm ({why}); leave it out", value)
-    penalised = (body.repeat_penalty not in (None, 1.0) or bool(body.presence_penalty)
-                 or bool(body.frequency_penalty))
-    if penalised and body.repeat_last_n not in (None, -1):
-        raise InvalidRequest("repeat_last_n", "ruvllm's penalties see the whole sequence (repeat_penalty the "
-                             "prompt and the output, presence and frequency penalties the output), never a "
-                             "window of the last tokens; set -1", body.repeat_last_n)
+    refuse_penalty_window("repeat_last_n", body.repeat_last_n,
+                          penalties_on(body.repeat_penalty, body.presence_penalty, body.frequency_penalty))
 
 
 #: llama.cpp's other spellings of the samplers' names.

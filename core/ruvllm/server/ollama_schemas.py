@@ -24,6 +24,7 @@ from pydantic import Field, ValidationError
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.server.model_pool import KeepAlive as PoolKeepAlive
+from ruvllm.server.params import penalties_on, refuse_penalty_window
 from ruvllm.server.schemas import ChatCompletionRequest, RequestBody, StrictModel
 from ruvllm.types import MAX_LOGPROBS
 
@@ -195,13 +196,8 @@ def sampling_fields(options: OllamaOptions | None) -> dict[str, Any]:
         if value is not None and value != off:
             raise InvalidRequest(f"options.{name}", f"asks for {what}, which ruvllm's sampler does not "
                                  f"have; leave it out or set it to {off} (off)", value)
-    penalised = (o.repeat_penalty not in (None, 1.0) or bool(o.presence_penalty)
-                 or bool(o.frequency_penalty))
-    if penalised and o.repeat_last_n not in (None, -1):
-        raise InvalidRequest("options.repeat_last_n", "ruvllm's penalties see the whole sequence "
-                             "(repeat_penalty the prompt and the output, presence and frequency penalties "
-                             "the output), never a window of the last tokens; leave it out or set -1",
-                             o.repeat_last_n)
+    penalised = penalties_on(o.repeat_penalty, o.presence_penalty, o.frequency_penalty)
+    refuse_penalty_window("options.repeat_last_n", o.repeat_last_n, penalised)
     if penalised and o.penalize_newline is False:
         raise InvalidRequest("options.penalize_newline", "ruvllm's penalties treat a newline like any "
                              "other token; leave it out or set it to true")

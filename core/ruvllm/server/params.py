@@ -239,6 +239,20 @@ async def _ready(ids: list[int]) -> list[int]:
     return ids
 
 
+def penalties_on(repeat: float | None, presence: float | None, frequency: float | None) -> bool:
+    """Whether a request's repetition, presence or frequency penalty is set to do something."""
+    return repeat not in (None, 1.0) or bool(presence) or bool(frequency)
+
+
+def refuse_penalty_window(field: str, window: int | None, penalised: bool) -> None:
+    """Refuse a penalty window (llama.cpp's and Ollama's ``repeat_last_n``) where a penalty is on:
+    core's penalties see the whole sequence. Left out or -1 (the whole context) is what they do."""
+    if penalised and window not in (None, -1):
+        raise InvalidRequest(field, "ruvllm's penalties see the whole sequence (repeat_penalty the prompt "
+                             "and the output, presence and frequency penalties the output), never a "
+                             "window of the last tokens; leave it out or set -1", window)
+
+
 def _refuse(field: str, why: str) -> NoReturn:
     raise InvalidRequest(field, why)
 
