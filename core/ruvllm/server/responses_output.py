@@ -42,10 +42,13 @@ from ruvllm.types import GenerationResult, TokenOutput
 
 
 def usage(input_tokens: int, result: GenerationResult, reasoning_tokens: int = 0) -> dict[str, Any]:
-    """The engine's token counts: ``cached_tokens`` are the input tokens read from the prefix cache."""
+    """The engine's token counts: ``cached_tokens`` are the input tokens read from the prefix cache;
+    ``cache_write_tokens`` (which OpenAI's schema requires) is 0, as Anthropic's
+    ``cache_creation_input_tokens`` is: the prefix cache keeps blocks without being asked."""
     output_tokens = result.usage.completion_tokens
     return {"input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": result.usage.cached_prompt_tokens},
+            "input_tokens_details": {"cached_tokens": result.usage.cached_prompt_tokens,
+                                     "cache_write_tokens": 0},
             "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": input_tokens + output_tokens}
 
