@@ -120,6 +120,14 @@ class BackendUnavailable(PluginError):
         super().__init__(f"backend {name!r} is unavailable: {reason}")
 
 
+class BatchFileError(RuvllmError):
+    """A batch input file (OpenAI's batch format, ``ruvllm run-batch``) is malformed or cannot be
+    read or written; names the lines and what a line must be."""
+
+    http_status = 400
+    error_type = "invalid_batch_file"
+
+
 class ModelError(RuvllmError):
     """Family of errors about locating and loading model weights."""
 

@@ -11,7 +11,7 @@ import ruvllm.cli.benchmark  # registers `ruvllm benchmark`
 import ruvllm.cli.chat  # registers `ruvllm chat`
 import ruvllm.cli.models  # registers download, list, info
 import ruvllm.cli.serve  # noqa: F401  (registers `ruvllm serve`)
-from ruvllm.cli import backends, conformance, generate, tune  # noqa: F401  (registers commands)
+from ruvllm.cli import backends, conformance, generate, run_batch, tune  # noqa: F401  (registers commands)
 from ruvllm.cli.app import main
 from ruvllm.plugins import get_registry
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from fastapi import FastAPI
 
 from ruvllm.config import Config, ModelConfig
 from ruvllm.errors import ConfigError
@@ -120,29 +121,40 @@ def check_port_free(host: str, port: int) -> None:
                               "or stop the process using it") from None
 
 
+def check_lora_paths(config: Config) -> None:
+    """Fail with the adapter's name before loading a model whose ``--lora`` path does not exist."""
+    srv = config.server
+    for spec_adapters in (srv.lora_adapters, *(m.lora_adapters for m in config.models)):
+        for name, path in spec_adapters.items():
+            if not Path(path).expanduser().exists():
+                raise ConfigError(f"LoRA adapter {name!r}: {path} does not exist; give the path of a PEFT "
+                                  "LoRA directory (--lora NAME=PATH)")
+
+
+def build_app(config: Config, *, served_name: str | None = None,
+              max_context: int | None = None) -> tuple[FastAPI, ServerSettings, str]:
+    """The app ``config`` describes (its model loaded now, or its ``[[models]]`` pool), its settings
+    and the banner that says what it serves: what ``serve`` listens with and ``run-batch`` runs
+    lines through."""
+    check_lora_paths(config)
+    if config.models:
+        pool = build_pool(config)
+        settings = pool_settings(config, pool, max_context=max_context)
+        return create_app(pool, settings), settings, pool_banner(pool)
+    engine = load_engine(config)
+    settings = settings_for(config, engine, served_name=served_name, max_context=max_context)
+    # A client's keep_alive (Ollama's API) may unload it; the next request loads it again.
+    settings = attrs.evolve(settings, reload=lambda: load_engine(config))
+    return create_app(engine, settings), settings, startup_banner(engine, settings)
+
+
 def serve(config: Config, *, served_name: str | None = None, log_level: str = "info",
           max_context: int | None = None) -> None:
     import uvicorn
 
     srv = config.server
     check_port_free(srv.host, srv.port)
-    for spec_adapters in (srv.lora_adapters, *(m.lora_adapters for m in config.models)):
-        for name, path in spec_adapters.items():
-            if not Path(path).expanduser().exists():
-                raise ConfigError(f"LoRA adapter {name!r}: {path} does not exist; give the path of a PEFT "
-                                  "LoRA directory (--lora NAME=PATH)")
-    if config.models:
-        pool = build_pool(config)
-        settings = pool_settings(config, pool, max_context=max_context)
-        app = create_app(pool, settings)
-        banner = pool_banner(pool)
-    else:
-        engine = load_engine(config)
-        settings = settings_for(config, engine, served_name=served_name, max_context=max_context)
-        # A client's keep_alive (Ollama's API) may unload it; the next request loads it again.
-        settings = attrs.evolve(settings, reload=lambda: load_engine(config))
-        app = create_app(engine, settings)
-        banner = startup_banner(engine, settings)
+    app, settings, banner = build_app(config, served_name=served_name, max_context=max_context)
     if srv.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
         log.warning("listening on %s without an API key: anyone who can reach this port can use the model",
                     srv.host)
