@@ -126,6 +126,20 @@ class BatchFileError(RuvllmError):
 
     http_status = 400
     error_type = "invalid_batch_file"
+    #: Problems listed in the message before the rest are only counted.
+    SHOWN_PROBLEMS = 10
+
+    def __init__(self, message: str, problems: tuple[tuple[int, str], ...] = ()):
+        #: Each malformed line's number (from 1) and what is wrong with it.
+        self.problems = problems
+        super().__init__(message)
+
+    @classmethod
+    def malformed(cls, problems: list[tuple[int, str]]) -> BatchFileError:
+        shown = "; ".join(f"line {n} {why}" for n, why in problems[:cls.SHOWN_PROBLEMS])
+        more = len(problems) - cls.SHOWN_PROBLEMS
+        return cls(f"the batch input is malformed, nothing was run: {shown}"
+                   + (f"; and {more} more" if more > 0 else ""), tuple(problems))
 
 
 class ModelError(RuvllmError):
@@ -262,6 +276,20 @@ class FeedbackNotFound(RuvllmError):
 
     http_status = 404
     error_type = "not_found_error"
+
+
+class StoredObjectNotFound(RuvllmError):
+    """A file or batch id (OpenAI's Files and Batch APIs) this server does not hold: never made,
+    deleted, expired, or made before the server restarted (it keeps them in memory)."""
+
+    http_status = 404
+    error_type = "not_found_error"
+
+    def __init__(self, kind: str, object_id: str, hint: str):
+        self.kind = kind
+        self.object_id = object_id
+        super().__init__(f"no {kind} {object_id!r} on this server (deleted, expired, or made before it "
+                         f"restarted); {hint}")
 
 
 class Cancelled(RuvllmError):

@@ -58,7 +58,8 @@ def start_server(*, api_key: str | None = API_KEY, engine_options: dict | None =
     _require_backend(backend)
     config = load_config(overrides={"backend": backend, "model": model})
     config = attrs.evolve(config, server=attrs.evolve(config.server, api_key=api_key, **(server or {})))
-    engine = load_engine(config.with_engine(engine_options))
+    config = config.with_engine(engine_options)  # the engine's and the settings' (batch_window)
+    engine = load_engine(config)
     from ruvllm.server.app import create_app
 
     settings = settings_for(config, engine, max_context=max_context)

@@ -199,6 +199,11 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
     # The embedded model has no fill-in-the-middle tokens: every field is checked before that 400.
     "llama_infill": ({"input_prefix": "def f(x):\n    ", "input_suffix": "\n    return y\n", "n_predict": 2},
                      400),
+    # No such file: every field is checked before that 404.
+    "batches": ({"input_file_id": "file-none", "endpoint": "/v1/chat/completions",
+                 "completion_window": "24h"}, 404),
+    "list_batches": ({}, 200),
+    "list_files": ({}, 200),
 }
 LLAMA = ("llama_completion", "llama_infill")
 ANTHROPIC = ("messages", "count_tokens")
@@ -303,6 +308,9 @@ NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
        for label in OLLAMA},
     **{("responses", where): ({**BASE["responses"][0], **body}, param)
        for where, (body, param) in _RESPONSES_OBJECTS.items()},
+    ("batches", "output_expires_after"): (
+        {**BASE["batches"][0], "output_expires_after": {"anchor": "created_at", "seconds": 3600, UNKNOWN: 1}},
+        f"output_expires_after.{UNKNOWN}"),
     ("llama_infill", "input_extra[]"): (
         {**BASE["llama_infill"][0], "input_extra": [{"text": "x", UNKNOWN: 1}]}, f"input_extra[0].{UNKNOWN}"),
 }
@@ -311,6 +319,8 @@ _ASSISTANT_SAID = {"role": "assistant", "content": "Hello"}
 #: A body with each ``refused`` field at a value ruvllm cannot honour, and the param named.
 REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
     ("chat", "best_of"): ({"messages": CHAT_MESSAGES, "best_of": 2}, "best_of"),
+    ("batches", "completion_window"): ({**BASE["batches"][0], "completion_window": "1h"},
+                                       "completion_window"),
     ("completions", "best_of"): ({"prompt": "Hi", "best_of": 2}, "best_of"),
     ("completions", "suffix"): ({"prompt": "def f(x):", "suffix": "    return y"}, "suffix"),
     ("embeddings", "dimensions"): ({"input": "Hi", "dimensions": 8}, "dimensions"),
@@ -655,12 +665,12 @@ def test_add_special_tokens_with_messages_only_false(server):
 
 def test_refuse_unknown_query_names_the_parameter():
     from ruvllm.errors import InvalidRequest
-    from ruvllm.server.tokenizer_info import refuse_unknown_query
+    from ruvllm.server.strict_fields import refuse_unknown_query
 
-    refuse_unknown_query({"model": "x"})
+    refuse_unknown_query({"model": "x"}, {"model"}, "/tokenizer_info")
     with pytest.raises(InvalidRequest) as err:
-        refuse_unknown_query({"model": "x", "modle": "y", "bos": "1"})
-    assert err.value.field == "bos" and "modle" in str(err.value)
+        refuse_unknown_query({"model": "x", "modle": "y", "bos": "1"}, {"model"}, "/tokenizer_info")
+    assert err.value.field == "bos" and "modle" in str(err.value) and "takes only model" in str(err.value)
 
 
 def test_request_bodies_share_one_base():

@@ -28,6 +28,7 @@ from ruvllm.guided.request import completion_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.guided.tools import plan_tools
 from ruvllm.hardware import cpu_info
+from ruvllm.server.batches_api import register_batch_routes
 from ruvllm.server.chat_run import start_chat
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService
 from ruvllm.server.delivery import answer
@@ -64,7 +65,8 @@ from ruvllm.server.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from ruvllm.server.tokenizer_info import refuse_unknown_query, tokenizer_info
+from ruvllm.server.strict_fields import refuse_unknown_query
+from ruvllm.server.tokenizer_info import QUERY_PARAMETERS, tokenizer_info
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable, require_in_vocabulary, token_piece
 
@@ -77,6 +79,11 @@ class ServerSettings:
     aliases: tuple[str, ...] = ()
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
+    #: The body limit of ``POST /v1/files`` (a batch's input file).
+    max_file_bytes: int = 200 << 20
+    #: Most batch lines (``/v1/batches``) in flight at once, over all batches: their share of the
+    #: engine's running slots, the rest kept for interactive requests.
+    batch_window: int = 8
     limits: Limits = attrs.field(factory=Limits)
     #: LoRA adapters loaded at start on the single engine: name -> PEFT directory.
     lora_adapters: dict[str, str] = attrs.field(factory=dict)
@@ -125,13 +132,14 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
         finally:
             if refresher is not None:
                 refresher.cancel()
+            await batches.close()
             await pool.shutdown()
 
     app = FastAPI(title="ruvllm", description="OpenAI-compatible API served by ruvllm",
                   lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.metrics = server_metrics
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=settings.max_body_bytes,
-                       api_key=settings.api_key)
+                       max_file_bytes=settings.max_file_bytes, api_key=settings.api_key)
     app.add_middleware(JsonBodiesMiddleware)
     install_error_handlers(app)
     # POST /v1/feedback (SONA): request ids are unique in the process, so one hook relay serves
@@ -142,6 +150,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     register_messages_routes(app, pool, settings.limits)
     register_responses_routes(app, pool, settings.limits)
     register_llama_server_routes(app, pool, settings.limits)
+    batches = register_batch_routes(app, api_key=settings.api_key, window=settings.batch_window)
     install_openapi_limits(
         app, settings.limits, single.info.vocab_size if single is not None else None,
         # Adapters loaded at runtime are valid names the published schema cannot know in advance.
@@ -188,7 +197,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
 
     @app.get("/tokenizer_info")  # vLLM's; lm-eval's remote tokenizer
     async def get_tokenizer_info(request: Request, model: str | None = None) -> dict[str, Any]:
-        refuse_unknown_query(request.query_params.keys())
+        refuse_unknown_query(request.query_params.keys(), QUERY_PARAMETERS, "/tokenizer_info")
         async with pool.route(model) as route:
             return tokenizer_info(route.engine)
 

@@ -38,8 +38,6 @@ from ruvllm.server.errors import ruvllm_error_body, surface_body
 #: Messages API (whose answers keep their own shape).
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages")
 _LINE_KEYS = frozenset({"custom_id", "method", "url", "body"})
-#: Problems listed before the rest are only counted: enough to fix a generated file's pattern.
-_SHOWN_PROBLEMS = 10
 #: Times a line answered 503 is sent again before its 503 stands.
 _OVERLOAD_RETRIES = 5
 
@@ -86,7 +84,7 @@ def read_text(source: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def _line_problem(data: Any) -> str | None:
+def _line_problem(data: Any, endpoint: str | None) -> str | None:
     if not isinstance(data, dict):
         return "is not a JSON object"
     unknown = sorted(set(data) - _LINE_KEYS)
@@ -97,6 +95,8 @@ def _line_problem(data: Any) -> str | None:
         return "needs custom_id, a non-empty string that names its output line"
     if data.get("method") != "POST":
         return f"method must be \"POST\", got {data.get('method')!r}"
+    if endpoint is not None and data.get("url") != endpoint:
+        return f"has url {data.get('url')!r}, but its batch runs {endpoint} (one endpoint per batch)"
     if data.get("url") not in BATCH_URLS:
         return f"url {data.get('url')!r} is not one of {', '.join(BATCH_URLS)}"
     if not isinstance(data.get("body"), dict):
@@ -104,11 +104,12 @@ def _line_problem(data: Any) -> str | None:
     return None
 
 
-def parse_batch(text: str) -> list[BatchLine]:
+def parse_batch(text: str, *, endpoint: str | None = None) -> list[BatchLine]:
     """The requests of a batch file's ``text`` (blank lines skipped); every problem of the file in
-    one :class:`BatchFileError`, or none."""
+    one :class:`BatchFileError` (``problems``: each line's number and what is wrong), or none.
+    ``endpoint``: the one URL every line must have (OpenAI's Batch API runs one per batch)."""
     lines: list[BatchLine] = []
-    problems: list[str] = []
+    problems: list[tuple[int, str]] = []
     seen: dict[str, int] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
@@ -116,21 +117,19 @@ def parse_batch(text: str) -> list[BatchLine]:
         try:
             data = json.loads(raw)
         except json.JSONDecodeError as exc:
-            problems.append(f"line {number} is not JSON ({exc.msg}, column {exc.colno})")
+            problems.append((number, f"is not JSON ({exc.msg}, column {exc.colno})"))
             continue
-        problem = _line_problem(data)
+        problem = _line_problem(data, endpoint)
         if problem is None and data["custom_id"] in seen:
             problem = f"repeats custom_id {data['custom_id']!r} of line {seen[data['custom_id']]}"
         if problem is not None:
-            problems.append(f"line {number} {problem}")
+            problems.append((number, problem))
             continue
         seen[data["custom_id"]] = number
         lines.append(BatchLine(number=number, custom_id=data["custom_id"], url=data["url"],
                                body=data["body"]))
     if problems:
-        more = len(problems) - _SHOWN_PROBLEMS
-        shown = "; ".join(problems[:_SHOWN_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
-        raise BatchFileError(f"the batch input is malformed, nothing was run: {shown}")
+        raise BatchFileError.malformed(problems)
     if not lines:
         raise BatchFileError("the batch input has no requests; write one JSON object per line ("
                              '{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions", '
@@ -185,21 +184,37 @@ class _OrderedWriter:
         self._out.flush()
 
 
+def succeeded(result: dict[str, Any]) -> bool:
+    """Whether an output line holds a successful answer (OpenAI's output file, not its error file)."""
+    return result["response"] is not None and result["response"]["status_code"] < 400
+
+
+async def answer_lines(client: httpx.AsyncClient, lines: list[BatchLine], *, gate: asyncio.Semaphore,
+                       on_result: Callable[[int, dict[str, Any]], None]) -> None:
+    """Send every line to ``client``'s app, each holding ``gate`` while it runs (so that a window
+    bounds how many are in flight); ``on_result(index, output line)`` as each is answered.
+    Cancelling the caller cancels the lines in flight."""
+
+    async def one(index: int, line: BatchLine) -> None:
+        async with gate:
+            result = await _answer(client, line)
+        on_result(index, result)
+
+    await asyncio.gather(*(one(i, line) for i, line in enumerate(lines)))
+
+
 async def run_lines(app: Any, lines: list[BatchLine], out: TextIO, *, window: int,
                     progress: Callable[[int, int], None] | None = None) -> BatchSummary:
     """Run ``lines`` through ``app`` (started and stopped here, as a server would), at most
     ``window`` at once, writing each result to ``out`` in input order."""
     writer = _OrderedWriter(out)
-    gate = asyncio.Semaphore(window)
-    done = succeeded = 0
+    done = answered = 0
 
-    async def one(index: int, line: BatchLine, client: httpx.AsyncClient) -> None:
-        nonlocal done, succeeded
-        async with gate:
-            result = await _answer(client, line)
+    def on_result(index: int, result: dict[str, Any]) -> None:
+        nonlocal done, answered
         writer.add(index, result)
         done += 1
-        succeeded += result["response"] is not None and result["response"]["status_code"] < 400
+        answered += succeeded(result)
         if progress is not None:
             progress(done, len(lines))
 
@@ -207,8 +222,8 @@ async def run_lines(app: Any, lines: list[BatchLine], out: TextIO, *, window: in
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://ruvllm-batch",
                                      timeout=None) as client:
-            await asyncio.gather(*(one(i, line, client) for i, line in enumerate(lines)))
-    return BatchSummary(total=len(lines), succeeded=succeeded)
+            await answer_lines(client, lines, gate=asyncio.Semaphore(window), on_result=on_result)
+    return BatchSummary(total=len(lines), succeeded=answered)
 
 
 def check_output(target: str) -> None:

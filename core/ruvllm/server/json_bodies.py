@@ -4,7 +4,8 @@
 Node's ``fetch`` with a string body declares ``text/plain``: Ollama's and llama-server's own
 documentation send their examples that way, and both servers read the body as JSON. FastAPI
 would not parse such a body and answer a 400 saying it is not an object; this server has no
-form or text endpoint, so those two types are read as the JSON they are. A body that is not JSON
+urlencoded-form or text endpoint (its one upload, ``POST /v1/files``, is a multipart form, left
+as it is), so those two types are read as the JSON they are. A body that is not JSON
 is then a 400 saying so, naming where it broke.
 """
 

@@ -43,9 +43,10 @@ async def _send_error(send, path: str, status: int, message: str, type_: str, co
 
 
 class RequestLimitsMiddleware:
-    def __init__(self, app, *, max_body_bytes: int, api_key: str | None):
+    def __init__(self, app, *, max_body_bytes: int, max_file_bytes: int, api_key: str | None):
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_file_bytes = max_file_bytes
         self.api_key = api_key
 
     async def __call__(self, scope, receive, send) -> None:
@@ -60,9 +61,12 @@ class RequestLimitsMiddleware:
                               [(b"www-authenticate", b"Bearer")])
             return
         declared = headers.get(b"content-length")
-        too_large = (f"request body is larger than this server's limit of {self.max_body_bytes} bytes "
-                     "([server] max_body_bytes)")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+        # A file upload (a batch's input) has its own, larger limit.
+        upload = scope["path"] == "/v1/files" and scope.get("method") == "POST"
+        limit, setting = (self.max_file_bytes, "max_file_bytes") if upload else (self.max_body_bytes,
+                                                                                  "max_body_bytes")
+        too_large = f"request body is larger than this server's limit of {limit} bytes ([server] {setting})"
+        if declared is not None and declared.isdigit() and int(declared) > limit:
             await _send_error(send, scope["path"], 413, too_large, "invalid_request_error",
                               "request_too_large")
             return
@@ -73,7 +77,7 @@ class RequestLimitsMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
+                if received > limit:
                     # A chunked body without Content-Length: raised inside the route while it
                     # reads the body, so FastAPI's handlers answer 413 in the usual shape.
                     raise StarletteHTTPException(413, too_large)

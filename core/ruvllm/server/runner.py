@@ -41,8 +41,13 @@ def settings_for(config: Config, engine: AsyncEngine | None, *, served_name: str
     name = served_name or (engine.info.name if engine is not None else config.model)
     aliases = tuple({config.model, engine.info.name if engine is not None else name} - {name})
     srv = config.server
+    from ruvllm.engine import EngineOptions
+
+    # Batches take half the running slots, so interactive clients keep the other half.
+    batch_window = max(1, EngineOptions.from_mapping(config.engine).max_num_seqs // 2)
     return ServerSettings(model_name=name, aliases=aliases, api_key=srv.api_key or None,
-                          max_body_bytes=srv.max_body_bytes,
+                          max_body_bytes=srv.max_body_bytes, max_file_bytes=srv.max_file_bytes,
+                          batch_window=batch_window,
                           limits=Limits(max_tokens=srv.max_tokens_limit, max_n=srv.max_n,
                                         max_context=max_context, reasoning_format=srv.reasoning_format),
                           lora_adapters=dict(srv.lora_adapters), allow_runtime_lora=srv.allow_runtime_lora)

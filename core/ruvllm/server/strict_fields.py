@@ -8,6 +8,7 @@ aliases), so fields other modules add to a request model are accepted with no li
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel
@@ -36,3 +37,15 @@ def refuse_unknown_fields(model: type[BaseModel], data: Any) -> Any:
                 f"accept {them}; remove {them} (the accepted fields are listed in docs/server.md and in "
                 "/openapi.json)")
     return data
+
+
+def refuse_unknown_query(names: Iterable[str], accepted: Iterable[str], route: str) -> None:
+    """:class:`InvalidRequest` naming every query parameter of ``route`` other than ``accepted``
+    (``?modle=x`` must not quietly answer as if it were not sent), as unknown body fields are."""
+    known = set(accepted)
+    unknown = sorted(set(names) - known)
+    if unknown:
+        them = "them" if len(unknown) > 1 else "it"
+        raise InvalidRequest(unknown[0], f"unknown query parameter{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(unknown)}: {route} takes only {', '.join(sorted(known))}; "
+                             f"remove {them}")

@@ -4,31 +4,18 @@ lm-evaluation-harness's remote tokenizer reads ``bos_token``, ``eos_token``, ``p
 ``chat_template`` from it and tokenizes through ``/tokenize``, so scores are computed on exactly
 the server's token ids without downloading the model's tokenizer from a hub.
 
-Its one field is the query parameter ``model``. :func:`refuse_unknown_query` refuses any other by
-name, as unknown body fields are on every other endpoint, for the route to call with the request's
-query parameter names.
+Its one field is the query parameter ``model`` (:data:`QUERY_PARAMETERS`); the route refuses any
+other by name, as unknown body fields are on every other endpoint.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-from ruvllm.errors import InvalidRequest
 from ruvllm.serving import AsyncEngine
 
 #: The query parameters ``GET /tokenizer_info`` takes.
 QUERY_PARAMETERS = frozenset({"model"})
-
-
-def refuse_unknown_query(names: Iterable[str]) -> None:
-    """:class:`InvalidRequest` naming every query parameter other than ``model`` (``?modle=x``
-    must not quietly answer for the default model)."""
-    unknown = sorted(set(names) - QUERY_PARAMETERS)
-    if unknown:
-        them = "them" if len(unknown) > 1 else "it"
-        raise InvalidRequest(unknown[0], f"unknown query parameter{'s' if len(unknown) > 1 else ''} "
-                             f"{', '.join(unknown)}: /tokenizer_info takes only model; remove {them}")
 
 
 def tokenizer_info(engine: AsyncEngine) -> dict[str, Any]:
