@@ -204,6 +204,8 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
                  "completion_window": "24h"}, 404),
     "list_batches": ({}, 200),
     "list_files": ({}, 200),
+    # The path's literal {response_id} names no stored response: the query is checked before that 404.
+    "input_items": ({}, 404),
 }
 LLAMA = ("llama_completion", "llama_infill")
 ANTHROPIC = ("messages", "count_tokens")
@@ -338,9 +340,7 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
         ("thinking.budget_tokens", {"thinking": {"type": "disabled", "budget_tokens": 1024}}),
         ("output_config.effort", {"output_config": {"effort": "high"}}))},
     **{("responses", field): ({**BASE["responses"][0], **body}, field) for field, body in (
-        ("previous_response_id", {"previous_response_id": "resp-0123"}),
         ("conversation", {"conversation": "conv_0123"}),
-        ("background", {"background": True}),
         ("truncation", {"truncation": "auto"}),
         ("reasoning.effort", {"reasoning": {"effort": "high"}}),
         ("reasoning.summary", {"reasoning": {"summary": "auto"}}),
@@ -407,7 +407,6 @@ def _anthropic_accepted(label: str) -> Iterator[tuple[str, dict[str, Any], dict[
 
 def _responses_accepted() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
     """Each accepted field of the Responses body: the fields a body holds without it, and with it."""
-    yield "store", {}, {"store": True}
     yield "user", {}, {"user": "end-user-7f3a"}
     yield "safety_identifier", {}, {"safety_identifier": "end-user-7f3a"}
     yield "prompt_cache_key", {}, {"prompt_cache_key": "tenant-a"}

@@ -5,8 +5,8 @@ client written for the Responses API gets the same answers as a chat client does
 core, in the Responses API's shapes: the same greedy text and token counts as
 ``/v1/chat/completions``, a stream of the documented events that adds up to the whole response
 (and that the SDK's ``responses.stream`` helper accumulates), ``max_output_tokens`` as an
-incomplete response, structured output, a function-call round trip, refusals naming the field,
-and a stateless server that says so.
+incomplete response, structured output, a function-call round trip, refusals naming the field.
+Stored responses (``previous_response_id``, ``GET``, ``background``) are test_stored_responses.py's.
 
 Answers compared with each other run warm: the first run of a prompt computes it whole, later
 runs reuse its cached prefix, whose llama.cpp kernels round differently, and that can change a
@@ -69,7 +69,7 @@ def test_the_same_conversation_gives_the_same_answer_as_chat(client, model_name)
         chat.usage.prompt_tokens, chat.usage.completion_tokens, chat.usage.total_tokens)
     echoed = response.to_dict()
     assert echoed["metadata"] == {"ticket": "7"} and echoed["instructions"] == "Be brief."
-    assert echoed["store"] is False  # accepted, and the answer says nothing was kept
+    assert echoed["store"] is True and echoed["background"] is False  # kept (test_stored_responses.py)
 
 
 def test_a_developer_item_is_the_instructions_turn(client, model_name):
@@ -171,7 +171,8 @@ def test_a_function_call_round_trip(client, model_name, stream):
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"previous_response_id": "resp-0123"}, "previous_response_id"),
+    ({"conversation": "conv_0123"}, "conversation"),
+    ({"background": True, "store": False}, "background"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x.org/a.png"}]}]},
@@ -204,13 +205,14 @@ def test_a_context_overflow_names_the_input(client, model_name):
     assert error["param"] == "input" and error["code"] == "context_length_exceeded", error
 
 
-def test_nothing_is_stored_and_the_routes_that_need_it_say_so(client):
+def test_a_response_not_stored_here_is_a_404_saying_so(client):
     for call in (lambda: client.responses.retrieve("resp-0123"), lambda: client.responses.delete("resp-0123"),
                  lambda: client.responses.cancel("resp-0123"),
-                 lambda: client.responses.input_items.list("resp-0123")):
+                 lambda: client.responses.input_items.list("resp-0123"),
+                 lambda: client.responses.create(input="Hi", previous_response_id="resp-0123")):
         with pytest.raises(openai.NotFoundError) as err:
             call()
-        assert "stateless" in err.value.body["message"], err.value.body
+        assert "no response 'resp-0123'" in err.value.body["message"], err.value.body
 
 
 def test_strict_is_refused_where_the_calls_are_not_constrained():

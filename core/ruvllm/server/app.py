@@ -57,6 +57,7 @@ from ruvllm.server.params import (
     completion_prompts,
     seeded,
 )
+from ruvllm.server.response_store import ResponseStore
 from ruvllm.server.responses_api import register_responses_routes
 from ruvllm.server.scheduling import priority_scheduling, submit_options
 from ruvllm.server.schemas import (
@@ -84,6 +85,8 @@ class ServerSettings:
     #: Most batch lines (``/v1/batches``) in flight at once, over all batches: their share of the
     #: engine's running slots, the rest kept for interactive requests.
     batch_window: int = 8
+    #: Responses the Responses API keeps, newest first (0: none).
+    stored_responses: int = 1000
     limits: Limits = attrs.field(factory=Limits)
     #: LoRA adapters loaded at start on the single engine: name -> PEFT directory.
     lora_adapters: dict[str, str] = attrs.field(factory=dict)
@@ -133,6 +136,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
             if refresher is not None:
                 refresher.cancel()
             await batches.close()
+            await stored_responses.close()
             await pool.shutdown()
 
     app = FastAPI(title="ruvllm", description="OpenAI-compatible API served by ruvllm",
@@ -148,7 +152,8 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     register_lora_routes(app, pool, allow_runtime=settings.allow_runtime_lora)
     register_ollama_routes(app, pool, settings.limits)
     register_messages_routes(app, pool, settings.limits)
-    register_responses_routes(app, pool, settings.limits)
+    stored_responses = ResponseStore(settings.stored_responses)
+    register_responses_routes(app, pool, settings.limits, stored_responses)
     register_llama_server_routes(app, pool, settings.limits)
     batches = register_batch_routes(app, api_key=settings.api_key, window=settings.batch_window)
     install_openapi_limits(

@@ -34,6 +34,7 @@ from pydantic import Field
 
 from ruvllm.errors import BatchFileError, InvalidRequest, StoredObjectNotFound
 from ruvllm.server.batch_file import BatchLine, answer_lines, parse_batch, succeeded
+from ruvllm.server.cursor_page import page
 from ruvllm.server.file_store import FileStore
 from ruvllm.server.schemas import RequestBody, StrictModel
 from ruvllm.server.strict_fields import refuse_unknown_query
@@ -119,20 +120,6 @@ def batch_usage(bodies: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return {"input_tokens": inputs, "input_tokens_details": {"cached_tokens": cached},
             "output_tokens": outputs, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": inputs + outputs}
-
-
-def page(cards: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
-    """OpenAI's cursor page: the ``limit`` objects after the one whose id is ``after``."""
-    if not 1 <= limit <= 10000:
-        raise InvalidRequest("limit", f"must be between 1 and 10000, got {limit}", limit)
-    ids = [c["id"] for c in cards]
-    if after is not None and after not in ids:
-        raise InvalidRequest("after", f"{after!r} is not in this list; pass the last id of the previous page",
-                             after)
-    start = ids.index(after) + 1 if after is not None else 0
-    data = cards[start:start + limit]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": start + limit < len(cards)}
 
 
 def _line_errors(job: BatchJob, text: str) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""OpenAI's Responses API (``POST /v1/responses``) on the same engine, stateless.
+"""OpenAI's Responses API (``POST /v1/responses`` and its stored responses) on the same engine.
 
 A thin surface, as :mod:`ruvllm.server.messages_api` is for Anthropic's API: the body is checked
 here in the Responses API's terms (``input`` items, ``instructions``, flat function tools,
@@ -8,11 +8,12 @@ outputs are written back as a ``response`` object or as its stream of typed even
 (:mod:`ruvllm.server.responses_output`). A refusal raised by the shared chat path names the
 Responses field, not the chat one (``max_output_tokens``, ``text.format.schema``, ``input[3]``).
 
-The server keeps no state, like Ollama's: nothing is stored whatever ``store`` says (the answer
-echoes ``store: false``), so what needs a stored response is refused by name
-(``previous_response_id``, ``conversation``, ``background``, ``item_reference`` items) and
-``GET``/``DELETE /v1/responses/{id}`` answer 404 saying why. Also refused: built-in (hosted)
-tools and their items, image/file/audio parts (text models), a reasoning effort other than
+Responses are kept (:mod:`ruvllm.server.response_store`, unless ``store: false``), so
+``previous_response_id`` continues a stored conversation, ``background: true`` runs a response to
+fetch later, and ``GET``/``DELETE /v1/responses/{id}``, its ``cancel`` and ``input_items`` serve
+them; ``conversation`` (the Conversations API) and ``item_reference`` items are refused by name.
+Also refused: built-in (hosted) tools and their items, image/file/audio parts (text models), a
+reasoning effort other than
 ``none`` and summaries (a thinking model thinks as its chat template has it, and its reasoning is
 returned whole, not summarised), ``truncation: "auto"`` (a prompt that does not fit is a 400,
 never cut). Accepted without effect, each for a reason: ``user`` and ``safety_identifier`` (no
@@ -28,21 +29,25 @@ model still thinks as its template has it; ``output_tokens_details.reasoning_tok
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
-from ruvllm.errors import InvalidRequest
+from ruvllm.errors import InvalidRequest, RuvllmError
 from ruvllm.guided.tools import REPLY_OR_CALL, tool_format
-from ruvllm.server.chat_run import start_chat, thinks
+from ruvllm.server.chat_run import ChatRun, start_chat, thinks
+from ruvllm.server.cursor_page import page
+from ruvllm.server.errors import ruvllm_error_body
 from ruvllm.server.model_pool import ModelPool
 from ruvllm.server.params import Limits
+from ruvllm.server.response_store import ResponseStore, StoredResponse, with_ids
 from ruvllm.server.responses_output import Envelope, response_events, whole_response
 from ruvllm.server.responses_schema import (
     LOGPROBS_INCLUDE,
@@ -59,18 +64,13 @@ from ruvllm.server.responses_schema import (
 )
 from ruvllm.server.schemas import ChatCompletionRequest
 from ruvllm.server.sse import SSEResponse
+from ruvllm.server.strict_fields import refuse_unknown_query
 
 
-def _refuse_stateful(body: ResponsesRequest) -> None:
-    stateless = "this server stores no responses or conversations (stateless, as Ollama's)"
-    if body.previous_response_id is not None:
-        raise InvalidRequest("previous_response_id", f"{stateless}; send the earlier input and "
-                             "response.output items again in input instead")
+def _refuse_unserved(body: ResponsesRequest) -> None:
     if body.conversation is not None:
-        raise InvalidRequest("conversation", f"{stateless}; send the conversation's items in input")
-    if body.background:
-        raise InvalidRequest("background", f"{stateless}, so a background response could never be "
-                             "fetched; leave it out (or false) and stream instead")
+        raise InvalidRequest("conversation", "the Conversations API is not served; continue a conversation "
+                             "with previous_response_id, or send its items in input")
     if body.truncation == "auto":
         raise InvalidRequest("truncation", "ruvllm never drops part of the input: a prompt that does "
                              "not fit is a 400; leave it out or set it to disabled")
@@ -227,7 +227,7 @@ class Translation:
 def translate(body: ResponsesRequest) -> Translation:
     """The chat request that ``body`` asks for (what every surface runs), with what cannot be
     honoured refused by name."""
-    _refuse_stateful(body)
+    _refuse_unserved(body)
     logprobs = _logprobs(body)
     messages, origins = _messages(body)
     fields = {"model": body.model, "messages": messages, "max_tokens": body.max_output_tokens,
@@ -261,30 +261,120 @@ def parallel_calls(body: ResponsesRequest, chat_template: str | None) -> bool:
     return tool_format(chat_template) != REPLY_OR_CALL
 
 
-def _not_stored(response_id: str) -> HTTPException:
-    return HTTPException(404, f"no response {response_id!r} is stored here: ruvllm's Responses API is "
-                         "stateless (store is accepted, nothing is kept); keep the response you were sent "
-                         "and send its output items back as input")
+def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's own ``input`` as items (a string is one user message), as they are stored."""
+    if isinstance(body.input, str):
+        return [{"type": "message", "role": "user", "content": body.input}]
+    return [item.model_dump(by_alias=True, exclude_none=True) for item in body.input]
 
 
-def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> None:
+def continued(body: ResponsesRequest, history: list[dict[str, Any]]) -> ResponsesRequest:
+    """``body`` with the conversation of the response it continues before its own input."""
+    fields = body.model_dump(by_alias=True, exclude_unset=True)
+    return ResponsesRequest.model_validate({**fields, "input": [*history, *input_items(body)],
+                                            "previous_response_id": None})
+
+
+@contextlib.contextmanager
+def numbered_after(earlier: int) -> Iterator[None]:
+    """Re-raise refusals naming the request's own items as the client numbered them: ``input``
+    holds the ``earlier`` items of the stored conversation first, and a refusal of one of those
+    names ``previous_response_id``."""
+    try:
+        yield
+    except InvalidRequest as exc:
+        at = re.match(r"^input\[(\d+)\]", exc.field)
+        if at is not None and earlier:
+            index = int(at[1]) - earlier
+            field = f"input[{index}]{exc.field[at.end():]}" if index >= 0 else "previous_response_id"
+            exc.args = (f"{field}: {str(exc).removeprefix(f'{exc.field}: ')}",)
+            exc.field = field
+        raise
+
+
+def _check_storing(body: ResponsesRequest, store: ResponseStore) -> bool:
+    """Whether this response is kept: ``store`` (true unless false, as OpenAI's) on a server that
+    keeps any; what needs it is refused without it."""
+    storing = body.store is not False and store.capacity > 0
+    if body.background:
+        if not storing:
+            raise InvalidRequest("background", "a background response is fetched by its id, so it needs "
+                                 "store (not false) on a server that keeps responses ([server] "
+                                 "stored_responses > 0)")
+        if body.stream:
+            raise InvalidRequest("stream", "a background response is fetched with GET /v1/responses/{id}; "
+                                 "leave stream out, or leave background out to stream it")
+    return storing
+
+
+async def _in_background(run: ChatRun, envelope: Envelope, stored: StoredResponse,
+                         route_scope: contextlib.AsyncExitStack) -> None:
+    """A background response's run: its outcome becomes the stored response."""
+    async def cancelled() -> bool:
+        return stored.cancelled
+
+    async with route_scope:
+        try:
+            outcomes = await run.submission.results(cancelled)
+            if not stored.cancelled:
+                stored.response = whole_response(run, envelope, outcomes)
+        except RuvllmError as exc:
+            message = ruvllm_error_body(exc)[1]["error"]["message"]
+            stored.response = envelope.response("failed", [], None,
+                                                {"code": "server_error", "message": message})
+        except asyncio.CancelledError:
+            run.submission.cancel()
+            stored.response = {**stored.response, "status": "cancelled"}
+            raise
+
+
+def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits, store: ResponseStore) -> None:
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request) -> Response:
-        translation = translate(body)
-        async with pool.route(body.model) as route:
+        storing = _check_storing(body, store)
+        previous = store.get(body.previous_response_id) if body.previous_response_id is not None else None
+        if previous is not None and previous.running:
+            raise InvalidRequest("previous_response_id", f"{previous.id} is still in progress (background); "
+                                 "continue it once GET /v1/responses/{id} says it is completed")
+        history = previous.conversation() if previous is not None else []
+        with numbered_after(len(history)):
+            translation = translate(continued(body, history) if previous is not None else body)
+        route_scope = contextlib.AsyncExitStack()
+        route = await route_scope.enter_async_context(pool.route(body.model))
+        try:
             template = route.engine.info.chat_template
             check_strict(body, template)
             shown = reasoning_shown(body.reasoning, thinks(route, limits))
-            with translation.in_responses_terms():
+            with numbered_after(len(history)), translation.in_responses_terms():
                 run = await start_chat(route, translation.chat, limits, id_prefix="resp")
-            envelope = Envelope.of(body, run.submission.id, route.served_name,
-                                   parallel_tool_calls=parallel_calls(body, template), shows_reasoning=shown)
+        except BaseException:
+            await route_scope.aclose()
+            raise
+        envelope = Envelope.of(body, run.submission.id, route.served_name,
+                               parallel_tool_calls=parallel_calls(body, template), shows_reasoning=shown,
+                               stored=storing, previous_response_id=body.previous_response_id)
+        items = [*history, *with_ids(input_items(body))]
+
+        def keep(response: dict[str, Any]) -> None:
+            if storing:
+                store.put(StoredResponse(response=response, input_items=items))
+
+        if body.background:
+            stored = StoredResponse(response=envelope.response("in_progress", [], None), input_items=items,
+                                    cancel_run=run.submission.cancel)
+            stored.task = asyncio.ensure_future(_in_background(run, envelope, stored, route_scope))
+            store.put(stored)
+            return JSONResponse(stored.response)
+        async with route_scope:
             if body.stream:
-                return SSEResponse(response_events(run, envelope), on_close=run.submission.cancel)
+                return SSEResponse(response_events(run, envelope, on_final=keep),
+                                   on_close=run.submission.cancel)
             outcomes = await run.submission.results(request.is_disconnected)
             if outcomes is None:
                 return Response(status_code=499)  # the client is gone
-            return JSONResponse(whole_response(run, envelope, outcomes))
+            response = whole_response(run, envelope, outcomes)
+            keep(response)
+            return JSONResponse(response)
 
     @app.post("/v1/responses/input_tokens")
     async def input_tokens() -> None:
@@ -292,8 +382,32 @@ def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> 
                             "tokens with POST /tokenize and its messages")
 
     @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, request: Request) -> dict[str, Any]:
+        refuse_unknown_query(request.query_params.keys(), (), "GET /v1/responses/{id}")
+        return store.get(response_id).response
+
     @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        store.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
     @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str) -> dict[str, Any]:
+        stored = store.get(response_id)
+        if not stored.response.get("background"):
+            raise InvalidRequest("response_id", f"{response_id} was not created with background: true; only "
+                                 "a background response can be cancelled (a streamed one: close the stream)")
+        if stored.running and not stored.cancelled:
+            stored.cancelled = True
+            stored.cancel_run()
+            stored.response = {**stored.response, "status": "cancelled"}
+        return stored.response
+
     @app.get("/v1/responses/{response_id}/input_items")
-    async def stored_response(response_id: str) -> None:
-        raise _not_stored(response_id)
+    async def list_input_items(response_id: str, request: Request, limit: int = 20,
+                               order: Literal["asc", "desc"] = "desc",
+                               after: str | None = None) -> dict[str, Any]:
+        refuse_unknown_query(request.query_params.keys(), ("limit", "order", "after"),
+                             "GET /v1/responses/{id}/input_items")
+        items = store.get(response_id).input_items
+        return page(list(reversed(items)) if order == "desc" else items, after, limit, max_limit=100)

@@ -25,7 +25,7 @@ known whole only once the answer finished, so its arguments come in one delta),
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -91,7 +91,7 @@ def _status(finish_reason: str) -> str:
 class Envelope:
     """What every ``response`` object of one request carries besides its output: its id, the
     model, and the request's settings echoed back (the SDK's ``Response`` type requires
-    ``tools``, ``tool_choice`` and ``parallel_tool_calls``; ``store: false`` says nothing was kept)."""
+    ``tools``, ``tool_choice`` and ``parallel_tool_calls``; ``store`` says whether it is kept)."""
 
     id: str
     model: str
@@ -101,14 +101,18 @@ class Envelope:
     shows_reasoning: bool = False
 
     @classmethod
-    def of(cls, body: ResponsesRequest, response_id: str, model: str, *,
-           parallel_tool_calls: bool, shows_reasoning: bool = False) -> Envelope:
+    def of(cls, body: ResponsesRequest, response_id: str, model: str, *, parallel_tool_calls: bool,
+           shows_reasoning: bool = False, stored: bool = False,
+           previous_response_id: str | None = None) -> Envelope:
+        """``stored``: whether the response is kept (``store`` echoes it); ``previous_response_id``:
+        the response this one continues."""
         text_format = body.text.format if body.text is not None else None
         choice = body.tool_choice
         echo = {
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "metadata": body.metadata or {}, "parallel_tool_calls": parallel_tool_calls,
-            "previous_response_id": None, "background": False, "store": False,
+            "previous_response_id": previous_response_id, "background": bool(body.background),
+            "store": stored,
             "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "top_p": 1.0 if body.top_p is None else body.top_p, "top_logprobs": body.top_logprobs,
@@ -187,8 +191,10 @@ def whole_response(run: ChatRun, envelope: Envelope, outcomes: list[Outcome]) ->
 class _Events:
     """The events of one streamed response, numbered as they are made."""
 
-    def __init__(self, envelope: Envelope, input_tokens: int, reasoning: Reasoning | None):
+    def __init__(self, envelope: Envelope, input_tokens: int, reasoning: Reasoning | None,
+                 on_final: Callable[[dict[str, Any]], None] | None):
         self.envelope = envelope
+        self.on_final = on_final
         self.input_tokens = input_tokens
         self.sequence = 0
         self.message_open = False
@@ -301,20 +307,28 @@ class _Events:
                                                               self.reasoning_tokens.count))
         out.append(self.event("response.completed" if status == "completed" else "response.incomplete",
                               response=response))
+        self._final(response)
         return out
+
+    def _final(self, response: dict[str, Any]) -> None:
+        if self.on_final is not None:
+            self.on_final(response)
 
     def failure(self, exc: RuvllmError) -> list[str]:
         """An ``error`` event in OpenAI's error fields, then the response as failed."""
         error = ruvllm_error_body(exc)[1]["error"]
         failed = self.envelope.response("failed", [], None,
                                         {"code": "server_error", "message": error["message"]})
+        self._final(failed)
         return [self.event("error", code=error["code"], message=error["message"], param=error["param"]),
                 self.event("response.failed", response=failed)]
 
 
-def response_events(run: ChatRun, envelope: Envelope) -> AsyncIterator[str]:
-    """The SSE body of a streamed response; the events ready together share one write."""
-    events = _Events(envelope, len(run.prompt_ids), run.formatter.reasoning)
+def response_events(run: ChatRun, envelope: Envelope, *,
+                    on_final: Callable[[dict[str, Any]], None] | None = None) -> AsyncIterator[str]:
+    """The SSE body of a streamed response; the events ready together share one write.
+    ``on_final`` gets the response as its last event carries it (to store it)."""
+    events = _Events(envelope, len(run.prompt_ids), run.formatter.reasoning, on_final)
 
     def render(item: Arrival) -> list[str]:
         if isinstance(item, TokenOutput):

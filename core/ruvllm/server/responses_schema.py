@@ -179,8 +179,8 @@ class Reasoning(StrictModel):
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 NOTHING_TO_INCLUDE = "reasoning.encrypted_content"
 _ITEM_REFUSALS = {
-    "item_reference": "refers to a stored item, and this server stores nothing (stateless); send the item "
-                      "itself",
+    "item_reference": "refers to an item by id, and ruvllm looks up no items by id; send the item itself, or "
+                      "continue the stored conversation with previous_response_id",
 }
 _PART_TYPES = {"message": ("content", {"input_text", "output_text", "refusal"}),
                "function_call_output": ("output", {"input_text"}),
@@ -239,7 +239,7 @@ class ResponsesRequest(RequestBody):
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     stream: bool = False
-    #: Accepted: nothing is stored whatever it says (the response echoes ``store: false``).
+    #: Whether the response is kept (responses_api: previous_response_id, GET, background).
     store: bool | None = None
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None

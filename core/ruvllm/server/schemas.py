@@ -197,8 +197,9 @@ class ChatCompletionRequest(_Request, ChatTemplateFields):
     @model_validator(mode="after")
     def _one_tier_text_only_nothing_stored(self) -> ChatCompletionRequest:
         if self.store:
-            raise InvalidRequest("store", "this server stores no completions (stateless), so nothing could "
-                                 "be fetched later; leave store out or send false")
+            raise InvalidRequest("store", "this server stores no chat completions (only the Responses API's "
+                                 "responses are kept), so nothing could be fetched later; leave store out "
+                                 "or send false")
         if self.service_tier not in (None, "auto", "default"):
             raise InvalidRequest("service_tier", f"this server has one processing tier, so "
                                  f"{self.service_tier!r} cannot be promised; send auto or default, or leave "

@@ -46,6 +46,6 @@ def refuse_unknown_query(names: Iterable[str], accepted: Iterable[str], route: s
     unknown = sorted(set(names) - known)
     if unknown:
         them = "them" if len(unknown) > 1 else "it"
+        takes = f"takes only {', '.join(sorted(known))}" if known else "takes no query parameters"
         raise InvalidRequest(unknown[0], f"unknown query parameter{'s' if len(unknown) > 1 else ''} "
-                             f"{', '.join(unknown)}: {route} takes only {', '.join(sorted(known))}; "
-                             f"remove {them}")
+                             f"{', '.join(unknown)}: {route} {takes}; remove {them}")

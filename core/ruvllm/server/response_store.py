@@ -1,0 +1,104 @@
+"""The Responses API's stored responses: what ``previous_response_id``, ``GET /v1/responses/{id}``,
+its ``input_items`` and ``background: true`` need.
+
+OpenAI keeps every response (``store`` defaults to true) so that a client can continue a
+conversation by id instead of sending it again, and fetch a background response later. Here they
+are kept in memory, the newest ``capacity`` of them (``[server] stored_responses``); the oldest is
+forgotten first, and a restart forgets all (a 404 says so). A stored response holds everything
+its model was given (the earlier turns a ``previous_response_id`` brought included, the
+``instructions`` not: OpenAI does not carry them over either) and its output, so the next turn
+is that plus its own input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from ruvllm.errors import StoredObjectNotFound
+
+_ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Input items as OpenAI lists them: each with an id, a message's text as a content part."""
+    out = []
+    for item in items:
+        item = dict(item)
+        kind = item.setdefault("type", "message")
+        if kind == "message" and isinstance(item.get("content"), str):
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": part, "text": item["content"]}]
+        item.setdefault("id", f"{_ITEM_ID_PREFIX.get(kind, 'item')}_{uuid.uuid4().hex}")
+        out.append(item)
+    return out
+
+
+@attrs.define(kw_only=True)
+class StoredResponse:
+    #: The response object as a client fetches it (a background one's changes as it runs).
+    response: dict[str, Any]
+    #: Everything the model was given, oldest first, each with an id.
+    input_items: list[dict[str, Any]]
+    #: A background response's run, and what cancels its engine requests.
+    task: asyncio.Task | None = None
+    cancel_run: Callable[[], None] = lambda: None
+    cancelled: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.response["id"]
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """What a response continuing this one starts from: its input, then its output."""
+        return [*self.input_items, *self.response["output"]]
+
+
+class ResponseStore:
+    """The newest ``capacity`` responses by id (0: none are kept)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._responses: OrderedDict[str, StoredResponse] = OrderedDict()
+
+    def put(self, stored: StoredResponse) -> None:
+        self._responses[stored.id] = stored
+        while len(self._responses) > self.capacity:
+            oldest = next(iter(self._responses.values()))
+            self.delete(oldest.id)
+
+    def get(self, response_id: str) -> StoredResponse:
+        stored = self._responses.get(response_id)
+        if stored is None and self.capacity == 0:
+            raise StoredObjectNotFound("response", response_id, "this server keeps no responses ([server] "
+                                       "stored_responses = 0); send the conversation's items in input")
+        if stored is None:
+            raise StoredObjectNotFound("response", response_id,
+                                       f"this server keeps the newest {self.capacity} responses "
+                                       "([server] stored_responses); send the conversation's items in input")
+        return stored
+
+    def delete(self, response_id: str) -> None:
+        stored = self.get(response_id)
+        if stored.task is not None:
+            stored.task.cancel()
+        del self._responses[response_id]
+
+    async def close(self) -> None:
+        """Cancel the background responses still running (the server is stopping)."""
+        tasks = [s.task for s in self._responses.values() if s.running]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
