@@ -14,7 +14,7 @@ host = "127.0.0.1"        # loopback unless told otherwise
 port = 8000
 api_key = ""              # or RUVLLM_API_KEY; empty = no authentication
 max_body_bytes = 1048576  # larger request bodies get 413
-max_file_bytes = 209715200  # largest file uploaded to /v1/files (a batch's input), 200 MiB as OpenAI's
+max_file_bytes = 209715200  # largest batch input (POST /v1/files, /v1/messages/batches), 200 MiB
 stored_responses = 1000   # Responses API: the newest kept for previous_response_id and GET (0: none)
 max_tokens_limit = 4096   # largest max_tokens a request may ask for
 max_n = 16                # largest `n` (choices per request)
@@ -69,7 +69,8 @@ class ServerConfig:
         attrs.validators.instance_of(int), attrs.validators.ge(0), attrs.validators.le(65535)))
     api_key: str | None = None
     max_body_bytes: int = attrs.field(default=1 << 20, validator=attrs.validators.ge(1))
-    #: The body limit of ``POST /v1/files`` alone: a batch's input file is larger than a request.
+    #: The body limit of a batch's input (``POST /v1/files``, ``/v1/messages/batches``): larger than
+    #: a request's.
     max_file_bytes: int = attrs.field(default=200 << 20, validator=attrs.validators.ge(1))
     #: Responses the Responses API keeps (for ``previous_response_id``, ``GET``, ``background``),
     #: the newest first; 0 keeps none (the API is then stateless).

@@ -206,6 +206,9 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
     "list_files": ({}, 200),
     # The path's literal {response_id} names no stored response: the query is checked before that 404.
     "input_items": ({}, 404),
+    "message_batches": ({"requests": [{"custom_id": "a", "params": {"model": "default", "max_tokens": 1,
+                                                                 "messages": CHAT_MESSAGES}}]}, 200),
+    "list_message_batches": ({}, 200),
 }
 LLAMA = ("llama_completion", "llama_infill")
 ANTHROPIC = ("messages", "count_tokens")
@@ -310,6 +313,8 @@ NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
        for label in OLLAMA},
     **{("responses", where): ({**BASE["responses"][0], **body}, param)
        for where, (body, param) in _RESPONSES_OBJECTS.items()},
+    ("message_batches", "requests[]"): (
+        {"requests": [{**BASE["message_batches"][0]["requests"][0], UNKNOWN: 1}]}, f"requests[0].{UNKNOWN}"),
     ("batches", "output_expires_after"): (
         {**BASE["batches"][0], "output_expires_after": {"anchor": "created_at", "seconds": 3600, UNKNOWN: 1}},
         f"output_expires_after.{UNKNOWN}"),

@@ -28,6 +28,7 @@ from ruvllm.guided.request import completion_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.guided.tools import plan_tools
 from ruvllm.hardware import cpu_info
+from ruvllm.server.batch_file import BatchLane
 from ruvllm.server.batches_api import register_batch_routes
 from ruvllm.server.chat_run import start_chat
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService
@@ -46,6 +47,7 @@ from ruvllm.server.json_bodies import JsonBodiesMiddleware
 from ruvllm.server.limits import RequestLimitsMiddleware, authorized
 from ruvllm.server.llama_server_api import register_llama_server_routes
 from ruvllm.server.lora import register_lora_routes
+from ruvllm.server.message_batches_api import register_message_batch_routes
 from ruvllm.server.messages_api import register_messages_routes
 from ruvllm.server.metrics import CONTENT_TYPE, ServerMetrics
 from ruvllm.server.model_pool import ModelEntry, ModelPool
@@ -80,7 +82,7 @@ class ServerSettings:
     aliases: tuple[str, ...] = ()
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
-    #: The body limit of ``POST /v1/files`` (a batch's input file).
+    #: The body limit of a batch's input (``POST /v1/files``, ``POST /v1/messages/batches``).
     max_file_bytes: int = 200 << 20
     #: Most batch lines (``/v1/batches``) in flight at once, over all batches: their share of the
     #: engine's running slots, the rest kept for interactive requests.
@@ -136,6 +138,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
             if refresher is not None:
                 refresher.cancel()
             await batches.close()
+            await message_batches.close()
             await stored_responses.close()
             await pool.shutdown()
 
@@ -155,7 +158,9 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     stored_responses = ResponseStore(settings.stored_responses)
     register_responses_routes(app, pool, settings.limits, stored_responses)
     register_llama_server_routes(app, pool, settings.limits)
-    batches = register_batch_routes(app, api_key=settings.api_key, window=settings.batch_window)
+    lane = BatchLane(app, api_key=settings.api_key, window=settings.batch_window)
+    batches = register_batch_routes(app, lane)
+    message_batches = register_message_batch_routes(app, lane)
     install_openapi_limits(
         app, settings.limits, single.info.vocab_size if single is not None else None,
         # Adapters loaded at runtime are valid names the published schema cannot know in advance.

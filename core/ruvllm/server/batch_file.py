@@ -203,6 +203,23 @@ async def answer_lines(client: httpx.AsyncClient, lines: list[BatchLine], *, gat
     await asyncio.gather(*(one(i, line) for i, line in enumerate(lines)))
 
 
+class BatchLane:
+    """Where the server's own batches run (OpenAI's Batch API and Anthropic's Message Batches):
+    through its app in-process, all of them together within one window of the engine's running
+    slots, so that interactive clients keep the rest; earlier lines go first."""
+
+    def __init__(self, app: Any, *, api_key: str | None, window: int):
+        self._app = app
+        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._gate = asyncio.Semaphore(window)
+
+    async def run(self, lines: list[BatchLine], on_result: Callable[[int, dict[str, Any]], None]) -> None:
+        transport = httpx.ASGITransport(app=self._app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://ruvllm-batch",
+                                     headers=self._headers, timeout=None) as client:
+            await answer_lines(client, lines, gate=self._gate, on_result=on_result)
+
+
 async def run_lines(app: Any, lines: list[BatchLine], out: TextIO, *, window: int,
                     progress: Callable[[int, int], None] | None = None) -> BatchSummary:
     """Run ``lines`` through ``app`` (started and stopped here, as a server would), at most

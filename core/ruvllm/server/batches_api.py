@@ -8,8 +8,9 @@ and an error file (the refused ones), in OpenAI's batch output format, in input 
 
 The lines run through the server's own routes in-process (``batch_file.answer_lines``), so a
 batch line is answered exactly as the same request sent alone would be. All batches together
-take at most ``batch_window`` of the engine's running slots (half of them by default), so
-interactive clients keep the rest while long batches run; an earlier batch's lines are sent first.
+(Anthropic's Message Batches too) take at most ``batch_window`` of the engine's running slots
+(half of them by default, ``batch_file.BatchLane``), so interactive clients keep the rest while
+long batches run; an earlier batch's lines are sent first.
 
 State lives in memory for the server's lifetime (files on disk in a temporary directory): a
 restart forgets them, which docs/server.md says. Cancelling a batch cancels its requests in
@@ -19,7 +20,6 @@ flight, whose KV is freed at once; the lines answered so far are kept in its fil
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
@@ -27,13 +27,13 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import attrs
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import Field
 
 from ruvllm.errors import BatchFileError, InvalidRequest, StoredObjectNotFound
-from ruvllm.server.batch_file import BatchLine, answer_lines, parse_batch, succeeded
+from ruvllm.server.background import cancel_and_wait
+from ruvllm.server.batch_file import BatchLane, BatchLine, parse_batch, succeeded
 from ruvllm.server.cursor_page import page
 from ruvllm.server.file_store import FileStore
 from ruvllm.server.schemas import RequestBody, StrictModel
@@ -138,22 +138,14 @@ def _line_errors(job: BatchJob, text: str) -> list[dict[str, Any]]:
 class BatchService:
     """The server's files and batches, and the one task that runs the batches in turn."""
 
-    def __init__(self, app: FastAPI, *, api_key: str | None, window: int):
+    def __init__(self, lane: BatchLane):
         self.files = FileStore()
         self.batches: dict[str, BatchJob] = {}
-        self._app = app
-        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        # Shared by every batch: together they never take more than their share of the engine.
-        self._gate = asyncio.Semaphore(window)
+        self._lane = lane
 
     async def close(self) -> None:
         """Cancel the batches still running (the server is stopping) and drop the files."""
-        tasks = [job.task for job in self.batches.values() if job.task is not None and not job.task.done()]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(job.task for job in self.batches.values())
         self.files.close()
 
     def job(self, batch_id: str) -> BatchJob:
@@ -197,11 +189,7 @@ class BatchService:
 
     async def _run(self, job: BatchJob) -> None:
         try:
-            transport = httpx.ASGITransport(app=self._app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://ruvllm-batch",
-                                         headers=self._headers, timeout=None) as client:
-                await answer_lines(client, job.lines, gate=self._gate,
-                                   on_result=lambda index, result: job.results.__setitem__(index, result))
+            await self._lane.run(job.lines, on_result=job.results.__setitem__)
             job.stamp("finalizing")
             self._write_files(job)
             job.stamp("completed")
@@ -245,9 +233,9 @@ async def _read_upload(request: Request, service: BatchService) -> dict[str, Any
     return stored.card()
 
 
-def register_batch_routes(app: FastAPI, *, api_key: str | None, window: int) -> BatchService:
+def register_batch_routes(app: FastAPI, lane: BatchLane) -> BatchService:
     """The Files and Batch API routes; the caller closes the returned service when the server stops."""
-    service = BatchService(app, api_key=api_key, window=window)
+    service = BatchService(lane)
 
     @app.post("/v1/files")
     async def upload_file(request: Request) -> dict[str, Any]:

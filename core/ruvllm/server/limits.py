@@ -42,6 +42,10 @@ async def _send_error(send, path: str, status: int, message: str, type_: str, co
     await send({"type": "http.response.body", "body": body})
 
 
+#: The POST routes whose body is a batch's input, limited by ``max_file_bytes``.
+BATCH_INPUT_PATHS = frozenset({"/v1/files", "/v1/messages/batches"})
+
+
 class RequestLimitsMiddleware:
     def __init__(self, app, *, max_body_bytes: int, max_file_bytes: int, api_key: str | None):
         self.app = app
@@ -61,8 +65,8 @@ class RequestLimitsMiddleware:
                               [(b"www-authenticate", b"Bearer")])
             return
         declared = headers.get(b"content-length")
-        # A file upload (a batch's input) has its own, larger limit.
-        upload = scope["path"] == "/v1/files" and scope.get("method") == "POST"
+        # A batch's input (a file upload, or Anthropic's batch of requests) has its own, larger limit.
+        upload = scope["path"] in BATCH_INPUT_PATHS and scope.get("method") == "POST"
         limit, setting = (self.max_file_bytes, "max_file_bytes") if upload else (self.max_body_bytes,
                                                                                   "max_body_bytes")
         too_large = f"request body is larger than this server's limit of {limit} bytes ([server] {setting})"

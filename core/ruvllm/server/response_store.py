@@ -13,7 +13,6 @@ is that plus its own input.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any
 import attrs
 
 from ruvllm.errors import StoredObjectNotFound
+from ruvllm.server.background import cancel_and_wait
 
 _ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
@@ -96,9 +96,4 @@ class ResponseStore:
 
     async def close(self) -> None:
         """Cancel the background responses still running (the server is stopping)."""
-        tasks = [s.task for s in self._responses.values() if s.running]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(s.task for s in self._responses.values())
