@@ -206,6 +206,9 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
     "list_files": ({}, 200),
     # The path's literal {response_id} names no stored response: the query is checked before that 404.
     "input_items": ({}, 404),
+    "llama_embedding": ({"content": "The cat sat on the mat."}, 200),
+    "llama_embeddings": ({"input": "The cat sat on the mat."}, 200),
+    "props": ({}, 200),
     "message_batches": ({"requests": [{"custom_id": "a", "params": {"model": "default", "max_tokens": 1,
                                                                  "messages": CHAT_MESSAGES}}]}, 200),
     "list_message_batches": ({}, 200),

@@ -22,7 +22,6 @@ import attrs
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from ruvllm.errors import InvalidRequest
 from ruvllm.feedback import send_feedback
 from ruvllm.guided.request import completion_constraint
 from ruvllm.guided.request import processors as guided_processors
@@ -39,6 +38,7 @@ from ruvllm.server.embeddings import (
     check_dimensions,
     embeddings_response,
     input_ids,
+    require_embeddings,
     split_inputs,
 )
 from ruvllm.server.errors import install_error_handlers
@@ -46,6 +46,7 @@ from ruvllm.server.feedback import register_feedback
 from ruvllm.server.json_bodies import JsonBodiesMiddleware
 from ruvllm.server.limits import RequestLimitsMiddleware, authorized
 from ruvllm.server.llama_server_api import register_llama_server_routes
+from ruvllm.server.llama_server_info import register_llama_server_info_routes
 from ruvllm.server.lora import register_lora_routes
 from ruvllm.server.message_batches_api import register_message_batch_routes
 from ruvllm.server.messages_api import register_messages_routes
@@ -84,9 +85,10 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     #: The body limit of a batch's input (``POST /v1/files``, ``POST /v1/messages/batches``).
     max_file_bytes: int = 200 << 20
-    #: Most batch lines (``/v1/batches``) in flight at once, over all batches: their share of the
-    #: engine's running slots, the rest kept for interactive requests.
-    batch_window: int = 8
+    #: Requests one engine runs at once (its ``max_num_seqs``): llama-server's ``total_slots``;
+    #: batches (``/v1/batches``, ``/v1/messages/batches``) together take half, interactive
+    #: requests keep the rest.
+    max_num_seqs: int = 16
     #: Responses the Responses API keeps, newest first (0: none).
     stored_responses: int = 1000
     limits: Limits = attrs.field(factory=Limits)
@@ -158,7 +160,8 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     stored_responses = ResponseStore(settings.stored_responses)
     register_responses_routes(app, pool, settings.limits, stored_responses)
     register_llama_server_routes(app, pool, settings.limits)
-    lane = BatchLane(app, api_key=settings.api_key, window=settings.batch_window)
+    register_llama_server_info_routes(app, pool, settings.limits, total_slots=settings.max_num_seqs)
+    lane = BatchLane(app, api_key=settings.api_key, window=max(1, settings.max_num_seqs // 2))
     batches = register_batch_routes(app, lane)
     message_batches = register_message_batch_routes(app, lane)
     install_openapi_limits(
@@ -215,10 +218,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
         async with pool.route(body.model) as route:
             engine = route.engine
-            if not engine.capabilities.embeddings:
-                raise InvalidRequest("model", f"{route.entry!r} is served by backend "
-                                     f"{engine.backend_name!r}, which cannot produce embeddings; serve it "
-                                     "with --backend candle_like or llamacpp for /v1/embeddings", body.model)
+            require_embeddings(route, body.model, "/v1/embeddings")
             check_dimensions(body.dimensions)
             ids = await input_ids(engine, split_inputs(body.input))
             vectors = await engine.embed_async(ids)

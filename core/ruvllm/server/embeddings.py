@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.server.model_pool import Route
 from ruvllm.server.schemas import RequestBody
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable
@@ -35,6 +36,15 @@ class EmbeddingRequest(RequestBody):
     dimensions: int | None = None
     #: OpenAI's end-user id: accepted, never used (docs/server.md says why).
     user: str | None = None
+
+
+def require_embeddings(route: Route, model: str | None, endpoint: str) -> None:
+    """Refuse, naming ``model``, a route whose backend computes no embeddings."""
+    engine = route.engine
+    if not engine.capabilities.embeddings:
+        raise InvalidRequest("model", f"{route.entry!r} is served by backend {engine.backend_name!r}, "
+                             "which cannot produce embeddings; serve it with --backend candle_like or "
+                             f"llamacpp for {endpoint}", model)
 
 
 def split_inputs(value: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:

@@ -136,6 +136,19 @@ def _under_indented(text: str, n_indent: int) -> int | None:
     return None
 
 
+def generation_settings(params: GenerationParams, body: LlamaCompletionRequest, *, context: int,
+                        model: str) -> dict[str, Any]:
+    """llama-server's ``generation_settings``: what an answer to ``body`` is made with."""
+    seed = params.seed if params.seed is not None else -1
+    return {"n_ctx": context, "n_predict": 0 if body.n_predict == 0 else params.max_tokens, "seed": seed,
+            "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
+            "min_p": params.min_p, "repeat_penalty": params.repetition_penalty,
+            "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
+            "stop": list(params.stop), "ignore_eos": params.ignore_eos, "n_probs": body.n_probs,
+            "n_indent": body.n_indent, "t_max_predict_ms": body.t_max_predict_ms, "stream": body.stream,
+            "model": model}
+
+
 @attrs.define
 class _Answer:
     """One answer being written, with llama-server's editor stops applied as tokens arrive."""
@@ -202,16 +215,7 @@ class _Exchange:
                 "top_logprobs": [entry(t.token_id, t.logprob) for t in out.top_logprobs[: self.body.n_probs]]}
 
     def _settings(self, params: GenerationParams) -> dict[str, Any]:
-        """``generation_settings``: what this answer was made with."""
-        seed = params.seed if params.seed is not None else -1
-        return {"n_ctx": self.context, "n_predict": 0 if self.body.n_predict == 0 else params.max_tokens,
-                "seed": seed,
-                "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
-                "min_p": params.min_p, "repeat_penalty": params.repetition_penalty,
-                "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
-                "stop": list(params.stop), "ignore_eos": params.ignore_eos, "n_probs": self.body.n_probs,
-                "n_indent": self.body.n_indent, "t_max_predict_ms": self.body.t_max_predict_ms,
-                "stream": self.body.stream, "model": self.model}
+        return generation_settings(params, self.body, context=self.context, model=self.model)
 
     def _final(self, answer: _Answer, result: GenerationResult) -> dict[str, Any]:
         """The ``"stop": true`` object: why it ended, the counts and the timings (ms)."""

@@ -34,7 +34,7 @@ from ruvllm.guided.request import completion_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.server.chat_run import prompt_reasoning, start_chat, thinks
 from ruvllm.server.completion_service import Arrival, ChoiceRequest, CompletionService, Submission
-from ruvllm.server.embeddings import check_dimensions, input_ids, split_inputs
+from ruvllm.server.embeddings import check_dimensions, input_ids, require_embeddings, split_inputs
 from ruvllm.server.errors import in_surface_terms
 from ruvllm.server.model_pool import ModelPool, Route
 from ruvllm.server.ollama_models import Catalogue, iso_time, pool_name
@@ -339,10 +339,7 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
         """The inputs' token ids, their vectors (as /v1/embeddings') and the model's load time."""
         async with _route(pool, model, keep_alive) as (route, load):
             engine = route.engine
-            if not engine.capabilities.embeddings:
-                raise InvalidRequest("model", f"{route.entry!r} is served by backend "
-                                     f"{engine.backend_name!r}, which cannot produce embeddings; serve it "
-                                     "with --backend candle_like or llamacpp for /api/embed", model)
+            require_embeddings(route, model, "/api/embed")
             ids = await input_ids(engine, inputs) if inputs else []
             return ids, (await engine.embed_async(ids) if ids else []), load
 

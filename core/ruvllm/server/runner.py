@@ -43,11 +43,10 @@ def settings_for(config: Config, engine: AsyncEngine | None, *, served_name: str
     srv = config.server
     from ruvllm.engine import EngineOptions
 
-    # Batches take half the running slots, so interactive clients keep the other half.
-    batch_window = max(1, EngineOptions.from_mapping(config.engine).max_num_seqs // 2)
     return ServerSettings(model_name=name, aliases=aliases, api_key=srv.api_key or None,
                           max_body_bytes=srv.max_body_bytes, max_file_bytes=srv.max_file_bytes,
-                          batch_window=batch_window, stored_responses=srv.stored_responses,
+                          max_num_seqs=EngineOptions.from_mapping(config.engine).max_num_seqs,
+                          stored_responses=srv.stored_responses,
                           limits=Limits(max_tokens=srv.max_tokens_limit, max_n=srv.max_n,
                                         max_context=max_context, reasoning_format=srv.reasoning_format),
                           lora_adapters=dict(srv.lora_adapters), allow_runtime_lora=srv.allow_runtime_lora)
