@@ -6,11 +6,11 @@ its line, as OpenAI's validation does), then runs in the background while the se
 its counts and status readable at any time, and ends with an output file (the answered lines)
 and an error file (the refused ones), in OpenAI's batch output format, in input order.
 
-The lines run through the server's own routes in-process (``batch_file.answer_lines``), so a
+The lines run through the server's own routes in-process (``batch_file.BatchLane``), so a
 batch line is answered exactly as the same request sent alone would be. All batches together
-(Anthropic's Message Batches too) take at most ``batch_window`` of the engine's running slots
-(half of them by default, ``batch_file.BatchLane``), so interactive clients keep the rest while
-long batches run; an earlier batch's lines are sent first.
+(Anthropic's Message Batches too) take at most half of the engine's running slots
+(``max_num_seqs // 2``), so interactive clients keep the rest while long batches run; an earlier
+batch's lines are sent first.
 
 State lives in memory for the server's lifetime (files on disk in a temporary directory): a
 restart forgets them, which docs/server.md says. Cancelling a batch cancels its requests in
@@ -136,7 +136,7 @@ def _line_errors(job: BatchJob, text: str) -> list[dict[str, Any]]:
 
 
 class BatchService:
-    """The server's files and batches, and the one task that runs the batches in turn."""
+    """The server's files and batches, each batch run by its own task on the shared lane."""
 
     def __init__(self, lane: BatchLane):
         self.files = FileStore()
