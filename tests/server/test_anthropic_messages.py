@@ -186,3 +186,14 @@ def test_errors_come_in_anthropics_shape(claude, server, model_name):
     with pytest.raises(anthropic.AuthenticationError) as err:
         wrong.messages.create(model=model_name, max_tokens=8, messages=ASK)
     assert err.value.body["error"]["type"] == "authentication_error"
+
+
+def test_the_model_list_is_anthropics_as_well_as_openais(claude, client, model_name):
+    """One /v1/models serves both SDKs: each reads its own fields (all required ones present)."""
+    page = claude.models.list()
+    assert [m.id for m in page.data] == [m.id for m in client.models.list().data]
+    for info in page.data:
+        anthropic.types.ModelInfo.model_validate(info.to_dict())
+    served = claude.models.retrieve(model_name)
+    assert served.display_name == model_name and served.max_input_tokens >= 4096
+    assert page.has_more is False and page.first_id == page.data[0].id

@@ -198,7 +198,10 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": pool.cards()}
+        cards = pool.cards()
+        # OpenAI's list, and Anthropic's page (every model on it).
+        return {"object": "list", "data": cards, "has_more": False,
+                "first_id": cards[0]["id"] if cards else None, "last_id": cards[-1]["id"] if cards else None}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:

@@ -112,6 +112,13 @@ class Route:
     entry: str
 
 
+def _card(name: str) -> dict[str, Any]:
+    """What a ``/v1/models`` entry carries for OpenAI's and Anthropic's SDKs alike (``created``
+    0: ruvllm knows no model's release date)."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "ruvllm", "type": "model",
+            "display_name": name, "created_at": "1970-01-01T00:00:00Z", "lifecycle": "active"}
+
+
 class ModelPool:
     """Served models by name; see the module docstring."""
 
@@ -401,24 +408,26 @@ class ModelPool:
     # ------------------------------------------------------------------ /v1/models
 
     def cards(self) -> list[dict[str, Any]]:
-        """``/v1/models`` entries: each model with its state, then each adapter with its parent."""
+        """``/v1/models`` entries: each model with its state, then each adapter with its parent.
+        Each card is both OpenAI's ``model`` (``object``, ``created``, ``owned_by``) and
+        Anthropic's (``type``, ``display_name``, ``created_at``, ``max_input_tokens``), so that
+        either SDK's ``models.list()`` reads it."""
         out = []
         for entry in self.entries.values():
             engine = entry.engine
-            card: dict[str, Any] = {"id": entry.name, "object": "model", "created": 0, "owned_by": "ruvllm",
-                                    "root": entry.spec.reference or entry.name, "parent": None,
-                                    "state": entry.state.value}
+            card: dict[str, Any] = {**_card(entry.name), "root": entry.spec.reference or entry.name,
+                                    "parent": None, "state": entry.state.value}
             if engine is not None:
+                context = engine.info.context_length
                 card.update(root=engine.info.path or entry.spec.reference or entry.name,
-                            max_model_len=engine.info.context_length, backend=engine.backend_name,
+                            max_model_len=context, max_input_tokens=context, backend=engine.backend_name,
                             tool_format=tool_format(engine.info.chat_template))
             if entry.state is ModelState.FAILED and entry.error is not None:
                 card["error"] = str(entry.error)
             out.append(card)
         for adapter, entry in self._adapters.items():
             path = entry.adapters.get(adapter) or entry.spec.adapters.get(adapter)
-            out.append({"id": adapter, "object": "model", "created": 0, "owned_by": "ruvllm",
-                        "root": path, "parent": entry.name,
+            out.append({**_card(adapter), "root": path, "parent": entry.name,
                         "state": entry.state.value if adapter in entry.adapters or entry.engine is None
                         else ModelState.UNLOADED.value})
         return out
