@@ -244,3 +244,22 @@ def test_stopping_the_server_while_a_batch_runs_ends_it_cleanly(model):
         started = time.monotonic()
         server.stop()
     assert not server.thread.is_alive() and time.monotonic() - started < 15
+
+
+def test_responses_lines_are_not_stored_unless_they_ask(client, model):
+    def response_line(custom_id: str, **extra) -> dict:
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/responses",
+                "body": {"model": model, "input": "Say hi.", "max_output_tokens": 4, **extra}}
+
+    lines = [response_line("plain"), response_line("kept", store=True),
+             response_line("later", background=True)]
+    upload = client.files.create(file=("responses.jsonl", jsonl(lines)), purpose="batch")
+    batch = wait_until_done(client, client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/responses", completion_window="24h").id)
+    answers = {a["custom_id"]: a["response"]["body"] for a in content_lines(client, batch.output_file_id)}
+    assert answers["plain"]["store"] is False and answers["kept"]["store"] is True
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(answers["plain"]["id"])
+    assert client.responses.retrieve(answers["kept"]["id"]).id == answers["kept"]["id"]
+    (refused,) = content_lines(client, batch.error_file_id)
+    assert refused["custom_id"] == "later" and refused["response"]["body"]["error"]["param"] == "background"

@@ -151,14 +151,24 @@ def _failed_line(line: BatchLine, message: str) -> dict[str, Any]:
             "error": {"code": "batch_request_failed", "message": message}}
 
 
+def _sent(line: BatchLine) -> dict[str, Any]:
+    """The body a line is sent with: a Responses line is not stored unless it asks to be (its
+    answer is in the output already, and a large batch would push every interactive client's
+    stored response out of the store)."""
+    if line.url == "/v1/responses" and "store" not in line.body:
+        return {**line.body, "store": False}
+    return line.body
+
+
 async def _answer(client: httpx.AsyncClient, line: BatchLine) -> dict[str, Any]:
-    if line.body.get("stream"):
-        exc = InvalidRequest("stream", "a batch line is answered whole; leave stream out or false")
-        status, body, _ = ruvllm_error_body(exc)
-        return _output_line(line, status, surface_body(line.url, status, body))
+    for field in ("stream", "background"):
+        if line.body.get(field):
+            exc = InvalidRequest(field, f"a batch line is answered whole; leave {field} out or false")
+            status, body, _ = ruvllm_error_body(exc)
+            return _output_line(line, status, surface_body(line.url, status, body))
     try:
         for attempt in range(_OVERLOAD_RETRIES + 1):
-            response = await client.post(line.url, json=line.body)
+            response = await client.post(line.url, json=_sent(line))
             if response.status_code != 503 or attempt == _OVERLOAD_RETRIES:
                 break
             await asyncio.sleep(float(response.headers.get("retry-after", "1")))
