@@ -105,7 +105,9 @@ class Sampler:
         scores = self._penalised(scores) if self._counts is not None else scores
         if p.greedy and self._infill is None:
             token = int(np.argmax(scores))
-        elif p.greedy:  # the most probable token the infill rule keeps
+        elif p.greedy or p.temperature_last:
+            # Greedy: the most probable token the infill rule keeps. Temperature last: the filters
+            # choose on the model's own scores, the draw reshapes what they kept.
             token = self._draw(scores)
         else:
             with np.errstate(over="ignore"):
@@ -140,6 +142,8 @@ class Sampler:
             candidates = None
         cand_scores = scores if candidates is None else scores[candidates]
         probs = np.exp(cand_scores - cand_scores.max())
+        if p.temperature_last and not p.greedy:
+            return self._draw_temperature_last(candidates, probs)
         if p.min_p > 0.0:
             # The best candidate has probability weight exp(0) = 1 after the shift above.
             probs[probs < p.min_p] = 0.0
@@ -154,6 +158,23 @@ class Sampler:
         else:
             idx = _draw_index(probs, u)
         return int(idx if candidates is None else candidates[idx])
+
+    def _draw_temperature_last(self, candidates: np.ndarray | None, probs: np.ndarray) -> int:
+        """llama.cpp's order: top-p, then min-p on the model's own probabilities of the top-k
+        candidates (``probs``, the best at 1), then the temperature over what they kept:
+        ``exp(logit / T)`` is the kept probability to the power ``1 / T``, so the weights are
+        ``probs ** (1 / T)`` over the kept tokens (the infill rule, where on, between the two)."""
+        p = self.params
+        kept = _nucleus(probs, p.top_p)[0] if p.top_p < 1.0 else np.arange(len(probs))
+        if p.min_p > 0.0:
+            kept = kept[probs[kept] >= p.min_p]
+        ids = kept if candidates is None else candidates[kept]
+        weights = probs[kept]
+        if self._infill is not None:
+            ids, weights = self._infill(ids, weights)
+        with np.errstate(under="ignore"):
+            weights = weights ** (1.0 / p.temperature)
+        return int(ids[_draw_index(weights, self._rng.random())])
 
     def _infill_draw(self, candidates: np.ndarray | None, probs: np.ndarray) -> int:
         """A draw among what top-k, min-p and top-p kept, after the infill sampler's rule."""

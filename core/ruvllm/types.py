@@ -182,6 +182,11 @@ class GenerationParams:
     #: llama.cpp's fill-in-the-middle sampler after top-k, min-p and top-p (ruvllm.infill_sampling;
     #: llama-server's ``infill`` in ``samplers``). Needs core's sampler.
     infill_sampling: bool = False
+    #: llama.cpp's chain order: top-k, top-p, then min-p choose among the model's own probabilities
+    #: (temperature 1), and the temperature then reshapes what they kept. The default is vLLM's and
+    #: transformers' order: the temperature first, then top-k, min-p and top-p over the result.
+    #: Needs core's sampler.
+    temperature_last: bool = False
     #: Logprobs of the prompt's own tokens, from the prefill logits, with this many top
     #: alternatives each (None = not computed). The first prompt token has none (nothing
     #: precedes it). Needs the executor path; such a request never reuses cached prefix KV.

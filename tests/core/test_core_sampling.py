@@ -392,3 +392,35 @@ def test_min_tokens_is_refused_where_the_backend_samples_by_itself():
         check_logits_options(GenerationParams(min_tokens=1), path="request", backend="mistralrs",
                              vocab_size=4, executor=None)
     assert err.value.field == "min_tokens"
+
+
+# -- llama.cpp's order: the filters on the model's own probabilities, the temperature last --------
+
+def test_temperature_last_filters_with_top_p_before_the_temperature_flattens():
+    logits = np.log(np.array([0.6, 0.25, 0.15])).astype(np.float32)
+    # At temperature 1 the best token alone reaches top_p 0.5; at temperature 2 it does not.
+    last = draws(GenerationParams(temperature=2.0, top_p=0.5, temperature_last=True, seed=3), logits, 500)
+    first = draws(GenerationParams(temperature=2.0, top_p=0.5, seed=3), logits, 500)
+    assert set(last.tolist()) == {0}
+    assert set(first.tolist()) == {0, 1}
+
+
+def test_temperature_last_reshapes_what_min_p_kept():
+    probs = np.array([0.5, 0.2, 0.3])
+    logits = np.log(probs).astype(np.float32)
+    # min_p 0.5 at temperature 1 keeps the tokens at half the best or more: 0 and 2; the
+    # temperature (2) then flattens those two only: weights p ** (1 / 2).
+    samples = draws(GenerationParams(temperature=2.0, min_p=0.5, temperature_last=True, seed=9), logits, 4000)
+    target = np.array([0.5, 0.0, 0.3]) ** (1 / 2)
+    assert chi_square(samples, target / target.sum()) < CHI2_CRIT[1]
+    # Temperature first, (0.2 / 0.5) ** (1/2) = 0.63 passes min_p: token 1 is drawn too.
+    first = draws(GenerationParams(temperature=2.0, min_p=0.5, seed=9), logits, 4000)
+    assert 1 in first.tolist()
+
+
+def test_temperature_last_keeps_top_k_and_greedy_as_they_are():
+    logits = np.array([3.0, 2.9, 2.8, 0.0, -1.0, 2.7], dtype=np.float32)
+    samples = draws(GenerationParams(temperature=2.0, top_k=2, temperature_last=True, seed=4), logits, 2000)
+    target = np.exp(np.array([3.0, 2.9, 0, 0, 0, 0]) / 2.0) * np.array([1, 1, 0, 0, 0, 0])
+    assert chi_square(samples, target / target.sum()) < CHI2_CRIT[1]
+    assert draws(GenerationParams(temperature=0.0, temperature_last=True), logits, 3).tolist() == [0, 0, 0]

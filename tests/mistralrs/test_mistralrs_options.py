@@ -121,6 +121,14 @@ def test_seeded_sampling_is_refused_with_the_reason():
     chat_request(mistralrs, "hi", GenerationParams(temperature=0.0, seed=3), adapter=None)  # greedy: fine
 
 
+def test_llama_cpps_sampler_order_is_refused_with_the_reason():
+    """mistral.rs applies the temperature first, inside its engine: llama.cpp's order is refused."""
+    with pytest.raises(InvalidRequest, match="its own order") as err:
+        chat_request(mistralrs, "hi", GenerationParams(temperature=0.8, temperature_last=True), adapter=None)
+    assert err.value.field == "temperature_last"
+    chat_request(mistralrs, "hi", GenerationParams(temperature=0.0, temperature_last=True), adapter=None)
+
+
 def test_min_tokens_is_refused_with_the_reason():
     """mistral.rs samples by itself and has no minimum length: refused, not ignored."""
     with pytest.raises(InvalidRequest, match="no minimum length") as err:

@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from server_helpers import API_KEY
 
@@ -252,3 +253,30 @@ def test_llama_vims_chain_runs_the_infill_sampler(server):
     plain = [complete(server, **body, samplers=["top_k", "top_p"], seed=s) for s in range(8)]
     assert all(a["stop_type"] == "eos" and a["content"] == "" for a in ruled), ruled
     assert any(a["content"] for a in plain), plain
+
+
+def test_the_temperature_runs_where_the_chain_puts_it(server):
+    """llama.cpp's default chain filters with top-p on the model's own probabilities and applies
+    the temperature last; a chain with the temperature first filters the flattened ones. With
+    top-p just under the best token's own probability, the first keeps that token alone at any
+    temperature, the second keeps several at temperature 2."""
+    prompt = "One, two, three, four,"
+    (first,) = complete(server, prompt=prompt, n_predict=1, n_probs=1)["completion_probabilities"]
+    best = np.exp(first["logprob"])
+    assert 0.3 < best < 0.98, best  # a clear favourite that still leaves mass to others
+    body = {"prompt": prompt, "n_predict": 1, "temperature": 2.0, "top_p": 0.95 * best, "top_k": 0,
+            "min_p": 0.0}
+    last = {complete(server, **body, seed=s)["content"] for s in range(12)}
+    assert last == {first["token"]}, last
+    first_chain = ["penalties", "temperature", "top_k", "top_p", "min_p"]
+    early = {complete(server, **body, samplers=first_chain, seed=s)["content"] for s in range(12)}
+    assert len(early) > 1, early
+    # What ran, in the order it ran, as generation_settings and /props report it.
+    ran = complete(server, **body)["generation_settings"]["samplers"]
+    assert ran == ["penalties", "top_k", "top_p", "min_p", "temperature"]
+    props = httpx.get(server.url + "/props", headers=AUTH).json()
+    assert props["default_generation_settings"]["params"]["samplers"] == ran
+    ran = complete(server, **body, samplers=first_chain)["generation_settings"]["samplers"]
+    assert ran == ["penalties", "temperature", "top_k", "min_p", "top_p"]
+    r = post(server, "/completion", {**body, "samplers": ["top_p", "temperature", "min_p"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "samplers", r.text

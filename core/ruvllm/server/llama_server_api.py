@@ -38,7 +38,9 @@ from ruvllm.server.llama_server_schemas import (
     LlamaInfillRequest,
     bias_entries,
     infill_sampling,
+    samplers_run,
     sampling_fields,
+    temperature_last,
 )
 from ruvllm.server.model_pool import ModelPool, Route
 from ruvllm.server.params import Limits, chat_prompt_text, piece_ids, prompt_head, seeded
@@ -50,7 +52,8 @@ from ruvllm.types import FinishReason, GenerationParams, GenerationResult, Token
 
 #: Completion request field -> the field a llama-server client sent, for the shared core's errors.
 _LLAMA_FIELDS = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty", "logprobs": "n_probs",
-                 "guided_json": "json_schema", "guided_grammar": "grammar", "infill_sampling": "samplers"}
+                 "guided_json": "json_schema", "guided_grammar": "grammar", "infill_sampling": "samplers",
+                 "temperature_last": "samplers"}
 
 #: How often a whole answer being written checks that its client is still there.
 _POLL_SECONDS = 0.25
@@ -136,6 +139,12 @@ def _under_indented(text: str, n_indent: int) -> int | None:
     return None
 
 
+def runs_temperature_last(body: LlamaCompletionRequest, engine: AsyncEngine) -> bool:
+    """llama.cpp's order where core samples; a backend that samples by itself (mistral.rs) keeps
+    its own unless the client's chain asks for llama.cpp's, which it then refuses by name."""
+    return temperature_last(body) and (body.samplers is not None or engine.capabilities.core_sampler)
+
+
 def generation_settings(params: GenerationParams, body: LlamaCompletionRequest, *, context: int,
                         model: str) -> dict[str, Any]:
     """llama-server's ``generation_settings``: what an answer to ``body`` is made with."""
@@ -146,7 +155,7 @@ def generation_settings(params: GenerationParams, body: LlamaCompletionRequest, 
             "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
             "stop": list(params.stop), "ignore_eos": params.ignore_eos, "n_probs": body.n_probs,
             "n_indent": body.n_indent, "t_max_predict_ms": body.t_max_predict_ms, "stream": body.stream,
-            "model": model}
+            "samplers": samplers_run(body, last=params.temperature_last), "model": model}
 
 
 @attrs.define
@@ -339,6 +348,7 @@ async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sam
     service = CompletionService(route, limits)
     if body.n_probs and not engine.capabilities.logprobs:
         raise InvalidRequest("n_probs", "this model's backend cannot report logprobs (see `ruvllm backends`)")
+    order_last = runs_temperature_last(body, engine)
     with _in_llama_terms("input_prefix" if isinstance(body, LlamaInfillRequest) else "prompt"):
         bias = await _bias(engine, body) or None
         completion = CompletionRequest(prompt=prompts[0], logit_bias=bias, **sampling)
@@ -351,7 +361,7 @@ async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sam
             if body.n_predict == 0:
                 params = attrs.evolve(params, max_tokens=1)
             params = attrs.evolve(params, logprobs=body.n_probs or None,
-                                  infill_sampling=infill_sampling(body))
+                                  infill_sampling=infill_sampling(body), temperature_last=order_last)
             for c in range(body.n_cmpl):  # n_cmpl answers per prompt, prompt after prompt
                 k = p * body.n_cmpl + c
                 answers[k] = _Answer(index=k, prompt_ids=ids, n_indent=body.n_indent,

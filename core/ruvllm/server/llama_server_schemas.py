@@ -194,6 +194,33 @@ def sampling_fields(body: LlamaCompletionRequest) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+def temperature_last(body: LlamaCompletionRequest) -> bool:
+    """Whether the chain runs the temperature after top-p and min-p (llama.cpp's order, and its
+    default chain's): they then choose among the model's own probabilities. A chain with the
+    temperature between the two is refused: core runs both on one side of it."""
+    if body.samplers is None:
+        return True
+    names = _names(body.samplers)
+    if "temperature" not in names:
+        return False
+    at = names.index("temperature")
+    sides = {i < at for i, name in enumerate(names) if name in ("top_p", "min_p")}
+    if len(sides) > 1:
+        raise InvalidRequest("samplers", "puts the temperature between top_p and min_p; ruvllm's sampler "
+                             "runs both before it (llama.cpp's default chain) or both after it",
+                             body.samplers)
+    return sides == {True}
+
+
+def samplers_run(body: LlamaCompletionRequest, *, last: bool) -> list[str]:
+    """llama-server's ``samplers`` of an answer: the samplers that ran, in the order core ran them
+    (``last``: the temperature after the filters)."""
+    running = _chain(body.samplers) | ({INFILL_SAMPLER} if infill_sampling(body) else set())
+    order = (["penalties", "top_k", "top_p", "min_p", INFILL_SAMPLER, "temperature"] if last else
+             ["penalties", "temperature", "top_k", "min_p", "top_p", INFILL_SAMPLER])
+    return [name for name in order if name in running]
+
+
 def infill_sampling(body: LlamaCompletionRequest) -> bool:
     """Whether the chain names llama.cpp's fill-in-the-middle sampler (ruvllm.infill_sampling)."""
     return body.samplers is not None and INFILL_SAMPLER in _names(body.samplers)

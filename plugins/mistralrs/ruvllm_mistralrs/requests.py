@@ -38,6 +38,10 @@ def chat_request(m: Any, prompt_text: str, params: GenerationParams, *, adapter:
         raise InvalidRequest("infill_sampling", "mistral.rs samples inside its engine, which has no "
                              "fill-in-the-middle sampler; drop it or use a backend whose sampling runs in "
                              "ruvllm (capabilities.core_sampler)", True)
+    if params.temperature_last and not params.greedy:
+        raise InvalidRequest("temperature_last", "mistral.rs samples inside its engine in its own order (the "
+                             "temperature first); drop llama.cpp's order or use a backend whose sampling "
+                             "runs in ruvllm (capabilities.core_sampler)", True)
     kwargs: dict[str, Any] = dict(
         # Rendered through the pass-through template: the content is the prompt, verbatim.
         messages=[{"role": "user", "content": prompt_text}],
