@@ -209,6 +209,11 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
     "llama_embedding": ({"content": "The cat sat on the mat."}, 200),
     "llama_embeddings": ({"input": "The cat sat on the mat."}, 200),
     "props": ({}, 200),
+    "conversations": ({"items": [{"role": "user", "content": "Hi"}], "metadata": {"topic": "x"}}, 200),
+    # The paths' literal {conversation_id} names no conversation: every field is checked before that 404.
+    "conversation_update": ({"metadata": {"topic": "x"}}, 404),
+    "conversation_items": ({"items": [{"role": "user", "content": "Hi"}]}, 404),
+    "list_conversation_items": ({}, 404),
     "message_batches": ({"requests": [{"custom_id": "a", "params": {"model": "default", "max_tokens": 1,
                                                                  "messages": CHAT_MESSAGES}}]}, 200),
     "list_message_batches": ({}, 200),
@@ -318,6 +323,10 @@ NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
        for where, (body, param) in _RESPONSES_OBJECTS.items()},
     ("message_batches", "requests[]"): (
         {"requests": [{**BASE["message_batches"][0]["requests"][0], UNKNOWN: 1}]}, f"requests[0].{UNKNOWN}"),
+    **{(label, where.replace("input", "items", 1)): (
+        {**BASE[label][0], "items": body["input"]}, param.replace("input", "items", 1))
+       for label in ("conversations", "conversation_items")
+       for where, (body, param) in _RESPONSES_OBJECTS.items() if where.startswith("input")},
     ("batches", "output_expires_after"): (
         {**BASE["batches"][0], "output_expires_after": {"anchor": "created_at", "seconds": 3600, UNKNOWN: 1}},
         f"output_expires_after.{UNKNOWN}"),
@@ -348,7 +357,6 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
         ("thinking.budget_tokens", {"thinking": {"type": "disabled", "budget_tokens": 1024}}),
         ("output_config.effort", {"output_config": {"effort": "high"}}))},
     **{("responses", field): ({**BASE["responses"][0], **body}, field) for field, body in (
-        ("conversation", {"conversation": "conv_0123"}),
         ("truncation", {"truncation": "auto"}),
         ("reasoning.effort", {"reasoning": {"effort": "high"}}),
         ("reasoning.summary", {"reasoning": {"summary": "auto"}}),

@@ -171,7 +171,7 @@ def test_a_function_call_round_trip(client, model_name, stream):
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"conversation": "conv_0123"}, "conversation"),
+    ({"conversation": {"id": "conv_0123", "name": "x"}}, "conversation"),
     ({"background": True, "store": False}, "background"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"reasoning": {"effort": "high"}}, "reasoning.effort"),

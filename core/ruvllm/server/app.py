@@ -31,6 +31,7 @@ from ruvllm.server.batch_file import BatchLane
 from ruvllm.server.batches_api import register_batch_routes
 from ruvllm.server.chat_run import start_chat
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService
+from ruvllm.server.conversations_api import ConversationStore, register_conversation_routes
 from ruvllm.server.delivery import answer
 from ruvllm.server.echo import completion_formatter
 from ruvllm.server.embeddings import (
@@ -91,6 +92,8 @@ class ServerSettings:
     max_num_seqs: int = 16
     #: Responses the Responses API keeps, newest first (0: none).
     stored_responses: int = 1000
+    #: Conversations the Conversations API keeps, newest first (0: none).
+    stored_conversations: int = 1000
     limits: Limits = attrs.field(factory=Limits)
     #: LoRA adapters loaded at start on the single engine: name -> PEFT directory.
     lora_adapters: dict[str, str] = attrs.field(factory=dict)
@@ -158,7 +161,9 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     register_ollama_routes(app, pool, settings.limits)
     register_messages_routes(app, pool, settings.limits)
     stored_responses = ResponseStore(settings.stored_responses)
-    register_responses_routes(app, pool, settings.limits, stored_responses)
+    conversations = ConversationStore(settings.stored_conversations)
+    register_responses_routes(app, pool, settings.limits, stored_responses, conversations)
+    register_conversation_routes(app, conversations)
     register_llama_server_routes(app, pool, settings.limits)
     register_llama_server_info_routes(app, pool, settings.limits, total_slots=settings.max_num_seqs)
     lane = BatchLane(app, api_key=settings.api_key, window=max(1, settings.max_num_seqs // 2))

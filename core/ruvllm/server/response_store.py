@@ -27,7 +27,8 @@ _ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_outpu
 
 
 def with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Input items as OpenAI lists them: each with an id, a message's text as a content part."""
+    """Input items as OpenAI lists them: each with an id, a message's text as a content part (an
+    answer's with its ``annotations``) and its status."""
     out = []
     for item in items:
         item = dict(item)
@@ -35,6 +36,10 @@ def with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if kind == "message" and isinstance(item.get("content"), str):
             part = "output_text" if item.get("role") == "assistant" else "input_text"
             item["content"] = [{"type": part, "text": item["content"]}]
+        if kind == "message":
+            item.setdefault("status", "completed")
+            item["content"] = [{"annotations": [], **part} if part.get("type") == "output_text" else part
+                               for part in item["content"]]
         item.setdefault("id", f"{_ITEM_ID_PREFIX.get(kind, 'item')}_{uuid.uuid4().hex}")
         out.append(item)
     return out

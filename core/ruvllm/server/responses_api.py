@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import attrs
@@ -43,6 +43,7 @@ from fastapi.responses import JSONResponse, Response
 from ruvllm.errors import InvalidRequest, RuvllmError
 from ruvllm.guided.tools import REPLY_OR_CALL, tool_format
 from ruvllm.server.chat_run import ChatRun, start_chat, thinks
+from ruvllm.server.conversations_api import ConversationStore, conversation_id
 from ruvllm.server.cursor_page import page
 from ruvllm.server.errors import ruvllm_error_body
 from ruvllm.server.model_pool import ModelPool
@@ -68,9 +69,6 @@ from ruvllm.server.strict_fields import refuse_unknown_query
 
 
 def _refuse_unserved(body: ResponsesRequest) -> None:
-    if body.conversation is not None:
-        raise InvalidRequest("conversation", "the Conversations API is not served; continue a conversation "
-                             "with previous_response_id, or send its items in input")
     if body.truncation == "auto":
         raise InvalidRequest("truncation", "ruvllm never drops part of the input: a prompt that does "
                              "not fit is a 400; leave it out or set it to disabled")
@@ -308,8 +306,10 @@ def _check_storing(body: ResponsesRequest, store: ResponseStore) -> bool:
 
 
 async def _in_background(run: ChatRun, envelope: Envelope, stored: StoredResponse,
-                         route_scope: contextlib.AsyncExitStack) -> None:
-    """A background response's run: its outcome becomes the stored response."""
+                         route_scope: contextlib.AsyncExitStack,
+                         answered: Callable[[dict[str, Any]], None]) -> None:
+    """A background response's run: its outcome becomes the stored response (and ``answered``
+    is told of an answer)."""
     async def cancelled() -> bool:
         return stored.cancelled
 
@@ -318,6 +318,7 @@ async def _in_background(run: ChatRun, envelope: Envelope, stored: StoredRespons
             outcomes = await run.submission.results(cancelled)
             if not stored.cancelled:
                 stored.response = whole_response(run, envelope, outcomes)
+                answered(stored.response)
         except RuvllmError as exc:
             message = ruvllm_error_body(exc)[1]["error"]["message"]
             stored.response = envelope.response("failed", [], None,
@@ -328,7 +329,8 @@ async def _in_background(run: ChatRun, envelope: Envelope, stored: StoredRespons
             raise
 
 
-def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits, store: ResponseStore) -> None:
+def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits, store: ResponseStore,
+                              conversations: ConversationStore) -> None:
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         storing = _check_storing(body, store)
@@ -336,9 +338,16 @@ def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits, sto
         if previous is not None and previous.running:
             raise InvalidRequest("previous_response_id", f"{previous.id} is still in progress (background); "
                                  "continue it once GET /v1/responses/{id} says it is completed")
-        history = previous.conversation() if previous is not None else []
+        conversation = None
+        if body.conversation is not None:
+            if previous is not None:
+                raise InvalidRequest("conversation", "continues a conversation, as previous_response_id "
+                                     "does; send one of the two")
+            conversation = conversations.get(conversation_id(body.conversation))
+        history = previous.conversation() if previous is not None else \
+            list(conversation.items) if conversation is not None else []
         with numbered_after(len(history)):
-            translation = translate(continued(body, history) if previous is not None else body)
+            translation = translate(continued(body, history) if history else body)
         route_scope = contextlib.AsyncExitStack()
         route = await route_scope.enter_async_context(pool.route(body.model))
         try:
@@ -352,17 +361,25 @@ def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits, sto
             raise
         envelope = Envelope.of(body, run.submission.id, route.served_name,
                                parallel_tool_calls=parallel_calls(body, template), shows_reasoning=shown,
-                               stored=storing, previous_response_id=body.previous_response_id)
-        items = [*history, *with_ids(input_items(body))]
+                               stored=storing, previous_response_id=body.previous_response_id,
+                               conversation_id=conversation.id if conversation is not None else None)
+        own = with_ids(input_items(body))
+        items = [*history, *own]
+
+        def answered(response: dict[str, Any]) -> None:
+            """An answer joins its conversation: this request's input, then its output."""
+            if conversation is not None and response["status"] in ("completed", "incomplete"):
+                conversation.items.extend([*own, *response["output"]])
 
         def keep(response: dict[str, Any]) -> None:
+            answered(response)
             if storing:
                 store.put(StoredResponse(response=response, input_items=items))
 
         if body.background:
             stored = StoredResponse(response=envelope.response("in_progress", [], None), input_items=items,
                                     cancel_run=run.submission.cancel)
-            stored.task = asyncio.ensure_future(_in_background(run, envelope, stored, route_scope))
+            stored.task = asyncio.ensure_future(_in_background(run, envelope, stored, route_scope, answered))
             store.put(stored)
             return JSONResponse(stored.response)
         async with route_scope:

@@ -103,15 +103,16 @@ class Envelope:
     @classmethod
     def of(cls, body: ResponsesRequest, response_id: str, model: str, *, parallel_tool_calls: bool,
            shows_reasoning: bool = False, stored: bool = False,
-           previous_response_id: str | None = None) -> Envelope:
-        """``stored``: whether the response is kept (``store`` echoes it); ``previous_response_id``:
-        the response this one continues."""
+           previous_response_id: str | None = None, conversation_id: str | None = None) -> Envelope:
+        """``stored``: whether the response is kept (``store`` echoes it); ``previous_response_id``
+        or ``conversation_id``: what this one continues."""
         text_format = body.text.format if body.text is not None else None
         choice = body.tool_choice
         echo = {
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "metadata": body.metadata or {}, "parallel_tool_calls": parallel_tool_calls,
             "previous_response_id": previous_response_id, "background": bool(body.background),
+            "conversation": {"id": conversation_id} if conversation_id is not None else None,
             "store": stored,
             "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
             "temperature": 1.0 if body.temperature is None else body.temperature,

@@ -180,7 +180,7 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 NOTHING_TO_INCLUDE = "reasoning.encrypted_content"
 _ITEM_REFUSALS = {
     "item_reference": "refers to an item by id, and ruvllm looks up no items by id; send the item itself, or "
-                      "continue the stored conversation with previous_response_id",
+                      "continue with previous_response_id or a conversation",
 }
 _PART_TYPES = {"message": ("content", {"input_text", "output_text", "refusal"}),
                "function_call_output": ("output", {"input_text"}),
@@ -208,21 +208,25 @@ def _refuse_unserved(data: Any) -> Any:
         raise InvalidRequest("tool_choice.type", f"{choice['type']!r} is not served: tool_choice is auto, "
                              "none, required or {\"type\": \"function\", \"name\": ...} (ruvllm runs no "
                              "built-in tools)")
-    items = data.get("input")
+    refuse_unserved_items(data.get("input"), "input")
+    return data
+
+
+def refuse_unserved_items(items: Any, field: str) -> None:
+    """Name an item (of ``field``, a list) or a part of one that ruvllm does not serve."""
     for i, item in enumerate(items if isinstance(items, list) else []):
         if _other_type(item, "message", "function_call", "function_call_output", "reasoning"):
             kind = item["type"]
-            raise InvalidRequest(f"input[{i}].type", f"{kind!r} items are not served: " + _ITEM_REFUSALS.get(
-                kind, "they belong to built-in tools, which ruvllm does not run"))
+            why = _ITEM_REFUSALS.get(kind, "they belong to built-in tools, which ruvllm does not run")
+            raise InvalidRequest(f"{field}[{i}].type", f"{kind!r} items are not served: {why}")
         kind = item.get("type", "message") if isinstance(item, dict) else None
         name, allowed = _PART_TYPES.get(kind, ("", set()))
         parts = item.get(name) if name else None
         for j, part in enumerate(parts if isinstance(parts, list) else []):
             if _other_type(part, *allowed):
                 kinds = ", ".join(sorted(allowed))
-                raise InvalidRequest(f"input[{i}].{name}[{j}].type", f"{part.get('type')!r} parts are not "
+                raise InvalidRequest(f"{field}[{i}].{name}[{j}].type", f"{part.get('type')!r} parts are not "
                                      f"served: ruvllm serves text models ({kinds} parts)")
-    return data
 
 
 class ResponsesRequest(RequestBody):

@@ -47,6 +47,7 @@ def settings_for(config: Config, engine: AsyncEngine | None, *, served_name: str
                           max_body_bytes=srv.max_body_bytes, max_file_bytes=srv.max_file_bytes,
                           max_num_seqs=EngineOptions.from_mapping(config.engine).max_num_seqs,
                           stored_responses=srv.stored_responses,
+                          stored_conversations=srv.stored_conversations,
                           limits=Limits(max_tokens=srv.max_tokens_limit, max_n=srv.max_n,
                                         max_context=max_context, reasoning_format=srv.reasoning_format),
                           lora_adapters=dict(srv.lora_adapters), allow_runtime_lora=srv.allow_runtime_lora)
