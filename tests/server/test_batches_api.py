@@ -263,3 +263,9 @@ def test_responses_lines_are_not_stored_unless_they_ask(client, model):
     assert client.responses.retrieve(answers["kept"]["id"]).id == answers["kept"]["id"]
     (refused,) = content_lines(client, batch.error_file_id)
     assert refused["custom_id"] == "later" and refused["response"]["body"]["error"]["param"] == "background"
+
+
+def test_a_bad_query_parameter_is_named_as_sent(running):
+    r = httpx.get(f"{running.base_url}/files", params={"limit": "many"},
+                  headers={"authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "limit", r.text

@@ -78,3 +78,7 @@ def test_what_the_engine_cannot_give_is_refused_by_name(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "embd_normalize"
     r = post(server, "/embedding", {"content": "Hi", "input": "Hi"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "content"
+    r = post(server, "/embedding", {"content": [[-1]]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "content", r.text  # the field sent
+    r = post(server, "/embeddings", {"input": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text

@@ -103,7 +103,8 @@ def ruvllm_error_body(exc: RuvllmError) -> tuple[int, dict[str, Any], dict[str, 
 
 
 def _validation_field(err: dict[str, Any]) -> str:
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    # The field's own path: not where it came from (a body, a query string).
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query")]
     # Drop pydantic's union branch labels ("str", "list[int]", a tagged union's "type=text") so
     # the field reads as the API's.
     parts = [p for p in loc if not any(ch in p for ch in "[]=") and p not in ("str", "int")]

@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 from ruvllm.errors import InvalidRequest
 from ruvllm.server.completion_service import CompletionService
 from ruvllm.server.embeddings import input_ids, require_embeddings, split_inputs
+from ruvllm.server.errors import in_surface_terms
 from ruvllm.server.llama_server_api import generation_settings, runs_temperature_last
 from ruvllm.server.llama_server_schemas import LlamaCompletionRequest, sampling_fields
 from ruvllm.server.model_pool import ModelPool
@@ -97,10 +98,15 @@ def register_llama_server_info_routes(app: FastAPI, pool: ModelPool, limits: Lim
     @app.post("/embedding")
     @app.post("/embeddings")
     async def embedding(body: LlamaEmbeddingRequest) -> list[dict[str, Any]]:
-        items = split_inputs(body.content if body.content is not None else body.input)
         async with pool.route(body.model) as route:
             engine = route.engine
             require_embeddings(route, body.model, "/embedding")
-            vectors = await engine.embed_async(await input_ids(engine, items))
+            try:
+                items = split_inputs(body.content if body.content is not None else body.input)
+                vectors = await engine.embed_async(await input_ids(engine, items))
+            except InvalidRequest as exc:
+                # The shared checks name OpenAI's ``input``; this client may have sent ``content``.
+                renamed = in_surface_terms(exc, {"input": "content"}) if body.content is not None else None
+                raise (renamed or exc) from None
         vectors = normalized(np.asarray(vectors, dtype=np.float64), body.embd_normalize)
         return [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)]
