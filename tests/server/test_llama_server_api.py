@@ -280,3 +280,10 @@ def test_the_temperature_runs_where_the_chain_puts_it(server):
     assert ran == ["penalties", "temperature", "top_k", "min_p", "top_p"]
     r = post(server, "/completion", {**body, "samplers": ["top_p", "temperature", "min_p"]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "samplers", r.text
+
+
+def test_a_bad_token_id_is_named_by_its_place(server):
+    """pydantic's names for a union's branches (``constrained-int``) are not part of the field."""
+    for prompt, param in (([[-5]], "prompt[0][0]"), ([["x", 3.5]], "prompt[0][1]")):
+        r = post(server, "/completion", {"prompt": prompt, "n_predict": 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -102,12 +102,16 @@ def ruvllm_error_body(exc: RuvllmError) -> tuple[int, dict[str, Any], dict[str, 
     return exc.http_status, error_body(str(exc), exc.error_type, param=param, code=code), headers
 
 
+#: pydantic's names for the branches of a union, which are not fields.
+_BRANCH_LABEL = re.compile(r"^(constrained-)?(str|int|float|bool|bytes)$")
+
+
 def _validation_field(err: dict[str, Any]) -> str:
     # The field's own path: not where it came from (a body, a query string).
     loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query")]
-    # Drop pydantic's union branch labels ("str", "list[int]", a tagged union's "type=text") so
-    # the field reads as the API's.
-    parts = [p for p in loc if not any(ch in p for ch in "[]=") and p not in ("str", "int")]
+    # Drop pydantic's union branch labels ("str", "list[int]", "constrained-int", a tagged union's
+    # "type=text") so the field reads as the API's.
+    parts = [p for p in loc if not any(ch in p for ch in "[]=") and not _BRANCH_LABEL.match(p)]
     field = ""
     for p in parts:
         field += f"[{p}]" if p.isdigit() else (f".{p}" if field else p)
