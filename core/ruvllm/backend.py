@@ -14,16 +14,18 @@ suite (:mod:`ruvllm.testing`) checks exactly that.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ruvllm.errors import BackendUnavailable
 from ruvllm.executor import BatchExecutor, KvLayout
+from ruvllm.generation import ending_ids
 from ruvllm.models import ModelSource
-from ruvllm.sampling import Sampler
-from ruvllm.tokenizer import Tokenizer
+from ruvllm.sampling import LogitsProcessor, Sampler
+from ruvllm.tokenizer import Tokenizer, text_bytes
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
 
 
@@ -135,6 +137,15 @@ class LlmBackend(abc.ABC):
 LogitsFn = Callable[[Sequence[int]], np.ndarray]
 
 
+def request_sampler(params: GenerationParams, vocab_size: int, prompt_ids: Sequence[int],
+                    tokenizer: Tokenizer, logits_processors: Sequence[LogitsProcessor] = ()) -> Sampler:
+    """Core's sampler for one request, told by ``tokenizer`` what it needs beyond the logits: the
+    tokens that end the request (``min_tokens`` keeps them out) and each token's text (the infill
+    sampler compares texts)."""
+    return Sampler(params, vocab_size, prompt_ids, logits_processors, end_ids=ending_ids(params, tokenizer),
+                   token_bytes=functools.partial(text_bytes, tokenizer))
+
+
 def sample_stream(
     evaluate: LogitsFn,
     prompt_ids: Sequence[int],
@@ -142,16 +153,17 @@ def sample_stream(
     vocab_size: int,
     room: int,
     *,
-    end_ids: Collection[int] | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> Iterator[SampledToken]:
     """Generate with core's sampler on top of an engine that returns logits.
 
     ``evaluate(tokens)`` appends ``tokens`` to the request's sequence and returns the logits of
     the last position. ``room`` is how many tokens fit after the prompt in the context window.
-    ``end_ids`` (``ruvllm.generation.ending_ids(params, tokenizer)``) lets the sampler honour
-    ``min_tokens``; without them a request asking for it is refused.
+    ``tokenizer`` is the model's (:func:`request_sampler` says why the sampler needs it); without
+    it a request asking for ``min_tokens`` or the infill sampler is refused.
     """
-    sampler = Sampler(params, vocab_size, prompt_ids, end_ids=end_ids)
+    sampler = Sampler(params, vocab_size, prompt_ids) if tokenizer is None \
+        else request_sampler(params, vocab_size, prompt_ids, tokenizer)
     logits = evaluate(prompt_ids)
     for produced in range(room):
         token = sampler.sample(logits)

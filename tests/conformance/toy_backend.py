@@ -27,7 +27,6 @@ import numpy as np
 from ruvllm import Capabilities, LlmBackend, ModelInfo, ModelSource, SampledToken, SpecialTokens
 from ruvllm.backend import sample_stream
 from ruvllm.executor import BatchEntry, KvLayout
-from ruvllm.generation import ending_ids
 from ruvllm.types import GenerationParams
 
 BOS, EOS, IM_START = 256, 257, 258
@@ -163,7 +162,7 @@ class ToyBackend(LlmBackend):
 
         try:
             yield from sample_stream(evaluate, prompt_ids, params, VOCAB, CONTEXT - len(prompt_ids),
-                                     end_ids=ending_ids(params, self.tokenizer))
+                                     tokenizer=self.tokenizer)
         finally:
             if not self._leaky:
                 self._kv = []

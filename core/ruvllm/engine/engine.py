@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import logging
 import queue
 import threading
@@ -24,7 +23,7 @@ import attrs
 import numpy as np
 
 from ruvllm.adapters import AdapterHost, adapter_cache_key
-from ruvllm.backend import LlmBackend
+from ruvllm.backend import LlmBackend, request_sampler
 from ruvllm.config import Config, merged_options
 from ruvllm.embeddings import check_embedding_inputs
 from ruvllm.engine.draft_model import DraftModel
@@ -38,10 +37,10 @@ from ruvllm.engine.published_adapters import PublishedAdapters
 from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.request_level import RequestLevelCore
 from ruvllm.errors import BackendError, EngineClosed, EngineOptionError, InvalidRequest, Overloaded
-from ruvllm.generation import RequestOutputBuilder, check_prompt, ending_ids, require_core_sampler
-from ruvllm.sampling import LogitsProcessor, Sampler
+from ruvllm.generation import RequestOutputBuilder, check_prompt, require_core_sampler
+from ruvllm.sampling import LogitsProcessor
 from ruvllm.serving import MetricsSnapshot, PluginMetric
-from ruvllm.tokenizer import Tokenizer, require_in_vocabulary, require_prompt_text, text_bytes
+from ruvllm.tokenizer import Tokenizer, require_in_vocabulary, require_prompt_text
 from ruvllm.types import Capabilities, FinishReason, GenerationParams, GenerationResult, ModelInfo, Trajectory
 
 log = logging.getLogger(__name__)
@@ -290,9 +289,7 @@ class ServingEngine:
                              cache_salt=cache_salt, reuse_prefix=params.prompt_logprobs is None,
                              prediction=predicted)
         tokenizer = self._backend.tokenizer
-        sampler = Sampler(params, self._info.vocab_size, prompt, logits_processors,
-                          end_ids=ending_ids(params, tokenizer),
-                          token_bytes=functools.partial(text_bytes, tokenizer)) \
+        sampler = request_sampler(params, self._info.vocab_size, prompt, tokenizer, logits_processors) \
             if self.path == "executor" else None
         live = LiveRequest(sched, params, RequestOutputBuilder(tokenizer, prompt, params),
                            sampler, _Tracked(sink, self, rid, tuple(prompt), params.adapter, params.tenant),

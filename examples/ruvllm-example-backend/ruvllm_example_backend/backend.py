@@ -17,7 +17,6 @@ import llama_cpp
 import numpy as np
 from ruvllm.backend import LlmBackend, sample_stream
 from ruvllm.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelLoadError
-from ruvllm.generation import ending_ids
 from ruvllm.gguf_file import read_gguf_file
 from ruvllm.hf_tokenizer import HfTokenizer
 from ruvllm.models import ModelSource
@@ -143,7 +142,7 @@ class ExampleBackend(LlmBackend):
 
         try:
             yield from sample_stream(evaluate, prompt, params, vocab_size, room,
-                                     end_ids=ending_ids(params, self.tokenizer))
+                                     tokenizer=self.tokenizer)
         finally:  # also when core closes the stream early (EOS, stop string, client gone)
             llm.reset()
 

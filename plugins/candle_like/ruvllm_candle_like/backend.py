@@ -21,7 +21,6 @@ from ruvllm.backend import LlmBackend, sample_stream
 from ruvllm.embeddings import check_embedding_inputs, normalise_rows
 from ruvllm.errors import BackendError, InvalidRequest, ModelLoadError, RuvllmError
 from ruvllm.executor import BatchExecutor
-from ruvllm.generation import ending_ids
 from ruvllm.hf_tokenizer import HfTokenizer
 from ruvllm.models import ModelSource
 from ruvllm.options import parse_options
@@ -234,7 +233,7 @@ class CandleLikeBackend(LlmBackend):
 
         try:
             yield from sample_stream(evaluate, prompt_ids, params, self._loaded.config.vocab_size, room,
-                                     end_ids=ending_ids(params, self.tokenizer))
+                                     tokenizer=self.tokenizer)
         finally:
             # The cache dies with this generator frame: nothing survives the call.
             self._live_tokens = 0

@@ -24,7 +24,7 @@ from ruvllm.backend import LlmBackend, sample_stream
 from ruvllm.embeddings import check_embedding_inputs, normalise_rows
 from ruvllm.errors import BackendError, ModelLoadError
 from ruvllm.executor import KvLayout
-from ruvllm.generation import check_prompt, ending_ids
+from ruvllm.generation import check_prompt
 from ruvllm.models import ModelSource
 from ruvllm.options import parse_options
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
@@ -331,8 +331,7 @@ class LlamaCppBackend(LlmBackend):
                 return kv.decode(tokens)
 
             yield from sample_stream(evaluate, prompt, params, self._tokenizer.vocab_size,
-                                     room=self.n_ctx - len(prompt),
-                                     end_ids=ending_ids(params, self.tokenizer))
+                                     room=self.n_ctx - len(prompt), tokenizer=self.tokenizer)
             ended_cleanly = True
         except GeneratorExit:
             # The caller stopped the request (EOS, stop string, max_tokens): the KV is intact.

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from ruvllm.backend import LlmBackend, sample_stream
 from ruvllm.executor import BatchExecutor, KvLayout
-from ruvllm.generation import ending_ids
 from ruvllm.models import ModelSource
 from ruvllm.options import parse_options
 from ruvllm.tokenizer import Tokenizer
@@ -174,7 +173,7 @@ class MlxBackend(LlmBackend):
             room = self._info.context_length - len(prompt_ids)
             if room > 0:
                 yield from sample_stream(evaluate, prompt_ids, params, self._info.vocab_size, room,
-                                         end_ids=ending_ids(params, self.tokenizer))
+                                         tokenizer=self.tokenizer)
         finally:
             self._active = None
 
