@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import OrderedDict
 from typing import Annotated, Any, Literal
 
 import attrs
@@ -21,7 +20,8 @@ from pydantic import Field, model_validator
 
 from ruvllm.errors import InvalidRequest, StoredObjectNotFound
 from ruvllm.server.cursor_page import page
-from ruvllm.server.response_store import with_ids
+from ruvllm.server.newest_kept import NewestKept
+from ruvllm.server.response_store import dumped, with_ids
 from ruvllm.server.responses_schema import Item, refuse_unserved_items
 from ruvllm.server.schemas import Metadata, RequestBody
 from ruvllm.server.strict_fields import refuse_unknown_query
@@ -54,7 +54,7 @@ class ItemsCreate(_ItemsBody):
 
 def item_dicts(items: list[Any]) -> list[dict[str, Any]]:
     """Parsed items as the dicts a conversation keeps (each with an id)."""
-    return with_ids([item.model_dump(by_alias=True, exclude_none=True) for item in items])
+    return with_ids(dumped(items))
 
 
 @attrs.define(kw_only=True)
@@ -77,12 +77,12 @@ class Conversation:
         return found
 
 
-class ConversationStore:
-    """The newest ``capacity`` conversations by id."""
+class ConversationStore(NewestKept[Conversation]):
+    """The newest ``capacity`` conversations by id (0: none are kept)."""
 
     def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._conversations: OrderedDict[str, Conversation] = OrderedDict()
+        super().__init__(capacity, kind="conversation", setting="stored_conversations",
+                         advice="send the items in each request's input")
 
     def create(self, items: list[dict[str, Any]], metadata: dict[str, str] | None) -> Conversation:
         if self.capacity == 0:
@@ -90,22 +90,8 @@ class ConversationStore:
                                  "stored_conversations = 0); send the items in each request's input")
         conversation = Conversation(id=f"conv_{uuid.uuid4().hex}", created_at=int(time.time()),
                                     metadata=metadata or {}, items=items)
-        self._conversations[conversation.id] = conversation
-        while len(self._conversations) > self.capacity:
-            self._conversations.popitem(last=False)
+        self.put(conversation.id, conversation)
         return conversation
-
-    def get(self, conversation_id: str) -> Conversation:
-        conversation = self._conversations.get(conversation_id)
-        if conversation is None:
-            raise StoredObjectNotFound("conversation", conversation_id,
-                                       f"this server keeps the newest {self.capacity} conversations "
-                                       "([server] stored_conversations)")
-        return conversation
-
-    def delete(self, conversation_id: str) -> None:
-        self.get(conversation_id)
-        del self._conversations[conversation_id]
 
 
 def conversation_id(value: str | dict[str, Any]) -> str:

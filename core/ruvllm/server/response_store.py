@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
+from pydantic import BaseModel
 
-from ruvllm.errors import StoredObjectNotFound
 from ruvllm.server.background import cancel_and_wait
+from ruvllm.server.newest_kept import NewestKept
 
 _ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def dumped(items: Sequence[BaseModel]) -> list[dict[str, Any]]:
+    """Parsed input items as the JSON the client sent (the API's field names, unset ones left out)."""
+    return [item.model_dump(by_alias=True, exclude_none=True) for item in items]
 
 
 def with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -70,35 +75,33 @@ class StoredResponse:
 
 
 class ResponseStore:
-    """The newest ``capacity`` responses by id (0: none are kept)."""
+    """The newest ``capacity`` responses by id (0: none are kept); a background response that is
+    forgotten or deleted while it runs is cancelled."""
 
     def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._responses: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._kept: NewestKept[StoredResponse] = NewestKept(
+            capacity, kind="response", setting="stored_responses",
+            advice="send the conversation's items in input")
+
+    @property
+    def capacity(self) -> int:
+        return self._kept.capacity
 
     def put(self, stored: StoredResponse) -> None:
-        self._responses[stored.id] = stored
-        while len(self._responses) > self.capacity:
-            oldest = next(iter(self._responses.values()))
-            self.delete(oldest.id)
+        for forgotten in self._kept.put(stored.id, stored):
+            _stop(forgotten)
 
     def get(self, response_id: str) -> StoredResponse:
-        stored = self._responses.get(response_id)
-        if stored is None and self.capacity == 0:
-            raise StoredObjectNotFound("response", response_id, "this server keeps no responses ([server] "
-                                       "stored_responses = 0); send the conversation's items in input")
-        if stored is None:
-            raise StoredObjectNotFound("response", response_id,
-                                       f"this server keeps the newest {self.capacity} responses "
-                                       "([server] stored_responses); send the conversation's items in input")
-        return stored
+        return self._kept.get(response_id)
 
     def delete(self, response_id: str) -> None:
-        stored = self.get(response_id)
-        if stored.task is not None:
-            stored.task.cancel()
-        del self._responses[response_id]
+        _stop(self._kept.delete(response_id))
 
     async def close(self) -> None:
         """Cancel the background responses still running (the server is stopping)."""
-        await cancel_and_wait(s.task for s in self._responses.values())
+        await cancel_and_wait(s.task for s in self._kept.values())
+
+
+def _stop(stored: StoredResponse) -> None:
+    if stored.task is not None:
+        stored.task.cancel()

@@ -48,7 +48,7 @@ from ruvllm.server.cursor_page import page
 from ruvllm.server.errors import ruvllm_error_body
 from ruvllm.server.model_pool import ModelPool
 from ruvllm.server.params import Limits
-from ruvllm.server.response_store import ResponseStore, StoredResponse, with_ids
+from ruvllm.server.response_store import ResponseStore, StoredResponse, dumped, with_ids
 from ruvllm.server.responses_output import Envelope, response_events, whole_response
 from ruvllm.server.responses_schema import (
     LOGPROBS_INCLUDE,
@@ -263,7 +263,7 @@ def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
     """The request's own ``input`` as items (a string is one user message), as they are stored."""
     if isinstance(body.input, str):
         return [{"type": "message", "role": "user", "content": body.input}]
-    return [item.model_dump(by_alias=True, exclude_none=True) for item in body.input]
+    return dumped(body.input)
 
 
 def continued(body: ResponsesRequest, history: list[dict[str, Any]]) -> ResponsesRequest:
