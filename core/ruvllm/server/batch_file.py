@@ -199,24 +199,11 @@ def succeeded(result: dict[str, Any]) -> bool:
     return result["response"] is not None and result["response"]["status_code"] < 400
 
 
-async def answer_lines(client: httpx.AsyncClient, lines: list[BatchLine], *, gate: asyncio.Semaphore,
-                       on_result: Callable[[int, dict[str, Any]], None]) -> None:
-    """Send every line to ``client``'s app, each holding ``gate`` while it runs (so that a window
-    bounds how many are in flight); ``on_result(index, output line)`` as each is answered.
-    Cancelling the caller cancels the lines in flight."""
-
-    async def one(index: int, line: BatchLine) -> None:
-        async with gate:
-            result = await _answer(client, line)
-        on_result(index, result)
-
-    await asyncio.gather(*(one(i, line) for i, line in enumerate(lines)))
-
-
 class BatchLane:
-    """Where the server's own batches run (OpenAI's Batch API and Anthropic's Message Batches):
-    through its app in-process, all of them together within one window of the engine's running
-    slots, so that interactive clients keep the rest; earlier lines go first."""
+    """Where batch lines run: through an app in-process, at most ``window`` at once over every
+    batch sent through the lane (the server's share of the engine for OpenAI's Batch API and
+    Anthropic's Message Batches together, so that interactive clients keep the rest); earlier
+    lines go first."""
 
     def __init__(self, app: Any, *, api_key: str | None, window: int):
         self._app = app
@@ -224,10 +211,18 @@ class BatchLane:
         self._gate = asyncio.Semaphore(window)
 
     async def run(self, lines: list[BatchLine], on_result: Callable[[int, dict[str, Any]], None]) -> None:
+        """Send every line, ``on_result(index, output line)`` as each is answered. Cancelling the
+        caller cancels the lines in flight."""
         transport = httpx.ASGITransport(app=self._app)
         async with httpx.AsyncClient(transport=transport, base_url="http://ruvllm-batch",
                                      headers=self._headers, timeout=None) as client:
-            await answer_lines(client, lines, gate=self._gate, on_result=on_result)
+
+            async def one(index: int, line: BatchLine) -> None:
+                async with self._gate:
+                    result = await _answer(client, line)
+                on_result(index, result)
+
+            await asyncio.gather(*(one(i, line) for i, line in enumerate(lines)))
 
 
 async def run_lines(app: Any, lines: list[BatchLine], out: TextIO, *, window: int,
@@ -246,10 +241,7 @@ async def run_lines(app: Any, lines: list[BatchLine], out: TextIO, *, window: in
             progress(done, len(lines))
 
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://ruvllm-batch",
-                                     timeout=None) as client:
-            await answer_lines(client, lines, gate=asyncio.Semaphore(window), on_result=on_result)
+        await BatchLane(app, api_key=None, window=window).run(lines, on_result)
     return BatchSummary(total=len(lines), succeeded=answered)
 
 

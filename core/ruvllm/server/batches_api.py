@@ -33,14 +33,15 @@ from pydantic import Field
 
 from ruvllm.errors import BatchFileError, InvalidRequest, StoredObjectNotFound
 from ruvllm.server.background import cancel_and_wait
-from ruvllm.server.batch_file import BatchLane, BatchLine, parse_batch, succeeded
+from ruvllm.server.batch_file import BATCH_URLS, BatchLane, BatchLine, parse_batch, succeeded
 from ruvllm.server.cursor_page import page
 from ruvllm.server.file_store import FileStore
 from ruvllm.server.schemas import RequestBody, StrictModel
 from ruvllm.server.strict_fields import refuse_unknown_query
 
-#: The endpoints a batch may run: OpenAI's batch endpoints this server has.
-BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+#: The endpoints a batch may run: OpenAI's batch endpoints this server has (a batch file's routes
+#: but Anthropic's, which its own Message Batches run).
+BATCH_ENDPOINTS = tuple(url for url in BATCH_URLS if url != "/v1/messages")
 #: OpenAI's only completion window; a batch here finishes when it finishes, and expires never.
 COMPLETION_WINDOW = "24h"
 _FORM_FIELDS = frozenset({"file", "purpose", "expires_after[anchor]", "expires_after[seconds]"})
