@@ -43,7 +43,7 @@ from fastapi.responses import JSONResponse, Response
 from ruvllm.errors import InvalidRequest, RuvllmError
 from ruvllm.guided.tools import REPLY_OR_CALL, tool_format
 from ruvllm.server.chat_run import ChatRun, start_chat, thinks
-from ruvllm.server.conversations_api import ConversationStore, conversation_id
+from ruvllm.server.conversations_api import Conversation, ConversationStore, conversation_id
 from ruvllm.server.cursor_page import page
 from ruvllm.server.errors import ruvllm_error_body
 from ruvllm.server.model_pool import ModelPool
@@ -266,11 +266,29 @@ def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
     return dumped(body.input)
 
 
-def continued(body: ResponsesRequest, history: list[dict[str, Any]]) -> ResponsesRequest:
-    """``body`` with the conversation of the response it continues before its own input."""
+def continued(body: ResponsesRequest, items: list[dict[str, Any]]) -> ResponsesRequest:
+    """``body`` with ``items`` (the conversation it continues, then its own input) as its input."""
     fields = body.model_dump(by_alias=True, exclude_unset=True)
-    return ResponsesRequest.model_validate({**fields, "input": [*history, *input_items(body)],
-                                            "previous_response_id": None})
+    return ResponsesRequest.model_validate({**fields, "input": items, "previous_response_id": None})
+
+
+def _history(body: ResponsesRequest, store: ResponseStore,
+             conversations: ConversationStore) -> tuple[list[dict[str, Any]], Conversation | None]:
+    """The items ``body`` continues (a stored response's conversation, or a conversation's items)
+    and the conversation its answer joins, if any."""
+    if body.previous_response_id is not None:
+        if body.conversation is not None:
+            raise InvalidRequest("conversation", "continues a conversation, as previous_response_id does; "
+                                 "send one of the two")
+        previous = store.get(body.previous_response_id)
+        if previous.running:
+            raise InvalidRequest("previous_response_id", f"{previous.id} is still in progress (background); "
+                                 "continue it once GET /v1/responses/{id} says it is completed")
+        return previous.conversation(), None
+    if body.conversation is not None:
+        conversation = conversations.get(conversation_id(body.conversation))
+        return list(conversation.items), conversation
+    return [], None
 
 
 @contextlib.contextmanager
@@ -334,20 +352,11 @@ def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits, sto
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         storing = _check_storing(body, store)
-        previous = store.get(body.previous_response_id) if body.previous_response_id is not None else None
-        if previous is not None and previous.running:
-            raise InvalidRequest("previous_response_id", f"{previous.id} is still in progress (background); "
-                                 "continue it once GET /v1/responses/{id} says it is completed")
-        conversation = None
-        if body.conversation is not None:
-            if previous is not None:
-                raise InvalidRequest("conversation", "continues a conversation, as previous_response_id "
-                                     "does; send one of the two")
-            conversation = conversations.get(conversation_id(body.conversation))
-        history = previous.conversation() if previous is not None else \
-            list(conversation.items) if conversation is not None else []
+        history, conversation = _history(body, store, conversations)
+        own = with_ids(input_items(body))
+        items = [*history, *own]
         with numbered_after(len(history)):
-            translation = translate(continued(body, history) if history else body)
+            translation = translate(continued(body, items) if history else body)
         route_scope = contextlib.AsyncExitStack()
         route = await route_scope.enter_async_context(pool.route(body.model))
         try:
@@ -363,8 +372,6 @@ def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits, sto
                                parallel_tool_calls=parallel_calls(body, template), shows_reasoning=shown,
                                stored=storing, previous_response_id=body.previous_response_id,
                                conversation_id=conversation.id if conversation is not None else None)
-        own = with_ids(input_items(body))
-        items = [*history, *own]
 
         def answered(response: dict[str, Any]) -> None:
             """An answer joins its conversation: this request's input, then its output."""
