@@ -165,7 +165,7 @@ class Sampler:
         ``exp(logit / T)`` is the kept probability to the power ``1 / T``, so the weights are
         ``probs ** (1 / T)`` over the kept tokens (the infill rule, where on, between the two)."""
         p = self.params
-        kept = _nucleus(probs, p.top_p)[0] if p.top_p < 1.0 else np.arange(len(probs))
+        kept = _kept(probs, p.top_p)
         if p.min_p > 0.0:
             kept = kept[probs[kept] >= p.min_p]
         ids = kept if candidates is None else candidates[kept]
@@ -179,7 +179,7 @@ class Sampler:
     def _infill_draw(self, candidates: np.ndarray | None, probs: np.ndarray) -> int:
         """A draw among what top-k, min-p and top-p kept, after the infill sampler's rule."""
         assert self._infill is not None
-        kept = _nucleus(probs, self.params.top_p)[0] if self.params.top_p < 1.0 else np.flatnonzero(probs)
+        kept = _kept(probs, self.params.top_p)
         ids, weights = self._infill(kept if candidates is None else candidates[kept], probs[kept])
         if self.params.greedy:
             return int(ids[np.argmax(weights)])
@@ -271,6 +271,11 @@ def _draw_index(probs: np.ndarray, u: float) -> int:
         # Rounding between the two levels overshot the block: take its last possible token.
         i = int(np.flatnonzero(chunk)[-1])
     return b * _BLOCK + i
+
+
+def _kept(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Indices of the tokens top-p keeps among ``probs`` (every token of non-zero weight at 1)."""
+    return _nucleus(probs, top_p)[0] if top_p < 1.0 else np.flatnonzero(probs)
 
 
 def _nucleus(probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
