@@ -172,6 +172,8 @@ def test_every_request_model_forbids_unknown_fields(routes):
 # --- through the real server --------------------------------------------------------------------
 
 CHAT_MESSAGES = [{"role": "user", "content": "Say hello."}]
+LLAMA = ("llama_completion", "llama_infill")
+RERANK = ("rerank", "rerank_v1", "rerank_v2", "reranking", "reranking_v1")
 #: A body each endpoint answers as it normally does, and the status it answers with. The LoRA
 #: routes are off on this server (403 after the body parsed); the feedback id is unknown (404).
 BASE: dict[str, tuple[dict[str, Any], int]] = {
@@ -217,8 +219,11 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
     "message_batches": ({"requests": [{"custom_id": "a", "params": {"model": "default", "max_tokens": 1,
                                                                  "messages": CHAT_MESSAGES}}]}, 200),
     "list_message_batches": ({}, 200),
+    **{label: ({"text_1": "The cat sat on the mat.", "text_2": ["A kitten sat.", "Stocks fell."]}, 200)
+       for label in ("score", "score_v1")},
+    **{label: ({"query": "What purrs?", "documents": ["Cats purr.", "Stocks fell."]}, 200)
+       for label in RERANK},
 }
-LLAMA = ("llama_completion", "llama_infill")
 ANTHROPIC = ("messages", "count_tokens")
 _CONVERSATION_OBJECTS = {
     "messages[]": ({"messages": [{"role": "user", "content": "Hi", UNKNOWN: 1}]}, f"messages[0].{UNKNOWN}"),
@@ -298,6 +303,8 @@ _OLLAMA_OBJECTS = {
 
 #: A body holding an unknown key inside each nested object, and the param the 400 must name.
 NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
+    **{(label, "documents[]"): ({"query": "What purrs?", "documents": [{"text": "Cats purr.", UNKNOWN: 1}]},
+                                f"documents[0].{UNKNOWN}") for label in RERANK},
     ("chat", "messages[]"): ({"messages": [{"role": "user", "content": "Hi", UNKNOWN: 1}]},
                              f"messages[0].{UNKNOWN}"),
     **{(label, "messages[]"): ({"messages": [{"role": "user", "content": "Hi"},
@@ -337,6 +344,8 @@ NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
 _ASSISTANT_SAID = {"role": "assistant", "content": "Hello"}
 #: A body with each ``refused`` field at a value ruvllm cannot honour, and the param named.
 REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
+    **{(label, "relevant_spans"): ({**BASE[label][0], "relevant_spans": {"max_spans": 2}}, "relevant_spans")
+       for label in RERANK},
     ("chat", "best_of"): ({"messages": CHAT_MESSAGES, "best_of": 2}, "best_of"),
     ("batches", "completion_window"): ({**BASE["batches"][0], "completion_window": "1h"},
                                        "completion_window"),
@@ -507,6 +516,9 @@ ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
     **{(label, field): (BASE[label][0], {**BASE[label][0], field: value}) for label in LLAMA
        for field, value in (("cache_prompt", False), ("id_slot", 0), ("t_max_prompt_ms", 500),
                             ("n_keep", -1))},
+    **{(label, "priority"): (BASE[label][0], {**BASE[label][0], "priority": 5})
+       for label in ("score", "score_v1", *RERANK)},
+    **{(label, "raw_scores"): (BASE[label][0], {**BASE[label][0], "raw_scores": True}) for label in RERANK},
 }
 
 

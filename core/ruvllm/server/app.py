@@ -70,6 +70,7 @@ from ruvllm.server.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from ruvllm.server.scoring import register_scoring_routes
 from ruvllm.server.strict_fields import refuse_unknown_query
 from ruvllm.server.tokenizer_info import QUERY_PARAMETERS, tokenizer_info
 from ruvllm.serving import AsyncEngine
@@ -166,6 +167,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     register_conversation_routes(app, conversations)
     register_llama_server_routes(app, pool, settings.limits)
     register_llama_server_info_routes(app, pool, settings.limits, total_slots=settings.max_num_seqs)
+    register_scoring_routes(app, pool)
     lane = BatchLane(app, api_key=settings.api_key, window=max(1, settings.max_num_seqs // 2))
     batches = register_batch_routes(app, lane)
     message_batches = register_message_batch_routes(app, lane)

@@ -62,19 +62,21 @@ def split_inputs(value: str | list[str] | list[int] | list[list[int]]) -> list[s
     return items  # type: ignore[return-value]
 
 
-async def input_ids(engine: AsyncEngine, items: list[str | list[int]]) -> list[list[int]]:
+async def input_ids(engine: AsyncEngine, items: list[str | list[int]], *,
+                    fields: list[str] | None = None) -> list[list[int]]:
     """Token ids of every input (strings tokenized by the engine with its special tokens, on its
-    model thread; all of them queued at once, so they are tokenized in one visit)."""
-    pending = []
-    for i, item in enumerate(items):
-        name = f"input[{i}]" if len(items) > 1 else "input"
+    model thread; all of them queued at once, so they are tokenized in one visit); a bad input is
+    named by its entry of ``fields`` (default: ``input[i]``)."""
+    names = fields if fields is not None else [f"input[{i}]" if len(items) > 1 else "input"
+                                                for i in range(len(items))]
+    for name, item in zip(names, items, strict=True):  # all checked before any is queued
         if isinstance(item, str):
             if not item:
                 raise InvalidRequest(name, "must not be an empty string")
-            pending.append(engine.encode_async(require_encodable(name, item), add_special=True))
-        else:
-            pending.append(_ready(list(item)))
-    return list(await asyncio.gather(*pending))
+            require_encodable(name, item)
+    return list(await asyncio.gather(*(
+        engine.encode_async(item, add_special=True) if isinstance(item, str) else _ready(list(item))
+        for item in items)))
 
 
 async def _ready(ids: list[int]) -> list[int]:
