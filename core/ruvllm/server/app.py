@@ -61,6 +61,7 @@ from ruvllm.server.params import (
     completion_prompts,
     seeded,
 )
+from ruvllm.server.path_aliases import PathAliasesMiddleware
 from ruvllm.server.response_store import ResponseStore
 from ruvllm.server.responses_api import register_responses_routes
 from ruvllm.server.scheduling import priority_scheduling, submit_options
@@ -154,6 +155,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=settings.max_body_bytes,
                        max_file_bytes=settings.max_file_bytes, api_key=settings.api_key)
     app.add_middleware(JsonBodiesMiddleware)
+    app.add_middleware(PathAliasesMiddleware)  # added last: outermost, so every layer sees the route
     install_error_handlers(app)
     # POST /v1/feedback (SONA): request ids are unique in the process, so one hook relay serves
     # every model (a pool's engines share the plugin registry's).
