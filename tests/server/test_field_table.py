@@ -441,7 +441,6 @@ def _responses_accepted() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]
                                                                      **extra.pop("part", {})}], **extra}
         return {"input": [*CHAT_MESSAGES, said, *CHAT_MESSAGES]}
 
-    yield "input[].id", answered(), answered(id="msg_0123")
     yield "input[].status", answered(), answered(status="completed")
     yield "input[].content[].annotations", answered(), answered(part={"annotations": []})
     yield "input[].content[].logprobs", answered(), answered(part={"logprobs": []})

@@ -177,7 +177,7 @@ def test_a_function_call_round_trip(client, model_name, stream):
     ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x.org/a.png"}]}]},
      "input[0].content[0].type"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ({"input": [{"type": "item_reference"}]}, "input[0].id"),
     # Earlier reasoning is dropped (test_reasoning, test_field_table): alone it leaves nothing to answer.
     ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "input"),
     ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),

@@ -171,3 +171,54 @@ def test_stopping_the_server_ends_a_running_background_response():
         started = time.monotonic()
         server.stop()
     assert not server.thread.is_alive() and time.monotonic() - started < 15
+
+
+def test_item_references_stand_for_the_stored_items(client, model_name):
+    """A turn built from references to a stored response's input and output items is the turn
+    with those items sent whole: the same prompt, the same answer; a conversation's items are
+    found too, and an unknown id is a 404."""
+    first = client.responses.create(**_greedy(model_name, input=FIRST))
+    asked = client.responses.input_items.list(first.id).data[0]
+    said = first.output[0]
+    referenced = [{"type": "item_reference", "id": asked.id}, {"type": "item_reference", "id": said.id},
+                  {"role": "user", "content": SECOND}]
+    whole = [{"role": "user", "content": FIRST}, {"role": "assistant", "content": first.output_text},
+             {"role": "user", "content": SECOND}]
+    client.responses.create(**_greedy(model_name, input=whole, max_output_tokens=1))  # warm the prefix
+    by_reference = client.responses.create(**_greedy(model_name, input=referenced))
+    sent_whole = client.responses.create(**_greedy(model_name, input=whole))
+    assert by_reference.usage.input_tokens == sent_whole.usage.input_tokens
+    assert by_reference.output_text == sent_whole.output_text
+    stored = client.responses.input_items.list(by_reference.id, order="asc").data
+    assert [i.id for i in stored[:2]] == [asked.id, said.id]
+    assert stored[1].content[0].text == first.output_text
+
+    conversation = client.conversations.create(items=[{"role": "user", "content": "Hi"}])
+    kept = client.conversations.items.list(conversation.id).data[0]
+    echoed = client.responses.create(**_greedy(model_name, input=[{"type": "item_reference", "id": kept.id}],
+                                               store=False))
+    alone = client.responses.create(**_greedy(model_name, input="Hi", store=False))
+    assert echoed.usage.input_tokens == alone.usage.input_tokens
+
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.create(**_greedy(model_name, input=[{"type": "item_reference", "id": "msg_none"}]))
+    assert "msg_none" in str(missing.value)
+    # A conversation keeps items, not references.
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.conversations.create(items=[{"type": "item_reference", "id": kept.id}])
+    assert refused.value.body["param"] == "items[0].type"
+
+
+def test_an_output_items_id_sent_back_changes_nothing(client, model_name):
+    """The id (and status) of an earlier answer sent back as an input item is accepted and
+    looked up nowhere: the answer is the one without them."""
+    def answered(**extra) -> list[dict]:
+        said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Red."}],
+                **extra}
+        return [{"role": "user", "content": FIRST}, said, {"role": "user", "content": SECOND}]
+
+    plain = client.responses.create(**_greedy(model_name, input=answered(), store=False))
+    with_id = client.responses.create(**_greedy(model_name, input=answered(id="msg_0123", status="completed"),
+                                                store=False))
+    assert with_id.output_text == plain.output_text
+    assert with_id.usage.input_tokens == plain.usage.input_tokens  # the cached part may differ

@@ -93,6 +93,14 @@ class ConversationStore(NewestKept[Conversation]):
         self.put(conversation.id, conversation)
         return conversation
 
+    def item(self, item_id: str) -> dict[str, Any] | None:
+        """The item with this id in a kept conversation (the newest holding it)."""
+        for conversation in reversed(self.values()):
+            found = next((i for i in conversation.items if i["id"] == item_id), None)
+            if found is not None:
+                return found
+        return None
+
 
 def conversation_id(value: str | dict[str, Any]) -> str:
     """The id a Responses request's ``conversation`` names (the id, or ``{"id": ...}``)."""

@@ -97,6 +97,14 @@ class ResponseStore:
     def delete(self, response_id: str) -> None:
         _stop(self._kept.delete(response_id))
 
+    def item(self, item_id: str) -> dict[str, Any] | None:
+        """The item with this id in a kept response's input or output (the newest holding it)."""
+        for stored in reversed(self._kept.values()):
+            found = next((i for i in stored.conversation() if i.get("id") == item_id), None)
+            if found is not None:
+                return found
+        return None
+
     async def close(self) -> None:
         """Cancel the background responses still running (the server is stopping)."""
         await cancel_and_wait(s.task for s in self._kept.values())

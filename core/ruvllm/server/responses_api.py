@@ -11,16 +11,16 @@ Responses field, not the chat one (``max_output_tokens``, ``text.format.schema``
 Responses are kept (:mod:`ruvllm.server.response_store`, unless ``store: false``), so
 ``previous_response_id`` continues a stored conversation, ``background: true`` runs a response to
 fetch later, and ``GET``/``DELETE /v1/responses/{id}``, its ``cancel`` and ``input_items`` serve
-them; ``conversation`` (the Conversations API) and ``item_reference`` items are refused by name.
-Also refused: built-in (hosted) tools and their items, image/file/audio parts (text models), a
-reasoning effort other than
-``none`` and summaries (a thinking model thinks as its chat template has it, and its reasoning is
-returned whole, not summarised), ``truncation: "auto"`` (a prompt that does not fit is a 400,
-never cut). Accepted without effect, each for a reason: ``user`` and ``safety_identifier`` (no
-per-user state), ``prompt_cache_key`` (the prefix cache is automatic), the ids, statuses,
-annotations and logprobs of replayed output items, and replayed ``reasoning`` items (dropped on
-every model, as thinking templates drop earlier thinking). docs/server.md's Request fields table
-lists every field.
+them; ``conversation`` continues a conversation of the Conversations API, and an
+``item_reference`` stands for the stored item it names (an item of a kept response or
+conversation). Refused by name: built-in (hosted) tools and their items, image/file/audio parts
+(text models), a reasoning effort other than ``none`` and summaries (a thinking model thinks as
+its chat template has it, and its reasoning is returned whole, not summarised),
+``truncation: "auto"`` (a prompt that does not fit is a 400, never cut). Accepted without effect,
+each for a reason: ``user`` and ``safety_identifier`` (no per-user state), ``prompt_cache_key``
+(the prefix cache is automatic), the ids, statuses, annotations and logprobs of replayed output
+items, and replayed ``reasoning`` items (dropped on every model, as thinking templates drop
+earlier thinking). docs/server.md's Request fields table lists every field.
 
 A model that thinks (:func:`ruvllm.server.chat_run.thinks`) answers with a ``reasoning`` item
 before its message (responses_output); ``reasoning.effort: "none"`` drops it from the answer (the
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -40,7 +41,7 @@ import attrs
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
-from ruvllm.errors import InvalidRequest, RuvllmError
+from ruvllm.errors import InvalidRequest, RuvllmError, StoredObjectNotFound
 from ruvllm.guided.tools import REPLY_OR_CALL, tool_format
 from ruvllm.server.chat_run import ChatRun, start_chat, thinks
 from ruvllm.server.conversations_api import Conversation, ConversationStore, conversation_id
@@ -266,6 +267,23 @@ def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
     return dumped(body.input)
 
 
+def resolved(items: list[dict[str, Any]], store: ResponseStore,
+             conversations: ConversationStore) -> list[dict[str, Any]]:
+    """``items`` with each ``item_reference`` replaced by (a copy of) the stored item it names:
+    an item of a kept response's input or output, or of a kept conversation."""
+    out = []
+    for item in items:
+        if item.get("type") == "item_reference":
+            found = store.item(item["id"]) or conversations.item(item["id"])
+            if found is None:
+                raise StoredObjectNotFound("item", item["id"], "an item_reference names an item of a stored "
+                                           "response (its input or output) or of a conversation; send "
+                                           "the item itself")
+            item = copy.deepcopy(found)
+        out.append(item)
+    return out
+
+
 def continued(body: ResponsesRequest, items: list[dict[str, Any]]) -> ResponsesRequest:
     """``body`` with ``items`` (the conversation it continues, then its own input) as its input."""
     fields = body.model_dump(by_alias=True, exclude_unset=True)
@@ -353,10 +371,12 @@ def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits, sto
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         storing = _check_storing(body, store)
         history, conversation = _history(body, store, conversations)
-        own = with_ids(input_items(body))
+        sent = input_items(body)
+        own = with_ids(resolved(sent, store, conversations))
         items = [*history, *own]
+        rebuilt = bool(history) or any(item.get("type") == "item_reference" for item in sent)
         with numbered_after(len(history)):
-            translation = translate(continued(body, items) if history else body)
+            translation = translate(continued(body, items) if rebuilt else body)
         route_scope = contextlib.AsyncExitStack()
         route = await route_scope.enter_async_context(pool.route(body.model))
         try:

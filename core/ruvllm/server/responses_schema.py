@@ -107,11 +107,26 @@ class ReasoningItem(_InputItem):
     encrypted_content: str | None = None
 
 
+class ItemReference(StrictModel):
+    """An item of a stored response (its input or output) or of a conversation, by its id: the
+    Responses route puts the item itself in its place (responses_api.resolved)."""
+
+    type: Literal["item_reference"]
+    id: _Text
+
+
 Item = Annotated[Annotated[MessageItem, Tag("type=message")]
                  | Annotated[FunctionCallItem, Tag("type=function_call")]
                  | Annotated[FunctionCallOutputItem, Tag("type=function_call_output")]
                  | Annotated[ReasoningItem, Tag("type=reasoning")],
                  Discriminator(lambda v: _tag(v, "message"))]
+#: ``input``'s items: an item, or a reference to a stored one.
+InputItem = Annotated[Annotated[MessageItem, Tag("type=message")]
+                      | Annotated[FunctionCallItem, Tag("type=function_call")]
+                      | Annotated[FunctionCallOutputItem, Tag("type=function_call_output")]
+                      | Annotated[ReasoningItem, Tag("type=reasoning")]
+                      | Annotated[ItemReference, Tag("type=item_reference")],
+                      Discriminator(lambda v: _tag(v, "message"))]
 
 
 class FunctionTool(StrictModel):
@@ -179,8 +194,7 @@ class Reasoning(StrictModel):
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 NOTHING_TO_INCLUDE = "reasoning.encrypted_content"
 _ITEM_REFUSALS = {
-    "item_reference": "refers to an item by id, and ruvllm looks up no items by id; send the item itself, or "
-                      "continue with previous_response_id or a conversation",
+    "item_reference": "a conversation keeps items, not references to them; send the item itself",
 }
 _PART_TYPES = {"message": ("content", {"input_text", "output_text", "refusal"}),
                "function_call_output": ("output", {"input_text"}),
@@ -208,14 +222,17 @@ def _refuse_unserved(data: Any) -> Any:
         raise InvalidRequest("tool_choice.type", f"{choice['type']!r} is not served: tool_choice is auto, "
                              "none, required or {\"type\": \"function\", \"name\": ...} (ruvllm runs no "
                              "built-in tools)")
-    refuse_unserved_items(data.get("input"), "input")
+    refuse_unserved_items(data.get("input"), "input", references=True)
     return data
 
 
-def refuse_unserved_items(items: Any, field: str) -> None:
-    """Name an item (of ``field``, a list) or a part of one that ruvllm does not serve."""
+def refuse_unserved_items(items: Any, field: str, *, references: bool = False) -> None:
+    """Name an item (of ``field``, a list) or a part of one that ruvllm does not serve;
+    ``references``: ``item_reference`` items are served there."""
+    served = ("message", "function_call", "function_call_output", "reasoning",
+              *(("item_reference",) if references else ()))
     for i, item in enumerate(items if isinstance(items, list) else []):
-        if _other_type(item, "message", "function_call", "function_call_output", "reasoning"):
+        if _other_type(item, *served):
             kind = item["type"]
             why = _ITEM_REFUSALS.get(kind, "they belong to built-in tools, which ruvllm does not run")
             raise InvalidRequest(f"{field}[{i}].type", f"{kind!r} items are not served: {why}")
@@ -231,7 +248,7 @@ def refuse_unserved_items(items: Any, field: str) -> None:
 
 class ResponsesRequest(RequestBody):
     model: str | None = None
-    input: str | Annotated[list[Item], Field(min_length=1)]
+    input: str | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
