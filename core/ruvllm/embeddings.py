@@ -50,3 +50,17 @@ def normalise_rows(vectors: np.ndarray) -> np.ndarray:
     vectors = np.asarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
     return vectors / np.where(norms > 0, norms, 1.0)
+
+
+def token_chunks(inputs: list[list[int]], budget: int) -> list[list[list[int]]]:
+    """``inputs`` in order, cut into runs of at most ``budget`` tokens (an input longer than the
+    budget is a run of its own): the embedding work one model-thread call does."""
+    chunks: list[list[list[int]]] = []
+    tokens = budget
+    for ids in inputs:
+        if tokens + len(ids) > budget:
+            chunks.append([])
+            tokens = 0
+        chunks[-1].append(ids)
+        tokens += len(ids)
+    return chunks

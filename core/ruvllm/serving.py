@@ -186,7 +186,9 @@ class AsyncEngine(Protocol):
         ...
 
     async def embed_async(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
-        """L2-normalised, mean-pooled embeddings of ``inputs`` (token-id lists) as one batch;
+        """L2-normalised, mean-pooled embeddings of ``inputs`` (token-id lists), one row each,
+        computed without holding up running requests for the whole of a large request (the
+        ServingEngine embeds ``max_batch_tokens`` tokens at a time, a step between);
         ``InvalidRequest`` naming ``model`` when the backend cannot embed, ``input[i]`` for a bad
         input (empty, too long, out of the vocabulary)."""
         ...

@@ -25,7 +25,7 @@ import numpy as np
 from ruvllm.adapters import AdapterHost, adapter_cache_key
 from ruvllm.backend import LlmBackend, request_sampler
 from ruvllm.config import Config, merged_options
-from ruvllm.embeddings import check_embedding_inputs
+from ruvllm.embeddings import check_embedding_inputs, token_chunks
 from ruvllm.engine.draft_model import DraftModel
 from ruvllm.engine.executor_core import ExecutorCore
 from ruvllm.engine.handles import AsyncSink, RequestHandle, Sink, SyncRequestHandle, SyncSink
@@ -215,22 +215,30 @@ class ServingEngine:
         return await asyncio.wrap_future(fut)
 
     async def embed_async(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
-        """L2-normalised embeddings of ``inputs`` (token-id lists), ``[len(inputs), dim]``, as one
-        batch on the model thread between two steps (``LlmBackend.embed_batch``)."""
-        return await asyncio.wrap_future(self._embed_future(inputs))
+        """L2-normalised embeddings of ``inputs`` (token-id lists), ``[len(inputs), dim]``.
+
+        Computed on the model thread in chunks of at most ``max_batch_tokens`` tokens, each
+        between two generation steps (``LlmBackend.embed_batch``): a request embedding thousands
+        of documents delays the running requests by one chunk at a time, as a long prompt's
+        chunked prefill does, never by the whole request. Every input is checked first, so a bad
+        one refuses the request before any chunk runs."""
+        parts = [await asyncio.wrap_future(self._chunk_future(lambda c=chunk: self._backend.embed_batch(c)))
+                 for chunk in self._embedding_chunks(inputs)]
+        return np.concatenate(parts)
 
     def embed(self, inputs: Sequence[Sequence[int]]) -> np.ndarray:
         """:meth:`embed_async` for plain threads."""
-        return self._embed_future(inputs).result()
+        return np.concatenate([self._chunk_future(lambda c=chunk: self._backend.embed_batch(c)).result()
+                               for chunk in self._embedding_chunks(inputs)])
 
-    def _embed_future(self, inputs: Sequence[Sequence[int]]) -> concurrent.futures.Future:
+    def _embedding_chunks(self, inputs: Sequence[Sequence[int]]) -> list[list[list[int]]]:
         if not self._caps.embeddings:
             raise InvalidRequest("model", f"{self._info.name!r} on backend {self.backend_name!r} cannot "
                                  "produce embeddings; serve it on a backend whose capabilities list "
                                  "embeddings (candle_like, llamacpp; see `ruvllm backends`)")
         batch = check_embedding_inputs(inputs, vocab_size=self._info.vocab_size,
                                        max_tokens=self._backend.max_embedding_tokens())
-        return self.call_future(lambda: self._backend.embed_batch(batch))
+        return token_chunks(batch, self.options.max_batch_tokens)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the model thread between steps and return its result."""
@@ -243,6 +251,17 @@ class ServingEngine:
             return fut
         self._check_open()
         self._inbox.put(("call", fn, fut))
+        return fut
+
+    def _chunk_future(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """:meth:`call_future` for one chunk of a long job: the running requests get a step
+        before the model thread takes its next message, however soon the caller posts the next
+        chunk (the event loop can post it before the model thread looks at its inbox again)."""
+        if threading.current_thread() is self._thread:
+            return self.call_future(fn)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._check_open()
+        self._inbox.put(("chunk", fn, fut))
         return fut
 
     def _enqueue(self, prompt_ids: Sequence[int], params: GenerationParams, sink: Sink,
@@ -490,6 +509,8 @@ class ServingEngine:
                 if msg is _STOP:
                     return
                 self._handle(msg)
+                if msg[0] == "chunk" and core.has_work:
+                    break  # a step before the next message, which may be the job's next chunk
                 try:
                     msg = self._inbox.get_nowait()
                 except queue.Empty:
@@ -531,7 +552,7 @@ class ServingEngine:
                 self._core.add(live)
         elif kind == "cancel":
             self._core.cancel(msg[1])
-        elif kind == "call":
+        elif kind in ("call", "chunk"):
             fn, fut = msg[1], msg[2]
             if fut.set_running_or_notify_cancel():
                 try:
