@@ -8,6 +8,7 @@ looked for among the top candidates first and the full sort only happens when it
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
@@ -72,11 +73,17 @@ class Sampler:
             ids, bias = zip(*params.logit_bias, strict=True)
             self._bias_ids = np.asarray(ids, dtype=np.int64)
             self._bias = np.asarray(bias, dtype=np.float32)
-        if params.has_penalties:
+        #: llama.cpp's penalty window (params.penalty_last_n): the last tokens of prompt and output.
+        self._window: deque[int] | None = None
+        window = params.penalty_last_n
+        if params.has_penalties and window is None:
             self._counts = np.zeros(vocab_size, dtype=np.int32)
             self._seen = np.zeros(vocab_size, dtype=bool)
             ids = np.asarray([t for t in prompt_ids if 0 <= t < vocab_size], dtype=np.int64)
             self._seen[ids] = True
+        elif params.has_penalties and window != 0:
+            size = None if window == -1 else window
+            self._window = deque(list(prompt_ids)[-size:] if size else prompt_ids, maxlen=size)
 
     @property
     def processors(self) -> tuple[LogitsProcessor, ...]:
@@ -102,7 +109,10 @@ class Sampler:
             scores = np.asarray(processor(tuple(self._output), scores.copy()), dtype=np.float32)
         if self._end_ids is not None and len(self._output) < p.min_tokens:
             scores = _without(scores, self._end_ids)
-        scores = self._penalised(scores) if self._counts is not None else scores
+        if self._counts is not None:
+            scores = self._penalised(scores)
+        elif self._window:
+            scores = self._penalised_in_window(scores)
         if p.greedy and self._infill is None:
             token = int(np.argmax(scores))
         elif p.greedy or p.temperature_last:
@@ -132,6 +142,23 @@ class Sampler:
             generated = np.flatnonzero(self._counts[:vocab])
             penalty = p.frequency_penalty * self._counts[generated] + p.presence_penalty
             scores[generated] -= penalty.astype(np.float32)
+        return scores
+
+    def _penalised_in_window(self, scores: np.ndarray) -> np.ndarray:
+        """llama.cpp's penalties over the window's counts: a token seen ``count`` times has its
+        logit divided by the repetition penalty (multiplied where not positive), then lowered by
+        ``count * frequency_penalty + presence_penalty``; prompt tokens count as output ones."""
+        assert self._window is not None
+        p = self.params
+        ids, counts = np.unique(np.fromiter(self._window, dtype=np.int64), return_counts=True)
+        inside = (ids >= 0) & (ids < len(scores))
+        ids, counts = ids[inside], counts[inside]
+        scores = scores.copy()
+        vals = scores[ids]
+        with np.errstate(over="ignore", divide="ignore"):
+            vals = np.where(vals <= 0, vals * np.float32(p.repetition_penalty),
+                            vals / np.float32(p.repetition_penalty))
+        scores[ids] = vals - (counts * p.frequency_penalty + p.presence_penalty).astype(np.float32)
         return scores
 
     def _draw(self, scores: np.ndarray) -> int:
@@ -187,6 +214,8 @@ class Sampler:
 
     def _record(self, token: int) -> None:
         self._output.append(token)
+        if self._window is not None:
+            self._window.append(token)
         if self._counts is not None and token < len(self._counts):
             self._counts[token] += 1
             assert self._seen is not None

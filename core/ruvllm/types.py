@@ -157,6 +157,11 @@ class GenerationParams:
     repetition_penalty: float = attrs.field(default=1.0, validator=_range(0.0, 2.0, low_open=True))
     frequency_penalty: float = attrs.field(default=0.0, validator=_range(-2.0, 2.0))
     presence_penalty: float = attrs.field(default=0.0, validator=_range(-2.0, 2.0))
+    #: llama.cpp's penalties (its and Ollama's ``repeat_last_n``): all three count the last this
+    #: many tokens of the prompt and the output (-1: all of them; 0: the penalties are off). None:
+    #: OpenAI's and vLLM's, ``repetition_penalty`` over every prompt and output token seen and the
+    #: frequency and presence penalties over the output's counts. Needs core's sampler.
+    penalty_last_n: int | None = attrs.field(default=None, validator=_int_at_least(-1))
     stop: tuple[str, ...] = attrs.field(default=(), converter=_stop_strings)
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
     ignore_eos: bool = False

@@ -294,6 +294,45 @@ def test_penalties_tolerate_logits_wider_than_the_vocab():
     assert s.sample(logits).token_id == 1
 
 
+# llama.cpp's penalty window (penalty_last_n): its penalties sampler, reproduced rule by rule.
+def test_a_window_penalises_only_its_last_tokens_prompt_included():
+    logits = np.array([2.0, 1.9, 0.5], dtype=np.float32)
+    # Token 0 is the prompt's third-last token: inside a window of 3, outside one of 2.
+    inside = Sampler(GenerationParams(repetition_penalty=1.2, penalty_last_n=3), 3, prompt_ids=[0, 2, 2])
+    outside = Sampler(GenerationParams(repetition_penalty=1.2, penalty_last_n=2), 3, prompt_ids=[0, 2, 2])
+    assert inside.sample(logits).token_id == 1 and outside.sample(logits).token_id == 0
+    # The window slides: token 0, chosen, pushes itself in and the prompt's tokens out.
+    slid = Sampler(GenerationParams(repetition_penalty=1.2, penalty_last_n=1), 3, prompt_ids=[1])
+    assert [slid.sample(logits).token_id for _ in range(4)] == [0, 1, 0, 1]
+
+
+def test_in_a_window_frequency_and_presence_count_the_prompt_too():
+    logits = np.array([1.0, 0.5, 0.0], dtype=np.float32)
+    # llama.cpp: 1.0 - 3 * 0.2 - 0.1 = 0.3 < 0.5 (OpenAI's rule ignores the prompt: token 0).
+    windowed = Sampler(GenerationParams(frequency_penalty=0.2, presence_penalty=0.1, penalty_last_n=64), 3,
+                       prompt_ids=[0, 0, 0])
+    assert windowed.sample(logits).token_id == 1
+    whole = Sampler(GenerationParams(frequency_penalty=0.2, presence_penalty=0.1, penalty_last_n=-1), 3,
+                    prompt_ids=[0, 0, 0] + [2] * 500)
+    assert whole.sample(logits).token_id == 1  # -1: every token, however far back
+
+
+def test_a_window_of_zero_turns_the_penalties_off():
+    logits = np.array([2.0, 1.9, 0.5], dtype=np.float32)
+    s = Sampler(GenerationParams(repetition_penalty=1.9, frequency_penalty=1.0, penalty_last_n=0), 3,
+                prompt_ids=[0, 0])
+    assert [s.sample(logits).token_id for _ in range(3)] == [0, 0, 0]
+
+
+def test_a_window_multiplies_non_positive_logits_as_llama_cpp_does():
+    logits = np.array([0.0, -0.1, -5.0], dtype=np.float32)
+    # llama.cpp: logit <= 0 is multiplied, so 0 stays 0 and -0.1 becomes -0.12; token 0 still wins.
+    s = Sampler(GenerationParams(repetition_penalty=1.2, penalty_last_n=4), 3, prompt_ids=[0, 1])
+    assert s.sample(logits).token_id == 0
+    with pytest.raises(InvalidRequest):
+        GenerationParams(penalty_last_n=-2)
+
+
 # -- logprobs -----------------------------------------------------------------------------------
 def test_chosen_logprob_is_log_softmax_of_the_raw_logits():
     rng = np.random.default_rng(2)

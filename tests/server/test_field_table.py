@@ -373,7 +373,6 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
     **{(label, f"options.{name}"): ({**BASE[label][0], "options": {**BASE[label][0]["options"], **options}},
                                     f"options.{name}")
        for label in OLLAMA for name, options in (
-           ("repeat_last_n", {"repeat_last_n": 64, "repeat_penalty": 1.1}),
            ("penalize_newline", {"penalize_newline": False, "presence_penalty": 0.5}),
            ("tfs_z", {"tfs_z": 0.5}), ("typical_p", {"typical_p": 0.7}), ("mirostat", {"mirostat": 2}))},
     ("ollama_chat", "messages[].images"): (
@@ -386,7 +385,7 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
        for label in ("ollama_embed", "ollama_embeddings")},
     ("ollama_embed", "dimensions"): ({**BASE["ollama_embed"][0], "dimensions": 8}, "dimensions"),
     **{(label, field): ({**BASE[label][0], **body}, field) for label in LLAMA for field, body in (
-        ("repeat_last_n", {"repeat_last_n": 64, "repeat_penalty": 1.1}), ("typical_p", {"typical_p": 0.7}),
+        ("typical_p", {"typical_p": 0.7}),
         ("mirostat", {"mirostat": 2}), ("dry_multiplier", {"dry_multiplier": 0.8}),
         ("xtc_probability", {"xtc_probability": 0.5}), ("dynatemp_range", {"dynatemp_range": 0.5}),
         ("top_n_sigma", {"top_n_sigma": 1.0}), ("min_keep", {"min_keep": 2}),

@@ -170,6 +170,23 @@ def test_grammars_bias_and_chains_steer_the_one_sampler(server):
     assert unchained["generation_settings"]["top_k"] == 1
 
 
+def test_penalties_count_the_last_repeat_last_n_tokens_as_llama_server_does(server):
+    """llama.cpp's penalties see the last ``repeat_last_n`` tokens of the prompt and the answer
+    (64 when left out): a window of 0 turns them off, so the answer is the unpenalised one, and
+    a window over the whole repetitive prompt changes it."""
+    counting = "one two three four five six seven eight nine ten one two three four five six seven"
+    complete(server, prompt=counting, n_predict=1)  # warm the prefix: every answer below reads it cached
+    plain = complete(server, prompt=counting, n_predict=8)
+    body = {"prompt": counting, "n_predict": 8, "repeat_penalty": 1.8, "frequency_penalty": 0.5}
+    off = complete(server, **body, repeat_last_n=0)
+    whole = complete(server, **body, repeat_last_n=-1)
+    default = complete(server, **body)
+    assert off["content"] == plain["content"] and whole["content"] != plain["content"]
+    assert default["content"] == complete(server, **body, repeat_last_n=64)["content"]
+    assert default["generation_settings"]["repeat_last_n"] == 64
+    assert whole["generation_settings"]["repeat_last_n"] == -1
+
+
 def test_response_fields_keeps_only_those_paths(server):
     got = complete(server, prompt=PROMPT, n_predict=2,
                    response_fields=["content", "timings/predicted_n", "no/such/field"])
@@ -177,7 +194,7 @@ def test_response_fields_keeps_only_those_paths(server):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"repeat_penalty": 1.1, "repeat_last_n": 64}, "repeat_last_n"),
+    ({"repeat_penalty": 1.1, "repeat_last_n": -2}, "repeat_last_n"),
     ({"mirostat": 2}, "mirostat"),
     ({"samplers": ["top_k", "dry_run"]}, "samplers"),
     ({"samplers": "kpz"}, "samplers"),

@@ -169,6 +169,21 @@ def test_num_ctx_bounds_prompt_and_answer(llama, model_name):
     assert err.value.status_code == 400 and err.value.error.startswith("options.num_ctx: ")
 
 
+def test_repeat_last_n_is_ollamas_penalty_window(llama, model_name):
+    """Penalties count the last ``repeat_last_n`` tokens (64 when left out), the prompt's too: 0
+    turns them off, on chat and generate alike."""
+    counting = "one two three four five six seven eight nine ten one two three four five six seven"
+    for ask in (lambda **o: llama.generate(model=model_name, prompt=counting, raw=True, options=o).response,
+                lambda **o: llama.chat(model=model_name, messages=[{"role": "user", "content": counting}],
+                                       options=o).message.content):
+        ask(**greedy(1))  # warm the prefix: every answer below reads it cached
+        plain = ask(**greedy(8))
+        penalised = greedy(8, repeat_penalty=1.8, frequency_penalty=0.5)
+        assert ask(**penalised, repeat_last_n=0) == plain
+        assert ask(**penalised, repeat_last_n=-1) != plain
+        assert ask(**penalised) == ask(**penalised, repeat_last_n=64)
+
+
 def test_an_empty_prompt_loads_the_model(server, llama, model_name):
     for path, body in (("/api/generate", {}), ("/api/chat", {"messages": []})):
         r = httpx.post(server.url + path, json={"model": model_name, **body}, headers=AUTH, timeout=60)

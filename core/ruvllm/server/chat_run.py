@@ -52,13 +52,15 @@ async def _constrained_prompt(route: Route,
     return constraint, ids
 
 
-async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, *, id_prefix: str) -> ChatRun:
+async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, *, id_prefix: str,
+                     penalty_last_n: int | None = None) -> ChatRun:
     """Check ``body``, submit its choices on ``route`` and return them running (a refusal raises
-    before anything runs)."""
+    before anything runs). ``penalty_last_n``: llama.cpp's penalty window, for a surface whose
+    clients expect it (Ollama's ``repeat_last_n``); None keeps OpenAI's penalties."""
     service = CompletionService(route, limits)
     engine = route.engine
     constraint, ids = await _constrained_prompt(route, body)
-    params = service.choice_params(body, ids)
+    params = attrs.evolve(service.choice_params(body, ids), penalty_last_n=penalty_last_n)
     procs = await guided_processors(engine, constraint.spec, body.n)
     predicted = await prediction_ids(engine, body.prediction)
     submission = await service.submit(

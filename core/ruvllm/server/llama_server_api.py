@@ -43,7 +43,7 @@ from ruvllm.server.llama_server_schemas import (
     temperature_last,
 )
 from ruvllm.server.model_pool import ModelPool, Route
-from ruvllm.server.params import Limits, chat_prompt_text, piece_ids, prompt_head, seeded
+from ruvllm.server.params import Limits, chat_prompt_text, penalty_window, piece_ids, prompt_head, seeded
 from ruvllm.server.schemas import CompletionRequest
 from ruvllm.server.sse import SSEResponse, sse_event
 from ruvllm.serving import AsyncEngine
@@ -145,6 +145,16 @@ def runs_temperature_last(body: LlamaCompletionRequest, engine: AsyncEngine) -> 
     return temperature_last(body) and (body.samplers is not None or engine.capabilities.core_sampler)
 
 
+def llama_cpp_rules(params: GenerationParams, body: LlamaCompletionRequest,
+                    engine: AsyncEngine) -> GenerationParams:
+    """``params`` under llama.cpp's rules where they apply: its sampler order
+    (:func:`runs_temperature_last`) and its penalty window (``repeat_last_n``,
+    :func:`ruvllm.server.params.penalty_window`)."""
+    window = penalty_window("repeat_last_n", body.repeat_last_n, params.has_penalties,
+                            engine.capabilities.core_sampler)
+    return attrs.evolve(params, temperature_last=runs_temperature_last(body, engine), penalty_last_n=window)
+
+
 def generation_settings(params: GenerationParams, body: LlamaCompletionRequest, *, context: int,
                         model: str) -> dict[str, Any]:
     """llama-server's ``generation_settings``: what an answer to ``body`` is made with."""
@@ -152,6 +162,7 @@ def generation_settings(params: GenerationParams, body: LlamaCompletionRequest, 
     return {"n_ctx": context, "n_predict": 0 if body.n_predict == 0 else params.max_tokens, "seed": seed,
             "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
             "min_p": params.min_p, "repeat_penalty": params.repetition_penalty,
+            "repeat_last_n": -1 if params.penalty_last_n is None else params.penalty_last_n,
             "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
             "stop": list(params.stop), "ignore_eos": params.ignore_eos, "n_probs": body.n_probs,
             "n_indent": body.n_indent, "t_max_predict_ms": body.t_max_predict_ms, "stream": body.stream,
@@ -348,7 +359,6 @@ async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sam
     service = CompletionService(route, limits)
     if body.n_probs and not engine.capabilities.logprobs:
         raise InvalidRequest("n_probs", "this model's backend cannot report logprobs (see `ruvllm backends`)")
-    order_last = runs_temperature_last(body, engine)
     with _in_llama_terms("input_prefix" if isinstance(body, LlamaInfillRequest) else "prompt"):
         bias = await _bias(engine, body) or None
         completion = CompletionRequest(prompt=prompts[0], logit_bias=bias, **sampling)
@@ -360,8 +370,8 @@ async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sam
             params = service.choice_params(completion, ids)
             if body.n_predict == 0:
                 params = attrs.evolve(params, max_tokens=1)
-            params = attrs.evolve(params, logprobs=body.n_probs or None,
-                                  infill_sampling=infill_sampling(body), temperature_last=order_last)
+            params = attrs.evolve(llama_cpp_rules(params, body, engine), logprobs=body.n_probs or None,
+                                  infill_sampling=infill_sampling(body))
             for c in range(body.n_cmpl):  # n_cmpl answers per prompt, prompt after prompt
                 k = p * body.n_cmpl + c
                 answers[k] = _Answer(index=k, prompt_ids=ids, n_indent=body.n_indent,

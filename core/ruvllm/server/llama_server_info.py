@@ -13,7 +13,6 @@ from __future__ import annotations
 from importlib.metadata import version
 from typing import Any
 
-import attrs
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import Field, model_validator
@@ -22,7 +21,7 @@ from ruvllm.errors import InvalidRequest
 from ruvllm.server.completion_service import CompletionService
 from ruvllm.server.embeddings import input_ids, require_embeddings, split_inputs
 from ruvllm.server.errors import in_surface_terms
-from ruvllm.server.llama_server_api import generation_settings, runs_temperature_last
+from ruvllm.server.llama_server_api import generation_settings, llama_cpp_rules
 from ruvllm.server.llama_server_schemas import LlamaCompletionRequest, sampling_fields
 from ruvllm.server.model_pool import ModelPool
 from ruvllm.server.params import Limits, generation_params
@@ -79,7 +78,7 @@ def register_llama_server_info_routes(app: FastAPI, pool: ModelPool, limits: Lim
             # A request that sets nothing: core's defaults, with what fits after a one-token prompt.
             params = generation_params(CompletionRequest(prompt=[0], **sampling_fields(body)), limits=limits,
                                        room=context - 1, logprobs_supported=engine.capabilities.logprobs)
-            params = attrs.evolve(params, temperature_last=runs_temperature_last(body, engine))
+            params = llama_cpp_rules(params, body, engine)
             info, name = engine.info, route.served_name
             settings = generation_settings(params, body, context=context, model=name)
             return {"default_generation_settings": {"n_ctx": context, "params": settings},

@@ -20,7 +20,6 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.params import penalties_on, refuse_penalty_window
 from ruvllm.server.schemas import ChatMessage, ChatTemplateFields, RequestBody, StrictModel
 from ruvllm.types import MAX_LOGIT_BIAS, MAX_LOGPROBS
 
@@ -131,8 +130,6 @@ def _refuse_unsupported(body: LlamaCompletionRequest) -> None:
         value = getattr(body, name)
         if value not in (off, []):
             raise InvalidRequest(name, f"is not supported by ruvllm ({why}); leave it out", value)
-    refuse_penalty_window("repeat_last_n", body.repeat_last_n,
-                          penalties_on(body.repeat_penalty, body.presence_penalty, body.frequency_penalty))
 
 
 #: llama.cpp's other spellings of the samplers' names.

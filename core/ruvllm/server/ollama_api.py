@@ -51,6 +51,7 @@ from ruvllm.server.ollama_schemas import (
     check_think,
     format_schema,
     keep_alive_seconds,
+    penalty_last_n,
     refuse_embedding_options,
     sampling_fields,
     top_logprobs,
@@ -283,7 +284,9 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
             check_think(body.think, thinks(route, limits))
             num_ctx = _num_ctx(body.options)
             with _in_ollama_terms("messages", num_ctx):
-                run = await start_chat(route, chat_body, _request_limits(limits, num_ctx), id_prefix="ollama")
+                run = await start_chat(route, chat_body, _request_limits(limits, num_ctx), id_prefix="ollama",
+                                       penalty_last_n=penalty_last_n(body.options,
+                                                                     route.engine.capabilities.core_sampler))
             exchange = _Exchange(submission=run.submission, formatter=run.formatter,
                                  prompt_ids=run.prompt_ids, model=body.model, chat=True, started=started,
                                  load=load, thinking=body.think is not False)
@@ -309,7 +312,9 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
             with _in_ollama_terms("prompt", num_ctx):
                 ids = await _generate_ids(route, body)
                 completion = CompletionRequest(prompt=ids, **sampling)
-                params = attrs.evolve(service.choice_params(completion, ids), logprobs=logprobs)
+                window = penalty_last_n(body.options, engine.capabilities.core_sampler)
+                params = attrs.evolve(service.choice_params(completion, ids), logprobs=logprobs,
+                                      penalty_last_n=window)
                 procs = await guided_processors(engine, completion_constraint(completion).spec, 1)
                 submission = await service.submit(
                     [ChoiceRequest(index=0, prompt_ids=ids, params=params, processors=procs[0])],

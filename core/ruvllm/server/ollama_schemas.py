@@ -24,7 +24,7 @@ from pydantic import Field, ValidationError
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.server.model_pool import KeepAlive as PoolKeepAlive
-from ruvllm.server.params import penalties_on, refuse_penalty_window
+from ruvllm.server.params import penalties_on, penalty_window
 from ruvllm.server.schemas import ChatCompletionRequest, RequestBody, StrictModel
 from ruvllm.types import MAX_LOGPROBS
 
@@ -183,6 +183,14 @@ _OFF = {"tfs_z": (1.0, "tail-free sampling"), "typical_p": (1.0, "locally typica
         "mirostat": (0, "Mirostat sampling")}
 
 
+def penalty_last_n(options: OllamaOptions | None, core_sampler: bool) -> int | None:
+    """``GenerationParams.penalty_last_n`` for ``options.repeat_last_n`` (Ollama's window, 64 when
+    left out; :func:`ruvllm.server.params.penalty_window`)."""
+    o = options or OllamaOptions()
+    penalised = penalties_on(o.repeat_penalty, o.presence_penalty, o.frequency_penalty)
+    return penalty_window("options.repeat_last_n", o.repeat_last_n, penalised, core_sampler)
+
+
 def sampling_fields(options: OllamaOptions | None) -> dict[str, Any]:
     """The chat and completion request fields (``max_tokens``, ``temperature``...) that
     ``options`` set; what the core's sampler cannot do is refused naming ``options.<name>``.
@@ -197,7 +205,6 @@ def sampling_fields(options: OllamaOptions | None) -> dict[str, Any]:
             raise InvalidRequest(f"options.{name}", f"asks for {what}, which ruvllm's sampler does not "
                                  f"have; leave it out or set it to {off} (off)", value)
     penalised = penalties_on(o.repeat_penalty, o.presence_penalty, o.frequency_penalty)
-    refuse_penalty_window("options.repeat_last_n", o.repeat_last_n, penalised)
     if penalised and o.penalize_newline is False:
         raise InvalidRequest("options.penalize_newline", "ruvllm's penalties treat a newline like any "
                              "other token; leave it out or set it to true")

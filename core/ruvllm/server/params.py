@@ -244,13 +244,23 @@ def penalties_on(repeat: float | None, presence: float | None, frequency: float 
     return repeat not in (None, 1.0) or bool(presence) or bool(frequency)
 
 
-def refuse_penalty_window(field: str, window: int | None, penalised: bool) -> None:
-    """Refuse a penalty window (llama.cpp's and Ollama's ``repeat_last_n``) where a penalty is on:
-    core's penalties see the whole sequence. Left out or -1 (the whole context) is what they do."""
+#: llama.cpp's and Ollama's ``repeat_last_n`` when a request leaves it out.
+DEFAULT_PENALTY_WINDOW = 64
+
+
+def penalty_window(field: str, window: int | None, penalised: bool, core_sampler: bool) -> int | None:
+    """``GenerationParams.penalty_last_n`` for llama.cpp's or Ollama's ``repeat_last_n``: their
+    penalties (over the last ``window`` tokens, 64 when left out, the prompt's included) where
+    core's sampler runs. A backend that samples by itself (mistral.rs) penalises the whole
+    sequence its own way: there a window is refused where a penalty is on, and -1 accepted."""
+    if core_sampler:
+        return DEFAULT_PENALTY_WINDOW if window is None else window
     if penalised and window not in (None, -1):
-        raise InvalidRequest(field, "ruvllm's penalties see the whole sequence (repeat_penalty the prompt "
-                             "and the output, presence and frequency penalties the output), never a "
-                             "window of the last tokens; leave it out or set -1", window)
+        raise InvalidRequest(field, "this model's backend applies its penalties inside its engine over the "
+                             "whole sequence, never a window of the last tokens; leave it out, set -1, or "
+                             "serve the model on a backend whose sampling runs in ruvllm "
+                             "(capabilities.core_sampler)", window)
+    return None
 
 
 def _refuse(field: str, why: str) -> NoReturn:

@@ -42,6 +42,11 @@ def chat_request(m: Any, prompt_text: str, params: GenerationParams, *, adapter:
         raise InvalidRequest("temperature_last", "mistral.rs samples inside its engine in its own order (the "
                              "temperature first); drop llama.cpp's order or use a backend whose sampling "
                              "runs in ruvllm (capabilities.core_sampler)", True)
+    if params.penalty_last_n is not None and params.has_penalties:
+        raise InvalidRequest("penalty_last_n", "mistral.rs applies its penalties inside its engine over the "
+                             "whole sequence, never llama.cpp's window of the last tokens; drop it or use a "
+                             "backend whose sampling runs in ruvllm (capabilities.core_sampler)",
+                             params.penalty_last_n)
     kwargs: dict[str, Any] = dict(
         # Rendered through the pass-through template: the content is the prompt, verbatim.
         messages=[{"role": "user", "content": prompt_text}],
