@@ -158,6 +158,30 @@ def test_guided_regex_and_choice_on_completions(oai, model_name):
     assert r.choices[0].text in ("red", "green")
 
 
+def test_structured_outputs_is_vllms_current_spelling(oai, model_name):
+    """vLLM 0.12 removed ``guided_*`` for ``structured_outputs``: each of its constraints holds."""
+    r = oai.completions.create(model=model_name, prompt="Is water wet? Answer:", max_tokens=30,
+                               temperature=0.8,
+                               extra_body={"structured_outputs": {"regex": r" (yes|no), [a-z ]{3,20}\."}})
+    assert re.fullmatch(r" (yes|no), [a-z ]{3,20}\.", r.choices[0].text), r.choices[0].text
+    ask = {"model": model_name, "max_tokens": 40, "temperature": 0.8,
+           "messages": [{"role": "user", "content": "Describe a cat."}]}
+    r = oai.chat.completions.create(**ask, extra_body={"structured_outputs": {"choice": ["red", "green"]}})
+    assert r.choices[0].message.content in ("red", "green")
+    schema = SCHEMAS[1]
+    r = oai.chat.completions.create(**{**ask, "max_tokens": 160, "seed": 1}, extra_body={
+        "structured_outputs": {"json": schema, "disable_any_whitespace": True,
+                               "disable_additional_properties": True}})
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    r = oai.chat.completions.create(**ask, extra_body={"structured_outputs": {"json_object": True}})
+    assert r.choices[0].message.content.startswith("{")  # an unbounded object may run out of tokens
+    assign = {**ask, "max_tokens": 12, "messages": [{"role": "user", "content": "Assign x."}]}
+    r = oai.chat.completions.create(**assign, extra_body={"structured_outputs": {
+        "grammar": 'start: "x=" /[0-9]{1,3}/ ";"'}})
+    assert re.fullmatch(r"x=[0-9]{1,3};", r.choices[0].message.content)
+
+
 @pytest.mark.parametrize("grammar", [
     'start: "x=" NUM ";"\nNUM: /[0-9]{1,3}/',
     # vLLM's guided_grammar under xgrammar is llama.cpp's GBNF: llguidance translates it.
@@ -176,6 +200,14 @@ def test_a_grammar_on_chat(oai, model_name, grammar):
     ({"response_format": {"type": "yaml"}}, "response_format"),
     ({"extra_body": {"guided_regex": "[a-"}}, "guided_regex"),
     ({"extra_body": {"guided_grammar": "root ::= ("}}, "guided_grammar"),
+    ({"extra_body": {"structured_outputs": {"regex": "[a-"}}}, "structured_outputs.regex"),
+    ({"extra_body": {"structured_outputs": {"regex": "a", "choice": ["a"]}}}, "structured_outputs.regex"),
+    ({"extra_body": {"structured_outputs": {"choice": ["a"]}, "guided_choice": ["b"]}},
+     "structured_outputs.choice"),
+    ({"extra_body": {"structured_outputs": {"structural_tag": "{}"}}}, "structured_outputs.structural_tag"),
+    ({"extra_body": {"structured_outputs": {"jsn": {}}}}, "structured_outputs.jsn"),
+    ({"response_format": {"type": "json_object"},
+      "extra_body": {"structured_outputs": {"json_object": True}}}, "structured_outputs.json_object"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice.function.name"),
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},

@@ -303,6 +303,9 @@ _OLLAMA_OBJECTS = {
 
 #: A body holding an unknown key inside each nested object, and the param the 400 must name.
 NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
+    **{(label, "structured_outputs"): (
+        {**BASE[label][0], "structured_outputs": {"choice": ["a"], UNKNOWN: 1}},
+        f"structured_outputs.{UNKNOWN}") for label in ("chat", "completions")},
     **{(label, "documents[]"): ({"query": "What purrs?", "documents": [{"text": "Cats purr.", UNKNOWN: 1}]},
                                 f"documents[0].{UNKNOWN}") for label in RERANK},
     ("chat", "messages[]"): ({"messages": [{"role": "user", "content": "Hi", UNKNOWN: 1}]},
@@ -344,6 +347,11 @@ NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
 _ASSISTANT_SAID = {"role": "assistant", "content": "Hello"}
 #: A body with each ``refused`` field at a value ruvllm cannot honour, and the param named.
 REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
+    **{(label, f"structured_outputs.{field}"): (
+        {**BASE[label][0], "structured_outputs": {"json_object": True, field: value}},
+        f"structured_outputs.{field}")
+       for label in ("chat", "completions") for field, value in (
+           ("whitespace_pattern", "[ ]?"), ("structural_tag", '{"type": "structural_tag"}'))},
     **{(label, "relevant_spans"): ({**BASE[label][0], "relevant_spans": {"max_spans": 2}}, "relevant_spans")
        for label in RERANK},
     ("chat", "best_of"): ({"messages": CHAT_MESSAGES, "best_of": 2}, "best_of"),
@@ -514,6 +522,11 @@ ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
     **{(label, field): (BASE[label][0], {**BASE[label][0], field: value}) for label in LLAMA
        for field, value in (("cache_prompt", False), ("id_slot", 0), ("t_max_prompt_ms", 500),
                             ("n_keep", -1))},
+    **{(label, f"structured_outputs.{field}"): (
+        {**BASE[label][0], "structured_outputs": {"choice": ["yes", "no"]}},
+        {**BASE[label][0], "structured_outputs": {"choice": ["yes", "no"], field: True}})
+       for label in ("chat", "completions")
+       for field in ("disable_any_whitespace", "disable_additional_properties", "disable_fallback")},
     **{(label, "priority"): (BASE[label][0], {**BASE[label][0], "priority": 5})
        for label in ("score", "score_v1", *RERANK)},
     **{(label, "raw_scores"): (BASE[label][0], {**BASE[label][0], "raw_scores": True}) for label in RERANK},

@@ -1,12 +1,12 @@
 """What a request asks its output to match: a language and its source text, engine-neutral.
 
-Every request-level way of constraining output (OpenAI's ``response_format``, the ``guided_regex``
-/ ``guided_grammar`` / ``guided_choice`` / ``guided_json`` extension fields vLLM users already send,
-an enforced tool call) ends here as a :class:`GrammarSpec`: the field it came from (named in every
-error), the language (JSON schema, regex or Lark) and its source. The selected grammar engine
-(:mod:`ruvllm.guided.engine`) turns it into its own grammar when it compiles, in
-:mod:`ruvllm.guided.compile`, where the tokenizer is known; a source an engine cannot use is a
-400 naming the field there.
+Every request-level way of constraining output (OpenAI's ``response_format``, vLLM's
+``structured_outputs`` and the ``guided_regex`` / ``guided_grammar`` / ``guided_choice`` /
+``guided_json`` fields it replaced, an enforced tool call) ends here as a :class:`GrammarSpec`:
+the field it came from (named in every error), the language (JSON schema, regex or Lark) and
+its source. The selected grammar engine (:mod:`ruvllm.guided.engine`) turns it into its own
+grammar when it compiles, in :mod:`ruvllm.guided.compile`, where the tokenizer is known; a
+source an engine cannot use is a 400 naming the field there.
 """
 
 from __future__ import annotations
@@ -114,29 +114,48 @@ def from_extensions(*, guided_regex: str | None = None, guided_grammar: str | No
     """vLLM's extension fields (at most one may be set): a regex, a grammar (llguidance's Lark
     dialect, which also embeds ``%json`` schemas, or llama.cpp's GBNF; xgrammar takes the part of
     Lark its own dialect shares), a list of choices or a JSON schema."""
-    given = {k: v for k, v in (("guided_regex", guided_regex), ("guided_grammar", guided_grammar),
-                               ("guided_choice", guided_choice), ("guided_json", guided_json))
-             if v is not None}
-    if not given:
+    return _one_constraint({"guided_regex": ("regex", guided_regex),
+                            "guided_grammar": ("grammar", guided_grammar),
+                            "guided_choice": ("choice", guided_choice), "guided_json": ("json", guided_json)})
+
+
+def from_structured_outputs(*, json_schema: Any = None, regex: str | None = None,
+                            choice: Sequence[str] | None = None, grammar: str | None = None,
+                            json_object: bool | None = None) -> GrammarSpec | None:
+    """vLLM's ``structured_outputs`` object (its spelling since v0.12, which removed the
+    ``guided_*`` fields): ``json``, ``regex``, ``choice`` and ``grammar`` as those fields,
+    ``json_object: true`` as ``response_format``'s; at most one."""
+    prefix = "structured_outputs."
+    return _one_constraint({prefix + "json": ("json", json_schema), prefix + "regex": ("regex", regex),
+                            prefix + "choice": ("choice", choice), prefix + "grammar": ("grammar", grammar),
+                            prefix + "json_object": ("json_object", json_object or None)})
+
+
+def _one_constraint(given: Mapping[str, tuple[str, Any]]) -> GrammarSpec | None:
+    """The constraint of the one field set (field -> (what it holds, value)); None if none is."""
+    present = {field: kv for field, kv in given.items() if kv[1] is not None}
+    if not present:
         return None
-    if len(given) > 1:
-        raise InvalidRequest(sorted(given)[1], f"give only one of {', '.join(sorted(given))}")
-    (field, value), = given.items()
-    if field == "guided_regex":
+    if len(present) > 1:
+        raise InvalidRequest(sorted(present)[1], f"give only one of {', '.join(sorted(present))}")
+    (field, (what, value)), = present.items()
+    if what == "regex":
         if not isinstance(value, str) or not value:
             raise InvalidRequest(field, "must be a non-empty regular expression string")
         return GrammarSpec(field, "regex", "regex", value)
-    if field == "guided_grammar":
+    if what == "grammar":
         if not isinstance(value, str) or not value.strip():
             raise InvalidRequest(field, "must be a non-empty Lark or GBNF grammar string")
         language = "lark" if is_lark_syntax(value) else "gbnf"
         return GrammarSpec(field, language, language, value)
-    if field == "guided_choice":
+    if what == "choice":
         if not value or not all(isinstance(c, str) and c for c in value):
             raise InvalidRequest(field, "must be a non-empty list of non-empty strings")
         # JSON string escapes are Lark's (both engines' dialects) string-literal escapes.
         lark = "start: " + " | ".join(json.dumps(c) for c in value)
         return GrammarSpec(field, "choice", "lark", lark)
+    if what == "json_object":
+        return json_schema_grammar(field, {"type": "object"}, kind="json_object")
     try:
         schema = json.loads(value) if isinstance(value, str) else value
     except json.JSONDecodeError as exc:

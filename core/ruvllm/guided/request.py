@@ -1,6 +1,7 @@
 """From an OpenAI request body to its output constraint and the processors that enforce it.
 
-The server's glue: which of ``response_format``, the ``guided_*`` extension fields and an
+The server's glue: which of ``response_format``, vLLM's ``structured_outputs`` (or the
+``guided_*`` fields it replaced) and an
 enforced ``tool_choice`` applies (they exclude each other, and a conflict is a 400 naming the
 field), whether the engine can enforce it at all (only where core's sampler chooses the tokens),
 and one fresh processor per choice under the serving engine's grammar engine (its
@@ -21,7 +22,7 @@ import attrs
 from ruvllm.errors import InvalidRequest
 from ruvllm.generation import require_core_sampler
 from ruvllm.guided.compile import GrammarCache
-from ruvllm.guided.grammar import GrammarSpec, from_extensions, from_response_format
+from ruvllm.guided.grammar import GrammarSpec, from_extensions, from_response_format, from_structured_outputs
 from ruvllm.guided.processor import GuidedProcessor
 from ruvllm.guided.tools import ToolPlan, plan_tools
 from ruvllm.serving import AsyncEngine
@@ -36,8 +37,14 @@ class RequestConstraint:
 
 
 def _extensions(body: Any) -> GrammarSpec | None:
-    return from_extensions(guided_regex=body.guided_regex, guided_grammar=body.guided_grammar,
-                           guided_choice=body.guided_choice, guided_json=body.guided_json)
+    """vLLM's constraint fields: ``structured_outputs`` or the ``guided_*`` fields it replaced."""
+    guided = from_extensions(guided_regex=body.guided_regex, guided_grammar=body.guided_grammar,
+                             guided_choice=body.guided_choice, guided_json=body.guided_json)
+    so = body.structured_outputs
+    if so is None:
+        return guided
+    return _one(guided, from_structured_outputs(json_schema=so.json_schema, regex=so.regex, choice=so.choice,
+                                                grammar=so.grammar, json_object=so.json_object))
 
 
 def _one(*specs: GrammarSpec | None) -> GrammarSpec | None:

@@ -77,6 +77,7 @@ class _Request(RequestBody):
     priority: int = 0
     cache_salt: str | None = Field(None, min_length=1)
     # Constrained decoding extensions (vLLM's names; see docs/structured-output.md).
+    structured_outputs: StructuredOutputs | None = None
     guided_regex: str | None = None
     guided_grammar: str | None = None
     guided_choice: list[str] | None = None
@@ -85,6 +86,37 @@ class _Request(RequestBody):
     logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]+$")], _Bias] | None = None
     # OpenAI field ruvllm refuses by name when set other than 1.
     best_of: int | None = None
+
+
+class StructuredOutputs(StrictModel):
+    """vLLM's ``structured_outputs`` (its spelling since v0.12, which removed ``guided_*``): one
+    output constraint, as the ``guided_*`` field of the same name, or ``json_object``."""
+
+    json_schema: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    #: Accepted, unused: ruvllm's JSON grammars never allow optional whitespace (compact JSON).
+    disable_any_whitespace: bool = False
+    #: Accepted, unused: ruvllm's JSON grammars close every object the schema does not open.
+    disable_additional_properties: bool = False
+    #: Accepted, unused: the server's one grammar engine compiles every constraint, never another.
+    disable_fallback: bool = False
+    #: Refused unless null (see _no_unserved).
+    whitespace_pattern: str | None = None
+    structural_tag: str | dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _no_unserved(self) -> StructuredOutputs:
+        if self.whitespace_pattern is not None:
+            raise InvalidRequest("structured_outputs.whitespace_pattern", "is not supported: ruvllm's JSON "
+                                 "grammars write compact JSON, with no whitespace to pattern; remove it")
+        if self.structural_tag is not None:
+            raise InvalidRequest("structured_outputs.structural_tag", "is not supported: ruvllm constrains "
+                                 "one whole answer (json, regex, choice or grammar), not tagged spans of it; "
+                                 "remove it")
+        return self
 
 
 class StreamOptions(StrictModel):
