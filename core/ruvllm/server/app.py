@@ -288,9 +288,11 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
                 id_prefix="cmpl", **submit_options(body.priority, body.cache_salt, engine))
             echoes = [engine.tokenizer.decode(ids) for ids in prompts] if body.echo else None
             echo = {i: echoes[p] for i, p in enumerate(prompt_of)} if echoes is not None else None
+            of_choice = {i: prompts[p] for i, p in enumerate(prompt_of)}
             fmt = completion_formatter(submission.id, route.served_name, engine.tokenizer, params[0].logprobs,
-                                       echo=echo, prompts={i: prompts[p] for i, p in enumerate(prompt_of)},
-                                       stream=body.stream)
+                                       echo=echo, prompts=of_choice, stream=body.stream)
+            if body.return_token_ids:
+                fmt.return_token_ids(of_choice)
             return await answer(submission, fmt, request, body, [len(ids) for ids in prompts])
 
     return app

@@ -70,6 +70,8 @@ async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, 
     fmt = chat_formatter(submission.id, route.served_name, engine.tokenizer, params.logprobs,
                          constraint.tools, prompt_reasoning(route, limits, ids), predicted=bool(predicted),
                          legacy_functions=body.legacy_functions)
+    if body.return_token_ids:
+        fmt.return_token_ids(dict.fromkeys(range(body.n), ids))
     return ChatRun(submission, fmt, ids)
 
 

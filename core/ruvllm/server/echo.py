@@ -96,21 +96,24 @@ class EchoStreamFormatter(EchoFormatter):
         self._held.setdefault(index, []).append(chunk)
         return None
 
-    def token_event(self, index: int, out: TokenOutput) -> str | None:
+    def _token_event(self, index: int, out: TokenOutput) -> str | None:
         if self._holds:
             chunk = self.token(index, out)
             return None if chunk is None else sse_event(chunk)
-        return super().token_event(index, out)
+        return super()._token_event(index, out)
 
-    def finish_event(self, index: int, result: GenerationResult) -> str:
+    def _finish_event(self, index: int, result: GenerationResult) -> str:
         """The SSE text that ends choice ``index``: its held chunks first, then the finish."""
         chunks = []
         if self._holds:
             assert result.prompt_logprobs is not None, "prompt logprobs were asked of the engine"
             lists = prompt_logprob_lists(self.prompts[index], result.prompt_logprobs, self.tok,
                                          self.logprobs or 0)
-            chunks.append(self._chunk(index, self.echo.get(index, ""), None, lists))
+            unsent = self._take_ids(index)  # the ending token ids: with the finish, not the prompt
+            prompt = self._chunk(index, self.echo.get(index, ""), None, lists)
+            chunks.append(self._with_prompt_ids(index, prompt))
             chunks.extend(self._held.pop(index, []))
+            self._pending[index] = unsent
         chunks.append(self.finish(index, result.finish_reason.value))
         return "".join(sse_event(c) for c in chunks)
 

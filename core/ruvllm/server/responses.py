@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring
 from typing import Any, Protocol
 
@@ -69,10 +69,15 @@ class ChunkFormatter(Protocol):
     def complete(self, outcomes: Sequence[tuple[list[TokenOutput], GenerationResult]],
                  prompt_lengths: Sequence[int]) -> dict[str, Any]: ...
 
+    def with_token_ids(self, response: dict[str, Any],
+                       results: Sequence[GenerationResult]) -> dict[str, Any]: ...
+
 
 class _Base(abc.ABC):
     object_name = ""
     chunk_name = ""
+    #: Where vLLM puts ``prompt_token_ids``: in each choice (completions) or once at the top (chat).
+    prompt_ids_per_choice = False
 
     def __init__(self, response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None, *,
                  predicted: bool = False):
@@ -85,6 +90,46 @@ class _Base(abc.ABC):
         self.logprobs = logprobs
         self.created = int(time.time())
         self._templates: dict[int, tuple[str, str]] = {}
+        #: vLLM's ``return_token_ids`` (:meth:`return_token_ids`): each choice's prompt ids, the
+        #: ids streamed since its last chunk, and how many it has had.
+        self._prompt_ids: dict[int, list[int]] | None = None
+        self._pending: dict[int, list[int]] = {}
+        self._noted: dict[int, int] = {}
+
+    def return_token_ids(self, prompts: Mapping[int, Sequence[int]]) -> None:
+        """Answer with vLLM's ``return_token_ids``: the prompt's ids (``prompts``: choice index ->
+        its prompt's ids) and each choice's own, so that a client can continue from tokens rather
+        than re-tokenize text (agent and RL frameworks). A stream sends the prompt's with a
+        choice's first chunk and, in every chunk, the ids of the tokens since the one before
+        (one the chunk could not carry text for rides with the next)."""
+        self._prompt_ids = {i: list(ids) for i, ids in prompts.items()}
+
+    def _take_ids(self, index: int) -> list[int]:
+        return self._pending.pop(index, [])
+
+    def _note(self, index: int, token_ids: Sequence[int]) -> None:
+        self._pending.setdefault(index, []).extend(token_ids)
+        self._noted[index] = self._noted.get(index, 0) + len(token_ids)
+
+    def _with_prompt_ids(self, index: int, chunk: dict[str, Any]) -> dict[str, Any]:
+        """``chunk`` (choice ``index``'s first) with its prompt's ids, where vLLM puts them."""
+        if self._prompt_ids is not None:
+            where = chunk["choices"][0] if self.prompt_ids_per_choice else chunk
+            where["prompt_token_ids"] = self._prompt_ids[index]
+        return chunk
+
+    def with_token_ids(self, response: dict[str, Any], results: Sequence[GenerationResult]) -> dict[str, Any]:
+        """A whole ``response`` with the token ids :meth:`return_token_ids` asked for (``results``
+        in choice order); unchanged when not asked."""
+        if self._prompt_ids is None:
+            return response
+        if not self.prompt_ids_per_choice:
+            response["prompt_token_ids"] = self._prompt_ids[0]
+        for index, (choice, result) in enumerate(zip(response["choices"], results, strict=True)):
+            if self.prompt_ids_per_choice:
+                choice["prompt_token_ids"] = self._prompt_ids[index]
+            choice["token_ids"] = list(result.token_ids)
+        return response
 
     def _envelope(self, name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": name, "created": self.created, "model": self.model,
@@ -118,18 +163,31 @@ class _Base(abc.ABC):
         """The chunk that ends choice ``index`` with ``reason``."""
 
     def finish_event(self, index: int, result: GenerationResult) -> str:
-        """The SSE text that ends choice ``index``; a formatter that holds chunks back (echo with
-        logprobs) sends them here."""
+        """The SSE text that ends choice ``index`` (with the ids of its tokens no chunk carried yet,
+        the ending one's included, where token ids were asked for)."""
+        if self._prompt_ids is not None:
+            self._note(index, result.token_ids[self._noted.get(index, 0):])
+        return self._finish_event(index, result)
+
+    def _finish_event(self, index: int, result: GenerationResult) -> str:
+        """:meth:`finish_event`'s text; a formatter that holds chunks back (echo with logprobs)
+        sends them here."""
         return sse_event(self.finish(index, result.finish_reason.value))
 
     def token_event(self, index: int, out: TokenOutput) -> str | None:
-        """The SSE event of one streamed token, byte for byte ``sse_event(self.token(index, out))``.
+        """The SSE event of one streamed token (None: nothing to send yet)."""
+        if self._prompt_ids is not None and out.token_id is not None:
+            self._note(index, (out.token_id,))
+        return self._token_event(index, out)
+
+    def _token_event(self, index: int, out: TokenOutput) -> str | None:
+        """:meth:`token_event`'s text, byte for byte ``sse_event(self.token(index, out))``.
 
         The common case (text, no logprobs) splices the JSON-escaped text into the chunk's
         serialised envelope, built once per choice: at 16 streams this runs ~1000 times a second
         on the event loop's thread, which shares the cores with the model's threads.
         """
-        if self.logprobs is not None or not out.text:
+        if self.logprobs is not None or not out.text or self._prompt_ids is not None:
             chunk = self.token(index, out)
             return None if chunk is None else sse_event(chunk)
         parts = self._templates.get(index)
@@ -176,11 +234,13 @@ class ChatFormatter(_Base):
 
     def _chunk(self, index: int, delta: dict[str, Any], finish: str | None,
                logprobs: Any = None) -> dict[str, Any]:
-        return self._envelope(self.chunk_name, [{"index": index, "delta": delta, "logprobs": logprobs,
-                                                 "finish_reason": finish}])
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if self._prompt_ids is not None:
+            choice["token_ids"] = self._take_ids(index)
+        return self._envelope(self.chunk_name, [choice])
 
     def opening(self, index: int) -> dict[str, Any]:
-        return self._chunk(index, {"role": "assistant", "content": ""}, None)
+        return self._with_prompt_ids(index, self._chunk(index, {"role": "assistant", "content": ""}, None))
 
     def _text_chunk(self, index: int, text: str) -> dict[str, Any]:
         return self._chunk(index, {"content": text}, None)
@@ -193,11 +253,11 @@ class ChatFormatter(_Base):
         return self._chunk(index, self._delta(thinking, text), None,
                            {"content": [self._lp_entry(out)]} if has_lp else None)
 
-    def token_event(self, index: int, out: TokenOutput) -> str | None:
+    def _token_event(self, index: int, out: TokenOutput) -> str | None:
         if self.reasoning is not None:
             chunk = self.token(index, out)
             return None if chunk is None else sse_event(chunk)
-        return super().token_event(index, out)
+        return super()._token_event(index, out)
 
     def finish(self, index: int, reason: str) -> dict[str, Any]:
         thinking, text = self._split(index, None)
@@ -230,6 +290,7 @@ class ChatFormatter(_Base):
 class CompletionFormatter(_Base):
     object_name = "text_completion"
     chunk_name = "text_completion"
+    prompt_ids_per_choice = True
 
     def __init__(self, response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None,
                  echo: dict[int, str] | None = None):
@@ -254,13 +315,17 @@ class CompletionFormatter(_Base):
                 "text_offset": offsets}
 
     def _chunk(self, index: int, text: str, finish: str | None, logprobs: Any = None) -> dict[str, Any]:
-        return self._envelope(self.chunk_name, [{"index": index, "text": text, "logprobs": logprobs,
-                                                 "finish_reason": finish}])
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        if self._prompt_ids is not None:
+            choice["token_ids"] = self._take_ids(index)
+        return self._envelope(self.chunk_name, [choice])
 
     def opening(self, index: int) -> dict[str, Any] | None:
         echo = self.echo.get(index)
         self._offsets[index] = len(echo or "")
-        return self._chunk(index, echo, None) if echo else None
+        if not echo and self._prompt_ids is None:
+            return None
+        return self._with_prompt_ids(index, self._chunk(index, echo or "", None))
 
     def _text_chunk(self, index: int, text: str) -> dict[str, Any]:
         return self._chunk(index, text, None)

@@ -76,6 +76,8 @@ class _Request(RequestBody):
     #: priority policy) and the prefix-cache salt (requests share cached KV only with the same salt).
     priority: int = 0
     cache_salt: str | None = Field(None, min_length=1)
+    #: vLLM's: the answer carries the prompt's and each choice's token ids (responses.py).
+    return_token_ids: bool | None = None
     # Constrained decoding extensions (vLLM's names; see docs/structured-output.md).
     structured_outputs: StructuredOutputs | None = None
     guided_regex: str | None = None

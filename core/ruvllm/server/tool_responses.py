@@ -57,7 +57,7 @@ class ToolChatFormatter(ChatFormatter):
         self._sent[index] = max(sent, len(ready))
         return self._chunk(index, self._delta(thinking, ready[sent:]), None, self._unsent_logprobs(index))
 
-    def token_event(self, index: int, out: TokenOutput) -> str | None:
+    def _token_event(self, index: int, out: TokenOutput) -> str | None:
         chunk = self.token(index, out)
         return None if chunk is None else sse_event(chunk)
 
