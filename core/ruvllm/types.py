@@ -236,6 +236,8 @@ class PromptLogprob:
     text: str
     logprob: float
     top_logprobs: tuple[TokenLogprob, ...] = ()
+    #: Its place in the model's distribution: 1 + the number of tokens more probable.
+    rank: int = 1
 
 
 @attrs.frozen(kw_only=True)

@@ -222,7 +222,7 @@ def test_completion_logprobs_legacy_shape(client, model_name):
     ({"n": 99}, "n"),
     ({"logit_bias": {"5": 101.0}}, "logit_bias[5]"),
     ({"logit_bias": {"999999": 1.0}}, "logit_bias"),
-    ({"extra_body": {"prompt_logprobs": 1}}, "prompt_logprobs"),
+    ({"extra_body": {"prompt_logprobs": -1}}, "prompt_logprobs"),
     ({"extra_body": {"top_k": -1}}, "top_k"),
 ])
 def test_bad_parameters_are_400_naming_the_field(client, model_name, kwargs, param):

@@ -52,8 +52,8 @@ class PromptLogprobsCollector:
         self._prompt = tuple(int(t) for t in prompt_ids)
         self._top_n = top_n
         self._tok = tokenizer
-        # _entries[p]: (logprob of prompt[p + 1], top (id, logprob) pairs) from position p's row.
-        self._entries: list[tuple[float, tuple[tuple[int, float], ...]] | None] = \
+        # _entries[p]: (logprob of prompt[p + 1], its rank, top (id, logprob) pairs) from row p.
+        self._entries: list[tuple[float, int, tuple[tuple[int, float], ...]] | None] = \
             [None] * max(len(self._prompt) - 1, 0)
         self._missing = len(self._entries)
 
@@ -77,7 +77,8 @@ class PromptLogprobsCollector:
                 continue  # recomputed after a preemption: the first answer stands
             lp = log_softmax(np.asarray(rows[offset], dtype=np.float32))
             token = self._prompt[p + 1]
-            self._entries[p] = (float(lp[token]), top_logprobs(lp, self._top_n))
+            rank = 1 + int(np.count_nonzero(lp > lp[token]))
+            self._entries[p] = (float(lp[token]), rank, top_logprobs(lp, self._top_n))
             self._missing -= 1
 
     def result(self) -> tuple[PromptLogprob | None, ...] | None:
@@ -88,9 +89,9 @@ class PromptLogprobsCollector:
         out: list[PromptLogprob | None] = [None]
         for p, entry in enumerate(self._entries):
             assert entry is not None
-            logprob, top = entry
+            logprob, rank, top = entry
             token = self._prompt[p + 1]
             out.append(PromptLogprob(
-                token_id=token, text=text(token), logprob=logprob,
+                token_id=token, text=text(token), logprob=logprob, rank=rank,
                 top_logprobs=tuple(TokenLogprob(i, text(i), v) for i, v in top)))
         return tuple(out)

@@ -293,6 +293,8 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
                                        echo=echo, prompts=of_choice, stream=body.stream)
             if body.return_token_ids:
                 fmt.return_token_ids(of_choice)
+            if body.prompt_logprobs is not None:
+                fmt.return_prompt_logprobs(body.prompt_logprobs)
             return await answer(submission, fmt, request, body, [len(ids) for ids in prompts])
 
     return app

@@ -72,6 +72,8 @@ async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, 
                          legacy_functions=body.legacy_functions)
     if body.return_token_ids:
         fmt.return_token_ids(dict.fromkeys(range(body.n), ids))
+    if body.prompt_logprobs is not None:
+        fmt.return_prompt_logprobs(body.prompt_logprobs)
     return ChatRun(submission, fmt, ids)
 
 

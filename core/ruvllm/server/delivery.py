@@ -73,4 +73,5 @@ async def answer(submission: Submission, fmt: ChunkFormatter, request: Request,
     outcomes = await submission.results(request.is_disconnected)
     if outcomes is None:
         return Response(status_code=499)  # the client is gone
-    return JSONResponse(fmt.with_token_ids(fmt.complete(outcomes, prompt_lengths), [r for _, r in outcomes]))
+    whole = fmt.complete(outcomes, prompt_lengths)
+    return JSONResponse(fmt.with_vllm_fields(whole, [r for _, r in outcomes]))

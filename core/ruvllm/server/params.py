@@ -335,6 +335,12 @@ def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits:
     }
     if isinstance(req, CompletionRequest) and req.echo and logprobs is not None:
         values["prompt_logprobs"] = logprobs  # OpenAI's echo + logprobs: the prompt's logprobs too
+    if req.prompt_logprobs is not None:
+        if req.stream:
+            _refuse("prompt_logprobs", "cannot be streamed: the prompt's logprobs reach the server with the "
+                    "end of the answer; ask without stream (or use echo with logprobs on /v1/completions, "
+                    "whose stream sends them first)")
+        values["prompt_logprobs"] = max(req.prompt_logprobs, values.get("prompt_logprobs") or 0)
     for name in ("top_k", "min_p", "repetition_penalty"):
         value = getattr(req, name)
         if value is not None:

@@ -69,8 +69,28 @@ class ChunkFormatter(Protocol):
     def complete(self, outcomes: Sequence[tuple[list[TokenOutput], GenerationResult]],
                  prompt_lengths: Sequence[int]) -> dict[str, Any]: ...
 
-    def with_token_ids(self, response: dict[str, Any],
+    def with_vllm_fields(self, response: dict[str, Any],
                        results: Sequence[GenerationResult]) -> dict[str, Any]: ...
+
+
+def prompt_logprob_dicts(result: GenerationResult, top: int) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs`` of ``result``: per prompt position (None for the first, which
+    nothing precedes) the prompt's token and the ``top`` most probable, by token id, each with
+    its logprob, its rank (1 + the tokens more probable) and its text."""
+    assert result.prompt_logprobs is not None, "prompt logprobs were asked of the engine"
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for entry in result.prompt_logprobs:
+        if entry is None:
+            out.append(None)
+            continue
+        alternatives = entry.top_logprobs[:top]
+        position = {str(t.token_id): {"logprob": t.logprob, "decoded_token": t.text,
+                                      "rank": 1 + sum(o.logprob > t.logprob for o in alternatives)}
+                    for t in alternatives}
+        position[str(entry.token_id)] = {"logprob": entry.logprob, "rank": entry.rank,
+                                         "decoded_token": entry.text}
+        out.append(position)
+    return out
 
 
 class _Base(abc.ABC):
@@ -95,6 +115,13 @@ class _Base(abc.ABC):
         self._prompt_ids: dict[int, list[int]] | None = None
         self._pending: dict[int, list[int]] = {}
         self._noted: dict[int, int] = {}
+        #: vLLM's ``prompt_logprobs``: the alternatives listed per prompt position (None: not asked).
+        self._prompt_top: int | None = None
+
+    def return_prompt_logprobs(self, top: int) -> None:
+        """Answer with vLLM's ``prompt_logprobs``: per prompt position (None for the first) the
+        prompt token and the ``top`` most probable, each with its logprob, rank and text."""
+        self._prompt_top = top
 
     def return_token_ids(self, prompts: Mapping[int, Sequence[int]]) -> None:
         """Answer with vLLM's ``return_token_ids``: the prompt's ids (``prompts``: choice index ->
@@ -118,11 +145,25 @@ class _Base(abc.ABC):
             where["prompt_token_ids"] = self._prompt_ids[index]
         return chunk
 
-    def with_token_ids(self, response: dict[str, Any], results: Sequence[GenerationResult]) -> dict[str, Any]:
-        """A whole ``response`` with the token ids :meth:`return_token_ids` asked for (``results``
-        in choice order); unchanged when not asked."""
-        if self._prompt_ids is None:
-            return response
+    def with_vllm_fields(self, response: dict[str, Any],
+                         results: Sequence[GenerationResult]) -> dict[str, Any]:
+        """A whole ``response`` with what :meth:`return_token_ids` and
+        :meth:`return_prompt_logprobs` asked for (``results`` in choice order), where vLLM puts
+        them: the prompt's once at the top of a chat answer, in each choice of a completion."""
+        prompt_fields: list[dict[str, Any]] = [{} for _ in results]
+        if self._prompt_ids is not None:
+            for index, (choice, result) in enumerate(zip(response["choices"], results, strict=True)):
+                prompt_fields[index]["prompt_token_ids"] = self._prompt_ids[index]
+                choice["token_ids"] = list(result.token_ids)
+        if self._prompt_top is not None:
+            for index, result in enumerate(results):
+                prompt_fields[index]["prompt_logprobs"] = prompt_logprob_dicts(result, self._prompt_top)
+        if self.prompt_ids_per_choice:
+            for choice, fields in zip(response["choices"], prompt_fields, strict=True):
+                choice.update(fields)
+        elif prompt_fields:
+            response.update(prompt_fields[0])
+        return response
         if not self.prompt_ids_per_choice:
             response["prompt_token_ids"] = self._prompt_ids[0]
         for index, (choice, result) in enumerate(zip(response["choices"], results, strict=True)):

@@ -4,7 +4,7 @@ Every field of every body is honoured, refused with a 400 naming it when set to 
 cannot honour (``best_of``, ``suffix``... checked by :mod:`ruvllm.server.params`), or accepted
 for a stated reason (``user``); docs/server.md's "Request fields" table says which, and
 tests/server/test_field_table.py fails when a field here has no decision there. Unknown fields
-are refused (400 naming them), at any depth: a client that sends ``prompt_logprobs``, a misspelt
+are refused (400 naming them), at any depth: a client that sends ``allowed_token_ids``, a misspelt
 option or a misspelt message field must not get a quietly different answer. Request bodies
 derive from :class:`RequestBody`, the objects inside them from :class:`StrictModel`. The numeric
 ranges here are the ones the server enforces, so the published OpenAPI schema (which
@@ -78,6 +78,9 @@ class _Request(RequestBody):
     cache_salt: str | None = Field(None, min_length=1)
     #: vLLM's: the answer carries the prompt's and each choice's token ids (responses.py).
     return_token_ids: bool | None = None
+    #: vLLM's: each prompt position's logprobs with this many alternatives (responses.py); not
+    #: with ``stream`` (they come with the end of the answer, params.py says).
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     # Constrained decoding extensions (vLLM's names; see docs/structured-output.md).
     structured_outputs: StructuredOutputs | None = None
     guided_regex: str | None = None

@@ -1,7 +1,7 @@
 """Refusing request fields the server does not know, by name, at parse time.
 
 OpenAI's own server ignores unknown fields; for ruvllm that would be silent misbehaviour: a
-client sending vLLM's ``prompt_logprobs`` or a misspelt ``temprature`` would get an answer made
+client sending vLLM's ``allowed_token_ids`` or a misspelt ``temprature`` would get an answer made
 without it and never know. The accepted names are the model's declared fields (and their
 aliases), so fields other modules add to a request model are accepted with no list to update.
 """
