@@ -69,6 +69,13 @@ class Sampler:
         self._seen: np.ndarray | None = None
         self._bias_ids: np.ndarray | None = None
         self._bias: np.ndarray | None = None
+        #: vLLM's allowed_token_ids: every other token is kept out.
+        self._allowed = np.asarray(sorted(set(params.allowed_token_ids)), dtype=np.int64) \
+            if params.allowed_token_ids else None
+        #: vLLM's bad_words: prefix (the tokens before the last) -> the last tokens it bans.
+        self._banned: dict[tuple[int, ...], list[int]] = {}
+        for seq in params.banned_sequences:
+            self._banned.setdefault(seq[:-1], []).append(seq[-1])
         if params.logit_bias:
             ids, bias = zip(*params.logit_bias, strict=True)
             self._bias_ids = np.asarray(ids, dtype=np.int64)
@@ -109,6 +116,10 @@ class Sampler:
             scores = np.asarray(processor(tuple(self._output), scores.copy()), dtype=np.float32)
         if self._end_ids is not None and len(self._output) < p.min_tokens:
             scores = _without(scores, self._end_ids)
+        if self._allowed is not None:
+            scores = _only(scores, self._allowed)
+        if self._banned:
+            scores = _without(scores, self._banned_now())
         if self._counts is not None:
             scores = self._penalised(scores)
         elif self._window:
@@ -124,6 +135,13 @@ class Sampler:
                 token = self._draw(_finite_top(scores / np.float32(p.temperature)))
         self._record(token)
         return self._with_logprobs(token, raw)
+
+    def _banned_now(self) -> np.ndarray:
+        """The tokens that would complete a banned sequence after the output so far."""
+        out = self._output
+        banned = [t for prefix, last in self._banned.items()
+                  if len(prefix) <= len(out) and tuple(out[len(out) - len(prefix):]) == prefix for t in last]
+        return np.asarray(banned, dtype=np.int64)
 
     def _penalised(self, scores: np.ndarray) -> np.ndarray:
         p = self.params
@@ -234,6 +252,15 @@ def _without(scores: np.ndarray, banned: np.ndarray) -> np.ndarray:
     only the end (its answer is complete) still ends the request."""
     kept = scores.copy()
     kept[banned[banned < len(kept)]] = -np.inf
+    return kept if np.isfinite(kept).any() else scores
+
+
+def _only(scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """``scores`` with every token but ``allowed`` at -inf, unless that leaves nothing (a
+    grammar that allows none of them keeps its own choice, as :func:`_without` does)."""
+    kept = np.full_like(scores, -np.inf)
+    ids = allowed[allowed < len(scores)]
+    kept[ids] = scores[ids]
     return kept if np.isfinite(kept).any() else scores
 
 

@@ -96,6 +96,13 @@ GREEDY_TEMPERATURE = 1e-5
 MAX_LOGIT_BIAS = 100.0
 
 
+def _sequences(value: Iterable[Iterable[int]]) -> tuple[tuple[int, ...], ...]:
+    out = tuple(tuple(int(t) for t in seq) for seq in value)
+    if any(not seq for seq in out):
+        raise InvalidRequest("banned_sequences", "each sequence needs at least one token")
+    return out
+
+
 def _logit_bias(value: Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None) -> tuple[tuple[int, float], ...]:
     """``{token id: bias}`` (OpenAI sends the ids as strings) as sorted ``(id, bias)`` pairs,
     so the frozen params stay hashable; a bias outside [-100, 100] or a bad id is refused."""
@@ -184,6 +191,12 @@ class GenerationParams:
     #: ``(token id, bias)`` pairs added to the logits before the sampler chooses (OpenAI's
     #: ``logit_bias``; a dict is accepted). Reported logprobs stay the model's own.
     logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_logit_bias)
+    #: vLLM's ``allowed_token_ids``: only these tokens may be chosen (the end tokens too: left
+    #: out, the answer runs to ``max_tokens``). Empty: any. Needs core's sampler.
+    allowed_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
+    #: vLLM's ``bad_words``, as the token sequences they are written as: a sequence's last token
+    #: is never chosen right after the rest of it (a one-token sequence, never). Needs core's sampler.
+    banned_sequences: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_sequences)
     #: llama.cpp's fill-in-the-middle sampler after top-k, min-p and top-p (ruvllm.infill_sampling;
     #: llama-server's ``infill`` in ``samplers``). Needs core's sampler.
     infill_sampling: bool = False

@@ -333,6 +333,32 @@ def test_a_window_multiplies_non_positive_logits_as_llama_cpp_does():
         GenerationParams(penalty_last_n=-2)
 
 
+# vLLM's allowed_token_ids and bad_words (banned_sequences).
+def test_allowed_token_ids_keep_every_other_token_out():
+    logits = np.array([3.0, 2.0, 1.0, 0.5], dtype=np.float32)
+    s = Sampler(GenerationParams(allowed_token_ids=(2, 3), temperature=1.0, seed=0), 4)
+    assert {s.sample(logits).token_id for _ in range(50)} == {2, 3}
+
+
+def test_a_banned_sequence_bans_its_last_token_only_after_the_rest():
+    logits = np.array([3.0, 2.0, 1.0], dtype=np.float32)
+    alone = Sampler(GenerationParams(banned_sequences=((0,),)), 3)
+    assert alone.sample(logits).token_id == 1  # a one-token sequence: never
+    pair = Sampler(GenerationParams(banned_sequences=((0, 0),)), 3)
+    # 0 is free at first, then banned right after a 0, then free again after the 1.
+    assert [pair.sample(logits).token_id for _ in range(4)] == [0, 1, 0, 1]
+
+
+def test_allowed_tokens_a_grammar_excludes_leave_the_grammar_its_choice():
+    logits = np.array([3.0, 2.0, 1.0], dtype=np.float32)
+
+    def only_two(_, scores):
+        return np.where(np.arange(3) == 2, scores, -np.inf)
+
+    s = Sampler(GenerationParams(allowed_token_ids=(0,)), 3, logits_processors=[only_two])
+    assert s.sample(logits).token_id == 2
+
+
 # -- logprobs -----------------------------------------------------------------------------------
 def test_chosen_logprob_is_log_softmax_of_the_raw_logits():
     rng = np.random.default_rng(2)

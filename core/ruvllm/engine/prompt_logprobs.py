@@ -23,8 +23,8 @@ from ruvllm.types import GenerationParams, PromptLogprob, TokenLogprob
 
 def check_logits_options(params: GenerationParams, *, path: str, backend: str, vocab_size: int,
                          executor: Any) -> None:
-    """Refuse ``logit_bias`` / ``min_tokens`` / ``prompt_logprobs`` a request cannot have, naming
-    the reason."""
+    """Refuse ``logit_bias`` / ``allowed_token_ids`` / ``bad_words`` / ``min_tokens`` /
+    ``prompt_logprobs`` a request cannot have, naming the reason."""
     if params.logit_bias:
         require_in_vocabulary("logit_bias", (t for t, _ in params.logit_bias), vocab_size)
         if path != "executor":
@@ -32,6 +32,15 @@ def check_logits_options(params: GenerationParams, *, path: str, backend: str, v
                 "logit_bias", f"backend {backend!r} samples inside its own engine (request-level "
                 "path), so ruvllm's sampler cannot apply a logit bias; remove logit_bias or use a "
                 "backend with an executor (see `ruvllm backends`)")
+    if params.allowed_token_ids:
+        require_in_vocabulary("allowed_token_ids", params.allowed_token_ids, vocab_size)
+    for name, value in (("allowed_token_ids", params.allowed_token_ids),
+                        ("bad_words", params.banned_sequences)):
+        if value and path != "executor":
+            raise InvalidRequest(
+                name, f"backend {backend!r} samples inside its own engine (request-level path), so "
+                f"ruvllm's sampler cannot keep tokens out; remove {name} or use a backend with an "
+                "executor (see `ruvllm backends`)")
     if params.min_tokens and path != "executor":
         raise InvalidRequest(
             "min_tokens", f"backend {backend!r} samples inside its own engine (request-level path), "

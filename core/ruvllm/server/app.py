@@ -278,7 +278,8 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
             service = CompletionService(route, settings.limits)
             engine = route.engine
             prompts = await completion_prompts(engine, body.prompt, body.suffix)
-            params = [service.choice_params(body, ids) for ids in prompts]
+            params = [await service.with_bad_words(service.choice_params(body, ids), body.bad_words)
+                      for ids in prompts]
             # Choice index -> its prompt's index: n choices per prompt, prompt after prompt.
             prompt_of = [p for p in range(len(prompts)) for _ in range(body.n)]
             procs = await guided_processors(engine, completion_constraint(body).spec, len(prompt_of))

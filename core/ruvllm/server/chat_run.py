@@ -61,6 +61,7 @@ async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, 
     engine = route.engine
     constraint, ids = await _constrained_prompt(route, body)
     params = attrs.evolve(service.choice_params(body, ids), penalty_last_n=penalty_last_n)
+    params = await service.with_bad_words(params, body.bad_words)
     procs = await guided_processors(engine, constraint.spec, body.n)
     predicted = await prediction_ids(engine, body.prediction)
     submission = await service.submit(

@@ -24,13 +24,14 @@ from typing import Any
 
 import attrs
 
-from ruvllm.errors import BackendError, RuvllmError
+from ruvllm.errors import BackendError, InvalidRequest, RuvllmError
 from ruvllm.generation import check_prompt
 from ruvllm.sampling import LogitsProcessor
 from ruvllm.server.model_pool import Route
 from ruvllm.server.params import Limits, generation_params
 from ruvllm.server.schemas import ChatCompletionRequest, CompletionRequest
 from ruvllm.serving import AsyncEngine, RequestHandle
+from ruvllm.tokenizer import require_encodable
 from ruvllm.types import FinishReason, GenerationParams, GenerationResult, TokenOutput
 
 #: One choice's streamed outputs and its result.
@@ -261,6 +262,23 @@ class CompletionService:
                                    logprobs_supported=self.engine.capabilities.logprobs)
         self.check_context(prompt_ids, params)
         return params
+
+    async def with_bad_words(self, params: GenerationParams, words: Sequence[str] | None) -> GenerationParams:
+        """``params`` banning vLLM's ``bad_words``: each word's tokens as written at the start of
+        the answer and, where they differ, after a space (vLLM's rule), tokenized by the engine."""
+        if not words:
+            return params
+        banned: list[tuple[int, ...]] = []
+        for i, word in enumerate(words):
+            field, text = f"bad_words[{i}]", word.lstrip()
+            if not text:
+                raise InvalidRequest(field, "must hold a word, not only whitespace", word)
+            bare = await self.engine.encode_async(require_encodable(field, text), add_special=False)
+            banned.append(tuple(bare))
+            spaced = await self.engine.encode_async(" " + text, add_special=False)
+            if spaced[0] != bare[0] and len(spaced) == len(bare):
+                banned.append(tuple(spaced))
+        return attrs.evolve(params, banned_sequences=banned)
 
     async def submit(self, choices: Sequence[ChoiceRequest], *, id_prefix: str, priority: int = 0,
                      cache_salt: str | None = None, prediction: Sequence[int] = ()) -> Submission:

@@ -331,6 +331,7 @@ def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits:
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "stop_token_ids": req.stop_token_ids,
         "logit_bias": req.logit_bias,
+        "allowed_token_ids": req.allowed_token_ids or (),
         "tenant": req.user,  # a learning plugin (SONA) learns per end user
     }
     if isinstance(req, CompletionRequest) and req.echo and logprobs is not None:

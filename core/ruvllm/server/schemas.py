@@ -78,6 +78,11 @@ class _Request(RequestBody):
     cache_salt: str | None = Field(None, min_length=1)
     #: vLLM's: the answer carries the prompt's and each choice's token ids (responses.py).
     return_token_ids: bool | None = None
+    #: vLLM's: only these tokens may be chosen (GenerationParams.allowed_token_ids).
+    allowed_token_ids: list[_TokenId] | None = Field(None, min_length=1)
+    #: vLLM's: words never written, at the start of the answer or after a space
+    #: (CompletionService.banned_words).
+    bad_words: list[_Text] | None = None
     #: vLLM's: each prompt position's logprobs with this many alternatives (responses.py); not
     #: with ``stream`` (they come with the end of the answer, params.py says).
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
