@@ -164,12 +164,12 @@ def test_cross_field_rules_in_schema_and_server(openapi, small_server):
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_unknown_fields_are_refused_by_name(small_server, path):
     body = {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
-    r = httpx.post(small_server.url + path, json={**body, "prompt_logprobs": 1, "guided_jsn": {}},
+    r = httpx.post(small_server.url + path, json={**body, "return_tokens_as_ids": True, "guided_jsn": {}},
                    headers=HEADERS, timeout=60)
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == "guided_jsn"
-    assert "guided_jsn" in err["message"] and "prompt_logprobs" in err["message"]
+    assert "guided_jsn" in err["message"] and "return_tokens_as_ids" in err["message"]
 
 
 def test_cache_salt_is_accepted(small_server):
