@@ -365,6 +365,9 @@ class ModelInfo:
     path: str | None = None
     quantization: str | None = None
     parameters: int | None = None
+    #: The most tokens one embeddings input may have, where the model is served with embeddings
+    #: (the ServingEngine fills it in from ``LlmBackend.max_embedding_tokens``); None: no embeddings.
+    embedding_tokens: int | None = None
 
 
 @attrs.frozen(kw_only=True)

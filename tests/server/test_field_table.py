@@ -174,6 +174,7 @@ def test_every_request_model_forbids_unknown_fields(routes):
 CHAT_MESSAGES = [{"role": "user", "content": "Say hello."}]
 LLAMA = ("llama_completion", "llama_infill")
 RERANK = ("rerank", "rerank_v1", "rerank_v2", "reranking", "reranking_v1")
+COHERE = ("cohere_embed", "cohere_embed_v1")
 #: A body each endpoint answers as it normally does, and the status it answers with. The LoRA
 #: routes are off on this server (403 after the body parsed); the feedback id is unknown (404).
 BASE: dict[str, tuple[dict[str, Any], int]] = {
@@ -223,6 +224,7 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
        for label in ("score", "score_v1")},
     **{label: ({"query": "What purrs?", "documents": ["Cats purr.", "Stocks fell."]}, 200)
        for label in RERANK},
+    **{label: ({"texts": ["Cats purr."]}, 200) for label in COHERE},
 }
 ANTHROPIC = ("messages", "count_tokens")
 _CONVERSATION_OBJECTS = {
@@ -303,6 +305,11 @@ _OLLAMA_OBJECTS = {
 
 #: A body holding an unknown key inside each nested object, and the param the 400 must name.
 NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
+    **{(label, "inputs[]"): ({"inputs": [{"content": [{"type": "text", "text": "Hi"}], UNKNOWN: 1}]},
+                             f"inputs[0].{UNKNOWN}") for label in COHERE},
+    **{(label, "inputs[].content[]"): (
+        {"inputs": [{"content": [{"type": "text", "text": "Hi", UNKNOWN: 1}]}]},
+        f"inputs[0].content[0].{UNKNOWN}") for label in COHERE},
     **{(label, "structured_outputs"): (
         {**BASE[label][0], "structured_outputs": {"choice": ["a"], UNKNOWN: 1}},
         f"structured_outputs.{UNKNOWN}") for label in ("chat", "completions")},
@@ -347,6 +354,8 @@ NESTED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
 _ASSISTANT_SAID = {"role": "assistant", "content": "Hello"}
 #: A body with each ``refused`` field at a value ruvllm cannot honour, and the param named.
 REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
+    **{(label, field): ({"texts": ["Hi"], field: value}, field) for label in COHERE
+       for field, value in (("images", ["data:image/png;base64,iVBORw0K"]), ("output_dimension", 256))},
     **{(label, f"structured_outputs.{field}"): (
         {**BASE[label][0], "structured_outputs": {"json_object": True, field: value}},
         f"structured_outputs.{field}")
@@ -530,6 +539,8 @@ ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
     **{(label, "priority"): (BASE[label][0], {**BASE[label][0], "priority": 5})
        for label in ("score", "score_v1", *RERANK)},
     **{(label, "raw_scores"): (BASE[label][0], {**BASE[label][0], "raw_scores": True}) for label in RERANK},
+    **{(label, field): (BASE[label][0], {**BASE[label][0], field: value}) for label in COHERE
+       for field, value in (("input_type", "search_query"), ("priority", 3))},
 }
 
 

@@ -489,7 +489,8 @@ class ServingEngine:
         self._caps = caps
         info = backend.info
         room = min(info.context_length, self._core.max_request_tokens())
-        self._info = attrs.evolve(info, context_length=room)
+        self._info = attrs.evolve(info, context_length=room, embedding_tokens=(
+            backend.max_embedding_tokens() if caps.embeddings else None))
         #: Why one request gets less than the model's window here, for ContextLengthExceeded.
         self.context_limit_note = "" if room >= info.context_length else (
             f"this engine's KV capacity gives one request {room} of the model's {info.context_length} "

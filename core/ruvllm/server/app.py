@@ -30,6 +30,7 @@ from ruvllm.hardware import cpu_info
 from ruvllm.server.batch_file import BatchLane
 from ruvllm.server.batches_api import register_batch_routes
 from ruvllm.server.chat_run import start_chat
+from ruvllm.server.cohere_embed import register_cohere_embed_routes
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService
 from ruvllm.server.conversations_api import ConversationStore, register_conversation_routes
 from ruvllm.server.delivery import answer
@@ -170,6 +171,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     register_llama_server_routes(app, pool, settings.limits)
     register_llama_server_info_routes(app, pool, settings.limits, total_slots=settings.max_num_seqs)
     register_scoring_routes(app, pool)
+    register_cohere_embed_routes(app, pool)
     lane = BatchLane(app, api_key=settings.api_key, window=max(1, settings.max_num_seqs // 2))
     batches = register_batch_routes(app, lane)
     message_batches = register_message_batch_routes(app, lane)
