@@ -61,6 +61,7 @@ from ruvllm.server.params import (
     chat_prompt_ids,
     completion_prompts,
     seeded,
+    truncated,
 )
 from ruvllm.server.path_aliases import PathAliasesMiddleware
 from ruvllm.server.response_store import ResponseStore
@@ -234,7 +235,9 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
             engine = route.engine
             require_embeddings(route, body.model, "/v1/embeddings")
             check_dimensions(body.dimensions)
-            ids = await input_ids(engine, split_inputs(body.input))
+            most = engine.info.embedding_tokens or engine.info.context_length
+            ids = [truncated(x, body.truncate_prompt_tokens, body.truncation_side, most)
+                   for x in await input_ids(engine, split_inputs(body.input))]
             vectors = await engine.embed_async(ids)
         return embeddings_response(vectors, model=route.served_name, encoding_format=body.encoding_format,
                                    prompt_tokens=sum(len(x) for x in ids))
@@ -279,7 +282,9 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
         async with pool.route(body.model) as route:
             service = CompletionService(route, settings.limits)
             engine = route.engine
-            prompts = await completion_prompts(engine, body.prompt, body.suffix)
+            prompts = [truncated(ids, body.truncate_prompt_tokens, body.truncation_side,
+                                 engine.info.context_length)
+                       for ids in await completion_prompts(engine, body.prompt, body.suffix)]
             params = [await service.with_bad_words(service.choice_params(body, ids), body.bad_words)
                       for ids in prompts]
             # Choice index -> its prompt's index: n choices per prompt, prompt after prompt.

@@ -19,7 +19,7 @@ from ruvllm.guided.request import processors as guided_processors
 from ruvllm.reasoning import Reasoning, reasoning_for
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService, Submission
 from ruvllm.server.model_pool import Route
-from ruvllm.server.params import Limits, chat_prompt_ids, message_dicts, prediction_ids, seeded
+from ruvllm.server.params import Limits, chat_prompt_ids, message_dicts, prediction_ids, seeded, truncated
 from ruvllm.server.responses import ChatFormatter
 from ruvllm.server.scheduling import submit_options
 from ruvllm.server.schemas import ChatCompletionRequest
@@ -43,7 +43,8 @@ async def _constrained_prompt(route: Route,
                               body: ChatCompletionRequest) -> tuple[RequestConstraint, list[int]]:
     constraint = chat_constraint(body, route.engine.info.chat_template)
     options = body.template_options()
-    ids = await chat_prompt_ids(route.engine, body.messages, constraint.tools, options)
+    ids = truncated(await chat_prompt_ids(route.engine, body.messages, constraint.tools, options),
+                    body.truncate_prompt_tokens, body.truncation_side, route.engine.info.context_length)
     if constraint.spec is not None and options.continues(message_dicts(body.messages)):
         raise InvalidRequest(constraint.spec.field, "cannot constrain a continued final message (assistant "
                              "prefill): the grammar starts at the answer's first token, and this answer "

@@ -17,7 +17,7 @@ import numpy as np
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.server.model_pool import Route
-from ruvllm.server.schemas import RequestBody
+from ruvllm.server.schemas import RequestBody, TruncateTokens
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable
 
@@ -36,6 +36,10 @@ class EmbeddingRequest(RequestBody):
     dimensions: int | None = None
     #: OpenAI's end-user id: accepted, never used (docs/server.md says why).
     user: str | None = None
+    #: vLLM's: each input cut to this many tokens (-1: the embedding limit), from
+    #: ``truncation_side`` (params.truncated); left out, a longer input is a 400.
+    truncate_prompt_tokens: TruncateTokens | None = None
+    truncation_side: Literal["left", "right"] | None = None
 
 
 def require_embeddings(route: Route, model: str | None, endpoint: str) -> None:

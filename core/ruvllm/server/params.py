@@ -244,6 +244,18 @@ def penalties_on(repeat: float | None, presence: float | None, frequency: float 
     return repeat not in (None, 1.0) or bool(presence) or bool(frequency)
 
 
+def truncated(ids: list[int], keep: int | None, side: str | None, most: int) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens``: ``ids`` cut to ``keep`` tokens (-1: ``most``, the
+    model's limit) from the left (the last tokens kept, vLLM's default) or the right (the first);
+    None: whole, a prompt that does not fit is then refused by name, never cut."""
+    if keep is None:
+        return ids
+    keep = most if keep == -1 else keep
+    if len(ids) <= keep:
+        return ids
+    return ids[:keep] if side == "right" else ids[len(ids) - keep:]
+
+
 #: llama.cpp's and Ollama's ``repeat_last_n`` when a request leaves it out.
 DEFAULT_PENALTY_WINDOW = 64
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from ruvllm.chat import TemplateOptions
 from ruvllm.errors import InvalidRequest
@@ -27,6 +27,16 @@ MAX_COMPLETION_LOGPROBS = 5
 
 _Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
 _Text = _StopString = Annotated[str, Field(min_length=1)]
+#: vLLM's ``truncate_prompt_tokens``: a number of tokens, or -1 (the model's limit).
+def _not_zero(n: int) -> int:
+    if n == 0:
+        raise InvalidRequest("truncate_prompt_tokens", "must be -1 (the model's limit) or at least 1; 0 "
+                             "would leave nothing", n)
+    return n
+
+
+TruncateTokens = Annotated[int, Field(ge=-1), AfterValidator(_not_zero)]
+
 _TokenId = Annotated[int, Field(ge=0)]
 
 
@@ -78,6 +88,10 @@ class _Request(RequestBody):
     cache_salt: str | None = Field(None, min_length=1)
     #: vLLM's: the answer carries the prompt's and each choice's token ids (responses.py).
     return_token_ids: bool | None = None
+    #: vLLM's: the prompt cut to this many tokens (-1: the model's context), from
+    #: ``truncation_side`` (params.truncated).
+    truncate_prompt_tokens: TruncateTokens | None = None
+    truncation_side: Literal["left", "right"] | None = None
     #: vLLM's: only these tokens may be chosen (GenerationParams.allowed_token_ids).
     allowed_token_ids: list[_TokenId] | None = Field(None, min_length=1)
     #: vLLM's: words never written, at the start of the answer or after a space
