@@ -71,3 +71,21 @@ def test_chat_carries_the_prompt_once_and_each_choices_tokens(server):
     events = chunks(server, "/v1/chat/completions", body)
     assert events[0]["prompt_token_ids"] == prompt and all("prompt_token_ids" not in e for e in events[1:])
     assert streamed_ids(events, 0) == choice["token_ids"]
+
+
+def test_tokens_as_token_ids_name_every_logprobs_token_by_id(server):
+    """vLLM's ``return_tokens_as_token_ids``: ``token_id:<id>`` wherever logprobs name a token
+    (chat's entries and alternatives, completions' lists, the echoed prompt's too)."""
+    ask = {"messages": MESSAGES, "max_tokens": 4, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    chat = post(server, "/v1/chat/completions", {**ask, "return_token_ids": True,
+                                                 "return_tokens_as_token_ids": True}).json()["choices"][0]
+    entries = chat["logprobs"]["content"]
+    assert [e["token"] for e in entries] == [f"token_id:{t}" for t in chat["token_ids"][:len(entries)]]
+    assert all(a["token"].startswith("token_id:") for e in entries for a in e["top_logprobs"])
+    assert entries[0]["bytes"] == list(entries[0]["token"].encode())
+    done = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "echo": True,
+                                            "logprobs": 1, "return_tokens_as_token_ids": True}).json()
+    lists = done["choices"][0]["logprobs"]
+    prompt = post(server, "/tokenize", {"prompt": PROMPT}).json()["tokens"]
+    assert lists["tokens"][:len(prompt)] == [f"token_id:{t}" for t in prompt]
+    assert all(k.startswith("token_id:") for top in lists["top_logprobs"] if top for k in top)

@@ -299,10 +299,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
             of_choice = {i: prompts[p] for i, p in enumerate(prompt_of)}
             fmt = completion_formatter(submission.id, route.served_name, engine.tokenizer, params[0].logprobs,
                                        echo=echo, prompts=of_choice, stream=body.stream)
-            if body.return_token_ids:
-                fmt.return_token_ids(of_choice)
-            if body.prompt_logprobs is not None:
-                fmt.return_prompt_logprobs(body.prompt_logprobs)
+            fmt.answer_as_asked(body, of_choice)
             return await answer(submission, fmt, request, body, [len(ids) for ids in prompts])
 
     return app

@@ -72,10 +72,7 @@ async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, 
     fmt = chat_formatter(submission.id, route.served_name, engine.tokenizer, params.logprobs,
                          constraint.tools, prompt_reasoning(route, limits, ids), predicted=bool(predicted),
                          legacy_functions=body.legacy_functions)
-    if body.return_token_ids:
-        fmt.return_token_ids(dict.fromkeys(range(body.n), ids))
-    if body.prompt_logprobs is not None:
-        fmt.return_prompt_logprobs(body.prompt_logprobs)
+    fmt.answer_as_asked(body, dict.fromkeys(range(body.n), ids))
     return ChatRun(submission, fmt, ids)
 
 

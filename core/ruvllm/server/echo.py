@@ -10,7 +10,7 @@ and generates nothing, so the answer is the echo with a ``length`` finish.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ruvllm.server.responses import CompletionFormatter
@@ -20,8 +20,10 @@ from ruvllm.types import GenerationResult, PromptLogprob, TokenOutput
 
 
 def prompt_logprob_lists(prompt_ids: Sequence[int], entries: Sequence[PromptLogprob | None],
-                         tokenizer: Tokenizer, top_n: int) -> dict[str, list[Any]]:
-    """The legacy ``logprobs`` lists of the prompt (offsets from 0)."""
+                         tokenizer: Tokenizer, top_n: int,
+                         shown: Callable[[int, str], str] = lambda _, text: text) -> dict[str, list[Any]]:
+    """The legacy ``logprobs`` lists of the prompt (offsets from 0); ``shown`` names a token
+    (id, text) in them (the formatter's ``return_tokens_as_token_ids``)."""
     tokens: list[str] = []
     token_lps: list[float | None] = []
     tops: list[dict[str, float] | None] = []
@@ -29,7 +31,7 @@ def prompt_logprob_lists(prompt_ids: Sequence[int], entries: Sequence[PromptLogp
     offset = 0
     for tid, entry in zip(prompt_ids, entries, strict=True):
         text = tokenizer.token_text(tid)
-        tokens.append(text)
+        tokens.append(shown(tid, text))
         offsets.append(offset)
         offset += len(text)
         if entry is None:
@@ -37,7 +39,8 @@ def prompt_logprob_lists(prompt_ids: Sequence[int], entries: Sequence[PromptLogp
             tops.append(None)
         else:
             token_lps.append(entry.logprob)
-            tops.append({t.text: t.logprob for t in entry.top_logprobs[:top_n]} if top_n else None)
+            tops.append({shown(t.token_id, t.text): t.logprob for t in entry.top_logprobs[:top_n]}
+                        if top_n else None)
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -59,7 +62,7 @@ class EchoFormatter(CompletionFormatter):
                 continue
             assert result.prompt_logprobs is not None, "prompt logprobs were asked of the engine"
             merged = prompt_logprob_lists(self.prompts[index], result.prompt_logprobs, self.tok,
-                                          self.logprobs)
+                                          self.logprobs, self._shown)
             if generated is not None:
                 for key in merged:
                     merged[key].extend(generated[key])
@@ -108,7 +111,7 @@ class EchoStreamFormatter(EchoFormatter):
         if self._holds:
             assert result.prompt_logprobs is not None, "prompt logprobs were asked of the engine"
             lists = prompt_logprob_lists(self.prompts[index], result.prompt_logprobs, self.tok,
-                                         self.logprobs or 0)
+                                         self.logprobs or 0, self._shown)
             unsent = self._take_ids(index)  # the ending token ids: with the finish, not the prompt
             prompt = self._chunk(index, self.echo.get(index, ""), None, lists)
             chunks.append(self._with_prompt_ids(index, prompt))

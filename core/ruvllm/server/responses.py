@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from ruvllm.reasoning import Reasoning, ReasoningSplitter
 from ruvllm.server.sse import sse_event
 from ruvllm.tokenizer import Tokenizer
-from ruvllm.types import GenerationResult, TokenOutput
+from ruvllm.types import GenerationResult, TokenLogprob, TokenOutput
 
 
 def cached_tokens(results: Sequence[GenerationResult], prompts: int) -> int:
@@ -117,6 +117,18 @@ class _Base(abc.ABC):
         self._noted: dict[int, int] = {}
         #: vLLM's ``prompt_logprobs``: the alternatives listed per prompt position (None: not asked).
         self._prompt_top: int | None = None
+        self._as_ids = False
+
+    def answer_as_asked(self, body: Any, prompts: Mapping[int, Sequence[int]]) -> None:
+        """Follow the answer options a chat or completions ``body`` sets (vLLM's
+        ``return_token_ids``, ``prompt_logprobs``, ``return_tokens_as_token_ids``); ``prompts``:
+        choice index -> its prompt's ids."""
+        if body.return_token_ids:
+            self.return_token_ids(prompts)
+        if body.prompt_logprobs is not None:
+            self.return_prompt_logprobs(body.prompt_logprobs)
+        if body.return_tokens_as_token_ids:
+            self.return_tokens_as_token_ids()
 
     def return_prompt_logprobs(self, top: int) -> None:
         """Answer with vLLM's ``prompt_logprobs``: per prompt position (None for the first) the
@@ -183,8 +195,18 @@ class _Base(abc.ABC):
                              predicted=self.predicted)
         return out
 
+    def return_tokens_as_token_ids(self) -> None:
+        """vLLM's ``return_tokens_as_token_ids``: logprobs name each token ``token_id:<id>``, so a
+        token whose text is not valid on its own (part of a character) is still identified."""
+        self._as_ids = True
+
+    def _shown(self, token_id: int | None, text: str) -> str:
+        """How a logprobs entry names a token: its text, or ``token_id:<id>`` where asked."""
+        return f"token_id:{token_id}" if self._as_ids and token_id is not None else text
+
     def _token_text(self, out: TokenOutput) -> str:
-        return self.tok.token_text(out.token_id) if out.token_id is not None else out.text
+        return self._shown(out.token_id, self.tok.token_text(out.token_id) if out.token_id is not None
+                           else out.text)
 
     def _reports_lp(self, out: TokenOutput) -> bool:
         """Whether ``out`` gets a logprobs entry: asked for, and a sampled token (not text a
@@ -270,8 +292,11 @@ class ChatFormatter(_Base):
     def _lp_entry(self, out: TokenOutput) -> dict[str, Any]:
         text = self._token_text(out)
         return {"token": text, "logprob": out.logprob, "bytes": list(text.encode()),
-                "top_logprobs": [{"token": t.text, "logprob": t.logprob, "bytes": list(t.text.encode())}
-                                 for t in out.top_logprobs[: self.logprobs or 0]]}
+                "top_logprobs": [self._alternative(t) for t in out.top_logprobs[: self.logprobs or 0]]}
+
+    def _alternative(self, t: TokenLogprob) -> dict[str, Any]:
+        shown = self._shown(t.token_id, t.text)
+        return {"token": shown, "logprob": t.logprob, "bytes": list(shown.encode())}
 
     def _chunk(self, index: int, delta: dict[str, Any], finish: str | None,
                logprobs: Any = None) -> dict[str, Any]:
@@ -348,7 +373,8 @@ class CompletionFormatter(_Base):
                 continue
             tokens.append(self._token_text(o))
             token_lps.append(o.logprob)
-            tops.append({t.text: t.logprob for t in o.top_logprobs[: self.logprobs or 0]}
+            alternatives = o.top_logprobs[: self.logprobs or 0]
+            tops.append({self._shown(t.token_id, t.text): t.logprob for t in alternatives}
                         if self.logprobs else None)
             offsets.append(offset)
             offset += len(o.text)

@@ -88,6 +88,8 @@ class _Request(RequestBody):
     cache_salt: str | None = Field(None, min_length=1)
     #: vLLM's: the answer carries the prompt's and each choice's token ids (responses.py).
     return_token_ids: bool | None = None
+    #: vLLM's: logprobs name each token ``token_id:<id>`` (responses.py).
+    return_tokens_as_token_ids: bool | None = None
     #: vLLM's: the prompt cut to this many tokens (-1: the model's context), from
     #: ``truncation_side`` (params.truncated).
     truncate_prompt_tokens: TruncateTokens | None = None
