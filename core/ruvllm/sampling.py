@@ -13,9 +13,10 @@ from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
+from ruvllm import llama_samplers
 from ruvllm.errors import InvalidRequest
 from ruvllm.infill_sampling import InfillFilter
-from ruvllm.types import GenerationParams, SampledToken
+from ruvllm.types import GREEDY_TEMPERATURE, GenerationParams, SampledToken
 
 _NUCLEUS_PROBE = 1024
 
@@ -48,6 +49,11 @@ class Sampler:
         ``token_bytes``: a token's text, which ``params.infill_sampling`` compares; with
         ``end_ids`` it is needed for that sampler, which a caller without them refuses."""
         self.params = params
+        on = params.llama_cpp_samplers
+        if on and not params.temperature_last:
+            raise InvalidRequest(on[0], "is one of llama.cpp's samplers, which run in llama.cpp's order only "
+                                 "(temperature last: llama-server's default chain); leave it out or put "
+                                 "temperature after the filters")
         self._infill: InfillFilter | None = None
         if params.infill_sampling:
             if end_ids is None or token_bytes is None:
@@ -181,6 +187,8 @@ class Sampler:
 
     def _draw(self, scores: np.ndarray) -> int:
         p = self.params
+        if p.top_n_sigma > 0:
+            scores = llama_samplers.top_n_sigma(scores, p.top_n_sigma)
         if p.top_k and p.top_k < len(scores):
             candidates = np.argpartition(scores, -p.top_k)[-p.top_k :]
         else:
@@ -210,15 +218,26 @@ class Sampler:
         ``exp(logit / T)`` is the kept probability to the power ``1 / T``, so the weights are
         ``probs ** (1 / T)`` over the kept tokens (the infill rule, where on, between the two)."""
         p = self.params
-        kept = _kept(probs, p.top_p)
+        if p.typical_p < 1.0:  # llama.cpp's typical runs between top-k and top-p
+            typical = llama_samplers.typical(probs, p.typical_p)
+            kept = typical[_kept(probs[typical], p.top_p)]
+        else:
+            kept = _kept(probs, p.top_p)
         if p.min_p > 0.0:
-            kept = kept[probs[kept] >= p.min_p]
+            kept = kept[probs[kept] >= p.min_p * probs[kept].max()]
+        if p.xtc_probability > 0.0:
+            chance = float(self._rng.random())
+            kept = llama_samplers.xtc(kept, probs, p.xtc_threshold, chance, p.xtc_probability)
         ids = kept if candidates is None else candidates[kept]
         weights = probs[kept]
         if self._infill is not None:
             ids, weights = self._infill(ids, weights)
+        temperature = llama_samplers.dynamic_temperature(weights, p.temperature, p.dynatemp_range,
+                                                         p.dynatemp_exponent)
+        if temperature < GREEDY_TEMPERATURE:
+            return int(ids[np.argmax(weights)])
         with np.errstate(under="ignore"):
-            weights = weights ** (1.0 / p.temperature)
+            weights = weights ** (1.0 / temperature)
         return int(ids[_draw_index(weights, self._rng.random())])
 
     def _infill_draw(self, candidates: np.ndarray | None, probs: np.ndarray) -> int:

@@ -205,6 +205,16 @@ class GenerationParams:
     #: transformers' order: the temperature first, then top-k, min-p and top-p over the result.
     #: Needs core's sampler.
     temperature_last: bool = False
+    #: llama.cpp's other samplers (ruvllm.llama_samplers), in its order only (``temperature_last``):
+    #: locally typical sampling (1: off), top-n-sigma (0: off), XTC (probability 0: off; a
+    #: threshold above 0.5 never drops anything) and the dynamic temperature (a spread of 0: off).
+    #: Need core's sampler.
+    typical_p: float = attrs.field(default=1.0, validator=_range(0.0, 1.0, low_open=True))
+    top_n_sigma: float = attrs.field(default=0.0, validator=_range(0.0, 100.0))
+    xtc_probability: float = attrs.field(default=0.0, validator=_range(0.0, 1.0))
+    xtc_threshold: float = attrs.field(default=0.1, validator=_range(0.0, 1.0))
+    dynatemp_range: float = attrs.field(default=0.0, validator=_range(0.0, 2.0))
+    dynatemp_exponent: float = attrs.field(default=1.0, validator=_range(0.0, 100.0))
     #: Logprobs of the prompt's own tokens, from the prefill logits, with this many top
     #: alternatives each (None = not computed). The first prompt token has none (nothing
     #: precedes it). Needs the executor path; such a request never reuses cached prefix KV.
@@ -215,6 +225,13 @@ class GenerationParams:
         # Below 1e-5 (vLLM's threshold) sampling IS greedy in effect, and dividing float32
         # logits by such a temperature overflows to inf/NaN (a 1e-40 temperature is 0 in float32).
         return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def llama_cpp_samplers(self) -> tuple[str, ...]:
+        """The fields of llama.cpp's other samplers this request turns on."""
+        on = {"typical_p": self.typical_p < 1.0, "top_n_sigma": self.top_n_sigma > 0,
+              "xtc_probability": self.xtc_probability > 0, "dynatemp_range": self.dynatemp_range > 0}
+        return tuple(name for name, set_ in on.items() if set_)
 
     @property
     def has_penalties(self) -> bool:

@@ -402,10 +402,8 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
        for label in ("ollama_embed", "ollama_embeddings")},
     ("ollama_embed", "dimensions"): ({**BASE["ollama_embed"][0], "dimensions": 8}, "dimensions"),
     **{(label, field): ({**BASE[label][0], **body}, field) for label in LLAMA for field, body in (
-        ("typical_p", {"typical_p": 0.7}),
         ("mirostat", {"mirostat": 2}), ("dry_multiplier", {"dry_multiplier": 0.8}),
-        ("xtc_probability", {"xtc_probability": 0.5}), ("dynatemp_range", {"dynatemp_range": 0.5}),
-        ("top_n_sigma", {"top_n_sigma": 1.0}), ("min_keep", {"min_keep": 2}),
+        ("min_keep", {"min_keep": 2}),
         ("post_sampling_probs", {"post_sampling_probs": True}),
         ("lora", {"lora": [{"id": 0, "scale": 1.0}]}))},
 }
@@ -530,7 +528,9 @@ ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
        for field, without, with_field in _ollama_accepted(label)},
     **{(label, field): (BASE[label][0], {**BASE[label][0], field: value}) for label in LLAMA
        for field, value in (("cache_prompt", False), ("id_slot", 0), ("t_max_prompt_ms", 500),
-                            ("n_keep", -1))},
+                            ("n_keep", -1), ("mirostat_tau", 5.0), ("mirostat_eta", 0.1), ("dry_base", 1.75),
+                            ("dry_allowed_length", 2), ("dry_penalty_last_n", 64),
+                            ("dry_sequence_breakers", ["\n", ":"]))},
     **{(label, f"structured_outputs.{field}"): (
         {**BASE[label][0], "structured_outputs": {"choice": ["yes", "no"]}},
         {**BASE[label][0], "structured_outputs": {"choice": ["yes", "no"], field: True}})

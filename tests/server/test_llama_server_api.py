@@ -12,6 +12,7 @@ test_fill_in_the_middle.py (SmolLM2 has no fill-in-the-middle tokens: a 400 here
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from typing import Any
 
@@ -152,6 +153,29 @@ def test_n_probs_reports_each_tokens_logprob_and_alternatives(server):
     assert [p["logprob"] for p in probs] == pytest.approx(expected["token_logprobs"], abs=1e-4)
     assert all(len(p["top_logprobs"]) == 2 and p["top_logprobs"][0]["logprob"] >= p["logprob"] - 1e-6
                and bytes(p["bytes"]).decode() == p["token"] for p in probs)
+
+
+def test_llama_cpps_other_samplers_run_in_its_order(server):
+    """XTC drops the top choices (the token drawn is never the favourite while another is above
+    the threshold); a tiny typical_p or top_n_sigma leaves one token, whatever the seed."""
+    for seed in range(4):
+        got = complete(server, prompt=PROMPT, n_predict=1, temperature=1.0, seed=seed, n_probs=3,
+                       xtc_probability=1.0, xtc_threshold=0.01)
+        (first,) = got["completion_probabilities"]
+        favourite, second = first["top_logprobs"][:2]
+        if math.exp(second["logprob"]) >= 0.01:
+            assert first["id"] != favourite["id"], first
+        assert got["generation_settings"]["xtc_probability"] == 1.0
+    greedy = complete(server, prompt=PROMPT, n_predict=3)["content"]
+    for field, value in (("top_n_sigma", 0.01), ("typical_p", 0.01)):
+        answers = {complete(server, prompt=PROMPT, n_predict=3, temperature=1.5, seed=seed,
+                            **{field: value})["content"] for seed in range(4)}
+        assert len(answers) == 1, (field, answers)
+        if field == "top_n_sigma":  # within 0.01 deviations of the best logit: the best alone
+            assert answers == {greedy}
+    chained = post(server, "/completion", {"prompt": PROMPT, "n_predict": 1, "typical_p": 0.5,
+                                           "samplers": ["temperature", "typ_p", "top_p"]})
+    assert chained.status_code == 400 and chained.json()["error"]["param"] == "typical_p", chained.text
 
 
 def test_grammars_bias_and_chains_steer_the_one_sampler(server):

@@ -38,6 +38,7 @@ from ruvllm.server.llama_server_schemas import (
     LlamaInfillRequest,
     bias_entries,
     infill_sampling,
+    llama_sampler_params,
     samplers_run,
     sampling_fields,
     temperature_last,
@@ -152,7 +153,8 @@ def llama_cpp_rules(params: GenerationParams, body: LlamaCompletionRequest,
     :func:`ruvllm.server.params.penalty_window`)."""
     window = penalty_window("repeat_last_n", body.repeat_last_n, params.has_penalties,
                             engine.capabilities.core_sampler)
-    return attrs.evolve(params, temperature_last=runs_temperature_last(body, engine), penalty_last_n=window)
+    return attrs.evolve(params, temperature_last=runs_temperature_last(body, engine), penalty_last_n=window,
+                        **llama_sampler_params(body))
 
 
 def generation_settings(params: GenerationParams, body: LlamaCompletionRequest, *, context: int,
@@ -163,6 +165,10 @@ def generation_settings(params: GenerationParams, body: LlamaCompletionRequest, 
             "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
             "min_p": params.min_p, "repeat_penalty": params.repetition_penalty,
             "repeat_last_n": -1 if params.penalty_last_n is None else params.penalty_last_n,
+            "typical_p": params.typical_p,
+            "top_n_sigma": params.top_n_sigma if params.top_n_sigma > 0 else -1.0,
+            "xtc_probability": params.xtc_probability, "xtc_threshold": params.xtc_threshold,
+            "dynatemp_range": params.dynatemp_range, "dynatemp_exponent": params.dynatemp_exponent,
             "presence_penalty": params.presence_penalty, "frequency_penalty": params.frequency_penalty,
             "stop": list(params.stop), "ignore_eos": params.ignore_eos, "n_probs": body.n_probs,
             "n_indent": body.n_indent, "t_max_predict_ms": body.t_max_predict_ms, "stream": body.stream,

@@ -35,13 +35,14 @@ _LogitBias = list[_BiasPair] | dict[str, _Bias]
 
 #: llama.cpp's sampler names that core's sampler has, and the fields each reads.
 _SAMPLER_FIELDS = {"top_k": ("top_k",), "top_p": ("top_p",), "min_p": ("min_p",),
-                   "temperature": ("temperature",),
-                   "penalties": ("repeat_penalty", "presence_penalty", "frequency_penalty")}
+                   "temperature": ("temperature", "dynatemp_range", "dynatemp_exponent"),
+                   "penalties": ("repeat_penalty", "presence_penalty", "frequency_penalty"),
+                   "typ_p": ("typical_p",), "top_n_sigma": ("top_n_sigma",),
+                   "xtc": ("xtc_probability", "xtc_threshold")}
 #: llama.cpp's own fill-in-the-middle sampler: named by the editor plugins' chains.
 INFILL_SAMPLER = "infill"
 #: Samplers core does not have, with the field that turns each off and its "off" value.
-_OFF = {"typical_p": 1.0, "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
-        "dynatemp_range": 0.0, "top_n_sigma": -1.0}
+_OFF = {"mirostat": 0, "dry_multiplier": 0.0}
 
 
 class ExtraInput(StrictModel):
@@ -87,13 +88,22 @@ class LlamaCompletionRequest(RequestBody):
     id_slot: int = -1
     t_max_prompt_ms: int | None = None
     n_keep: int = 0
-    # Samplers and options core does not have: refused unless off.
+    # llama.cpp's other samplers (ruvllm.llama_samplers), in its order: see llama_sampler_params.
     typical_p: float | None = None
-    mirostat: int | None = None
-    dry_multiplier: float | None = None
-    xtc_probability: float | None = None
-    dynatemp_range: float | None = None
     top_n_sigma: float | None = None
+    xtc_probability: float | None = Field(None, ge=0.0, le=1.0)
+    xtc_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    dynatemp_range: float | None = Field(None, ge=0.0, le=2.0)
+    dynatemp_exponent: float | None = Field(None, ge=0.0, le=100.0)
+    # Samplers core does not have: refused unless off; their settings accepted, unused.
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
     min_keep: int = 0
     post_sampling_probs: bool = False
     lora: list[dict[str, Any]] | None = None
@@ -136,7 +146,7 @@ def _refuse_unsupported(body: LlamaCompletionRequest) -> None:
 _ALIASES = {"temp": "temperature", "top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min-p": "min_p",
             "typical": "typ_p", "typical_p": "typ_p", "typical-p": "typ_p", "top-n-sigma": "top_n_sigma"}
 #: Samplers that are off unless their own field turns them on, which is refused (:data:`_OFF`).
-_OFF_UNLESS_SET = {"typ_p", "dry", "xtc", "top_n_sigma"}
+_OFF_UNLESS_SET = {"dry"}
 #: llama.cpp's one-letter names, for a chain sent as a string (``"kpi"``).
 _LETTERS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "m": "min_p", "x": "xtc",
             "t": "temperature", "i": INFILL_SAMPLER, "e": "penalties", "s": "top_n_sigma"}
@@ -191,6 +201,27 @@ def sampling_fields(body: LlamaCompletionRequest) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+def llama_sampler_params(body: LlamaCompletionRequest) -> dict[str, float]:
+    """The GenerationParams of llama.cpp's other samplers that ``body`` turns on, where its chain
+    runs them (each is off at llama.cpp's off value: typical_p 1, top_n_sigma 0 or below, XTC's
+    probability 0, a dynamic-temperature range 0)."""
+    running = _chain(body.samplers)
+    values: dict[str, float] = {}
+    if "typ_p" in running and body.typical_p is not None and 0 < body.typical_p < 1:
+        values["typical_p"] = body.typical_p
+    if "top_n_sigma" in running and body.top_n_sigma is not None and body.top_n_sigma > 0:
+        values["top_n_sigma"] = body.top_n_sigma
+    if "xtc" in running and body.xtc_probability:
+        values["xtc_probability"] = body.xtc_probability
+        if body.xtc_threshold is not None:
+            values["xtc_threshold"] = body.xtc_threshold
+    if "temperature" in running and body.dynatemp_range:
+        values["dynatemp_range"] = body.dynatemp_range
+        if body.dynatemp_exponent is not None:
+            values["dynatemp_exponent"] = body.dynatemp_exponent
+    return values
+
+
 def temperature_last(body: LlamaCompletionRequest) -> bool:
     """Whether the chain runs the temperature after top-p and min-p (llama.cpp's order, and its
     default chain's): they then choose among the model's own probabilities. A chain with the
@@ -212,8 +243,12 @@ def temperature_last(body: LlamaCompletionRequest) -> bool:
 def samplers_run(body: LlamaCompletionRequest, *, last: bool) -> list[str]:
     """llama-server's ``samplers`` of an answer: the samplers that ran, in the order core ran them
     (``last``: the temperature after the filters)."""
-    running = _chain(body.samplers) | ({INFILL_SAMPLER} if infill_sampling(body) else set())
-    order = (["penalties", "top_k", "top_p", "min_p", INFILL_SAMPLER, "temperature"] if last else
+    on = {"typ_p": "typical_p", "top_n_sigma": "top_n_sigma", "xtc": "xtc_probability"}
+    active = llama_sampler_params(body)
+    running = {name for name in _chain(body.samplers) if name not in on or on[name] in active}
+    running |= {INFILL_SAMPLER} if infill_sampling(body) else set()
+    order = (["penalties", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", INFILL_SAMPLER,
+              "temperature"] if last else
              ["penalties", "temperature", "top_k", "min_p", "top_p", INFILL_SAMPLER])
     return [name for name in order if name in running]
 

@@ -42,6 +42,12 @@ def chat_request(m: Any, prompt_text: str, params: GenerationParams, *, adapter:
         raise InvalidRequest("temperature_last", "mistral.rs samples inside its engine in its own order (the "
                              "temperature first); drop llama.cpp's order or use a backend whose sampling "
                              "runs in ruvllm (capabilities.core_sampler)", True)
+    if params.llama_cpp_samplers:
+        name = params.llama_cpp_samplers[0]
+        raise InvalidRequest(name, "mistral.rs samples inside its engine, which has none of llama.cpp's "
+                             "typical, top-n-sigma, XTC or dynamic-temperature samplers; drop it or use a "
+                             "backend whose sampling runs in ruvllm (capabilities.core_sampler)",
+                             getattr(params, name))
     if params.penalty_last_n is not None and params.has_penalties:
         raise InvalidRequest("penalty_last_n", "mistral.rs applies its penalties inside its engine over the "
                              "whole sequence, never llama.cpp's window of the last tokens; drop it or use a "
