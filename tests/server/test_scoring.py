@@ -9,17 +9,21 @@ separates them by ~0.2 of cosine, ruvllm.testing.embeddings.TOPIC_MARGIN).
 
 from __future__ import annotations
 
+import math
+
 import httpx
 import numpy as np
 import pytest
-from ruvllm.testing.embeddings import TOPIC_TEXTS
+from ruvllm.testing.embeddings import MIN_BATCH_COSINE, TOPIC_TEXTS
 from server_helpers import API_KEY
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CAT, KITTEN, MONEY, STOCKS = TOPIC_TEXTS
-#: Vectors of the same text batched with others point the same way within 1e-4 of cosine
-#: (ruvllm.testing.embeddings.MIN_BATCH_COSINE); a score is compared within that.
-ATOL = 1e-4
+#: A text's vector batched with other texts may turn by up to acos(MIN_BATCH_COSINE) (the kernels
+#: block the work differently per batch shape; llama.cpp's AVX2 kernels more than AVX-512's), so a
+#: cosine between two vectors embedded in different batches may move by twice that (~0.028); the
+#: scores compared here are ~0.2 apart, so a score of the wrong pair still fails.
+ATOL = 2 * math.acos(MIN_BATCH_COSINE)
 
 
 def post(server, path: str, body: dict) -> httpx.Response:
