@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from pydantic import Field, model_validator
 
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.embeddings import input_ids, require_embeddings
+from ruvllm.server.embeddings import embed_texts, require_embeddings
 from ruvllm.server.model_pool import ModelPool
 from ruvllm.server.schemas import RequestBody, StrictModel
 
@@ -135,13 +135,11 @@ def register_cohere_embed_routes(app: FastAPI, pool: ModelPool) -> None:
         async with pool.route(body.model) as route:
             engine = route.engine
             require_embeddings(route, body.model, endpoint)
-            texts = [t for _, t in named]
-            ids = await input_ids(engine, texts, fields=[f for f, _ in named])
             most = engine.info.embedding_tokens or engine.info.context_length
             limit = min(body.max_tokens or most, most)
-            ids = [cut(x, limit, body.truncate, field) for x, (field, _) in zip(ids, named, strict=True)]
-            vectors = np.asarray(await engine.embed_async(ids), dtype=np.float32)
-        return vectors, texts, sum(map(len, ids))
+            vectors, tokens = await embed_texts(engine, named,
+                                                lambda field, ids: cut(ids, limit, body.truncate, field))
+        return np.asarray(vectors, dtype=np.float32), [t for _, t in named], tokens
 
     def answer(vectors: np.ndarray, texts: list[str], tokens: int, version: str,
                embeddings: Any, response_type: str) -> dict[str, Any]:

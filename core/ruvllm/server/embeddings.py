@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -81,6 +83,36 @@ async def input_ids(engine: AsyncEngine, items: list[str | list[int]], *,
     return list(await asyncio.gather(*(
         engine.encode_async(item, add_special=True) if isinstance(item, str) else _ready(list(item))
         for item in items)))
+
+
+async def embed_texts(engine: AsyncEngine, named: Sequence[tuple[str, str]],
+                      cut: Callable[[str, list[int]], list[int]] | None = None) -> tuple[np.ndarray, int]:
+    """Unit vectors of the texts of ``named`` ((field, text) pairs; a bad text is refused naming
+    its field), one row each, and the tokens embedded; ``cut(field, ids)`` gives the ids a text
+    is embedded from (None: all). Each distinct text is tokenized once and each distinct token
+    list embedded once (a query is not recomputed per document)."""
+    texts = list(dict.fromkeys(text for _, text in named))
+    first_field = {text: field for field, text in reversed(named)}
+    tokenized = await input_ids(engine, texts, fields=[first_field[t] for t in texts])
+    ids = dict(zip(texts, tokenized, strict=True))
+    wanted = [tuple(cut(field, ids[text]) if cut is not None else ids[text]) for field, text in named]
+    distinct = list(dict.fromkeys(wanted))
+    try:
+        vectors = np.asarray(await engine.embed_async([list(x) for x in distinct]))
+    except InvalidRequest as exc:
+        first_of = {x: field for (field, _), x in reversed(list(zip(named, wanted, strict=True)))}
+        raise _renamed(exc, [first_of[x] for x in distinct]) from None
+    row = {x: k for k, x in enumerate(distinct)}
+    return vectors[[row[x] for x in wanted]], sum(len(x) for x in distinct)
+
+
+def _renamed(exc: InvalidRequest, fields: list[str]) -> InvalidRequest:
+    """The engine's refusal of ``input[k]`` naming the field the client sent the text in."""
+    found = re.fullmatch(r"input(?:\[(\d+)\])?", exc.field)
+    if found is None:
+        return exc
+    field = fields[int(found.group(1) or 0)]
+    return InvalidRequest(field, str(exc).removeprefix(f"{exc.field}: "), exc.value)
 
 
 async def _ready(ids: list[int]) -> list[int]:

@@ -16,7 +16,6 @@ engine's model thread (``AsyncEngine.embed_async``), so a query is not recompute
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from typing import Annotated, Any
@@ -26,7 +25,7 @@ from fastapi import FastAPI
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.embeddings import MAX_INPUTS, input_ids, require_embeddings
+from ruvllm.server.embeddings import MAX_INPUTS, embed_texts, require_embeddings
 from ruvllm.server.model_pool import ModelPool
 from ruvllm.server.schemas import RequestBody, StrictModel
 from ruvllm.serving import AsyncEngine
@@ -152,43 +151,17 @@ def pairs(first: tuple[str, list[str]], second: tuple[str, list[str]]) -> list[t
     return [(i, i) for i in range(len(texts_1))]
 
 
-async def embedded(engine: AsyncEngine, named: list[tuple[str, str]],
-                   limits: list[int | None] | None = None) -> tuple[np.ndarray, int]:
-    """Unit vectors of the texts of ``named`` ((field, text) pairs; a bad text is named by its
-    field), one row each, and the tokens embedded; ``limits`` cuts each text to its first that
-    many tokens (None: whole). Each distinct text is tokenized once and each distinct token list
-    embedded once."""
-    texts = list(dict.fromkeys(text for _, text in named))
-    first_field = {text: field for field, text in reversed(named)}
-    tokenized = await input_ids(engine, texts, fields=[first_field[t] for t in texts])
-    ids = dict(zip(texts, tokenized, strict=True))
-    wanted = [tuple(ids[text][:limit]) for (_, text), limit in zip(named, limits or [None] * len(named),
-                                                                    strict=True)]
-    distinct = list(dict.fromkeys(wanted))
-    try:
-        vectors = np.asarray(await engine.embed_async([list(x) for x in distinct]), dtype=np.float64)
-    except InvalidRequest as exc:
-        first_of = {x: field for (field, _), x in reversed(list(zip(named, wanted, strict=True)))}
-        raise _renamed(exc, [first_of[x] for x in distinct]) from None
-    row = {x: k for k, x in enumerate(distinct)}
-    return vectors[[row[x] for x in wanted]], sum(len(x) for x in distinct)
-
-
-def _renamed(exc: InvalidRequest, fields: list[str]) -> InvalidRequest:
-    """The engine's refusal of ``input[k]`` naming the field the client sent the text in."""
-    found = re.fullmatch(r"input(?:\[(\d+)\])?", exc.field)
-    if found is None:
-        return exc
-    field = fields[int(found.group(1) or 0)]
-    return InvalidRequest(field, str(exc).removeprefix(f"{exc.field}: "), exc.value)
-
-
 async def rerank(engine: AsyncEngine, body: RerankRequest) -> tuple[list[tuple[int, float]], int]:
     """(document index, score) best first, cut to ``top_n``, and the tokens embedded."""
     texts = body.document_texts()
     pairs(("query", [body.query]), (body.field, texts))  # the count checks
     named = [("query", body.query), *((f"{body.field}[{i}]", t) for i, t in enumerate(texts))]
-    vectors, tokens = await embedded(engine, named, [None] + [body.max_tokens_per_doc] * len(texts))
+    most = body.max_tokens_per_doc
+
+    def cut(field: str, ids: list[int]) -> list[int]:
+        return ids if field == "query" or most is None else ids[:most]
+
+    vectors, tokens = await embed_texts(engine, named, cut)
     scores = [(i, float(np.dot(vectors[0], vectors[i + 1]))) for i in range(len(texts))]
     scores.sort(key=lambda s: -s[1])
     return scores[: body.top_n or None], tokens
@@ -218,7 +191,7 @@ def register_scoring_routes(app: FastAPI, pool: ModelPool) -> None:
                  for i, t in enumerate(texts)]
         async with pool.route(body.model) as route:
             require_embeddings(route, body.model, "/score")
-            vectors, tokens = await embedded(route.engine, named)
+            vectors, tokens = await embed_texts(route.engine, named)
         offset = len(first[1])
         data = [{"index": k, "object": "score", "score": float(np.dot(vectors[i], vectors[offset + j]))}
                 for k, (i, j) in enumerate(index_pairs)]
