@@ -1,5 +1,5 @@
-"""llama.cpp's other samplers, rule for rule: locally typical sampling, top-n-sigma, XTC and the
-dynamic temperature (its ``temp-ext``).
+"""llama.cpp's other samplers, rule for rule: locally typical sampling, top-n-sigma, XTC, the
+dynamic temperature (its ``temp-ext``) and Mirostat (1 and 2).
 
 They run in llama.cpp's order only (``GenerationParams.temperature_last``: the filters choose
 among the model's own probabilities, the temperature comes last), the order llama-server's
@@ -65,3 +65,47 @@ def dynamic_temperature(weights: np.ndarray, temperature: float, spread: float, 
     normalised = entropy / float(np.log(len(weights)))
     low, high = max(0.0, temperature - spread), temperature + spread
     return low + (high - low) * normalised ** exponent
+
+
+class Mirostat:
+    """Mirostat's state for one request: the surprise bound ``mu`` (2 tau at the start), moved
+    towards the target surprise ``tau`` by ``eta`` after each token. Version 2 keeps the tokens
+    whose surprise (-log2 p) is within ``mu``; version 1 estimates the distribution's Zipf
+    exponent from its ``m`` best tokens and keeps the top k that bound implies. In llama.cpp
+    Mirostat replaces the filter chain: it runs on the tempered distribution, nothing else."""
+
+    def __init__(self, version: int, tau: float, eta: float, vocab_size: int, m: int = 100):
+        self.version, self.tau, self.eta, self.vocab_size, self.m = version, tau, eta, vocab_size, m
+        self.mu = 2.0 * tau
+
+    def choose(self, scores: np.ndarray, temperature: float, uniform: float) -> int:
+        """The token drawn from ``scores`` (logits) at ``temperature`` with the uniform draw
+        ``uniform``; ``mu`` moves by the token's surprise."""
+        finite = np.flatnonzero(np.isfinite(scores))
+        if temperature <= 0:  # llama.cpp's temperature 0 keeps the best alone
+            return int(finite[np.argmax(scores[finite])])
+        logits = scores[finite].astype(np.float64) / temperature
+        order = np.argsort(-logits, kind="stable")
+        q = np.exp(logits[order] - logits[order[0]])
+        q /= q.sum()
+        keep = self._kept(q)
+        kept = q[:keep] / q[:keep].sum()
+        pick = min(int(np.searchsorted(np.cumsum(kept), uniform, side="right")), keep - 1)
+        self.mu -= self.eta * (-np.log2(kept[pick]) - self.tau)
+        return int(finite[order[pick]])
+
+    def _kept(self, q: np.ndarray) -> int:
+        """How many of the sorted probabilities ``q`` the version keeps (at least one)."""
+        if self.version == 2:
+            return max(1, int(np.count_nonzero(-np.log2(q) <= self.mu)))
+        n = min(self.m - 1, len(q) - 1)
+        if n < 1:
+            return 1
+        t = np.log(np.arange(2, n + 2) / np.arange(1, n + 1))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            b = np.log(q[:n] / q[1:n + 1])
+        s_hat = float(np.nansum(t * b) / np.sum(t * t))
+        epsilon = s_hat - 1
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            k = ((epsilon * 2.0 ** self.mu) / (1 - float(self.vocab_size) ** -epsilon)) ** (1 / s_hat)
+        return max(1, min(len(q), int(k))) if np.isfinite(k) else len(q)

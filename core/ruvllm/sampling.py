@@ -49,11 +49,14 @@ class Sampler:
         ``token_bytes``: a token's text, which ``params.infill_sampling`` compares; with
         ``end_ids`` it is needed for that sampler, which a caller without them refuses."""
         self.params = params
-        on = params.llama_cpp_samplers
+        on = [name for name in params.llama_cpp_samplers if name != "mirostat"]
         if on and not params.temperature_last:
             raise InvalidRequest(on[0], "is one of llama.cpp's samplers, which run in llama.cpp's order only "
                                  "(temperature last: llama-server's default chain); leave it out or put "
                                  "temperature after the filters")
+        #: Mirostat's state (it replaces the filters; llama.cpp's rule, ruvllm.llama_samplers).
+        self._mirostat = llama_samplers.Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta,
+                                                 vocab_size) if params.mirostat else None
         self._infill: InfillFilter | None = None
         if params.infill_sampling:
             if end_ids is None or token_bytes is None:
@@ -130,7 +133,9 @@ class Sampler:
             scores = self._penalised(scores)
         elif self._window:
             scores = self._penalised_in_window(scores)
-        if p.greedy and self._infill is None:
+        if self._mirostat is not None:
+            token = self._mirostat.choose(scores, p.temperature, float(self._rng.random()))
+        elif p.greedy and self._infill is None:
             token = int(np.argmax(scores))
         elif p.greedy or p.temperature_last:
             # Greedy: the most probable token the infill rule keeps. Temperature last: the filters

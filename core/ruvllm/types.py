@@ -215,6 +215,11 @@ class GenerationParams:
     xtc_threshold: float = attrs.field(default=0.1, validator=_range(0.0, 1.0))
     dynatemp_range: float = attrs.field(default=0.0, validator=_range(0.0, 2.0))
     dynatemp_exponent: float = attrs.field(default=1.0, validator=_range(0.0, 100.0))
+    #: llama.cpp's (and Ollama's) Mirostat: 1 or 2 replaces top-k, top-p, min-p and the other
+    #: filters with a surprise-bounded draw at the temperature (0: off). Needs core's sampler.
+    mirostat: int = attrs.field(default=0, validator=_int_at_least(0, 2))
+    mirostat_tau: float = attrs.field(default=5.0, validator=_range(0.0, 100.0))
+    mirostat_eta: float = attrs.field(default=0.1, validator=_range(0.0, 10.0))
     #: Logprobs of the prompt's own tokens, from the prefill logits, with this many top
     #: alternatives each (None = not computed). The first prompt token has none (nothing
     #: precedes it). Needs the executor path; such a request never reuses cached prefix KV.
@@ -230,7 +235,8 @@ class GenerationParams:
     def llama_cpp_samplers(self) -> tuple[str, ...]:
         """The fields of llama.cpp's other samplers this request turns on."""
         on = {"typical_p": self.typical_p < 1.0, "top_n_sigma": self.top_n_sigma > 0,
-              "xtc_probability": self.xtc_probability > 0, "dynatemp_range": self.dynatemp_range > 0}
+              "xtc_probability": self.xtc_probability > 0, "dynatemp_range": self.dynatemp_range > 0,
+              "mirostat": self.mirostat > 0}
         return tuple(name for name, set_ in on.items() if set_)
 
     @property

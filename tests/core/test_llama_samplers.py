@@ -70,3 +70,45 @@ def test_the_sampler_runs_them_in_llama_cpps_order_only():
     typical = Sampler(GenerationParams(temperature=1.0, temperature_last=True, typical_p=0.2, seed=1), 4)
     kept = set(llama_samplers.typical(np.exp(logits), 0.2).tolist())
     assert {typical.sample(logits).token_id for _ in range(60)} == kept
+
+
+def _mirostat_v2_reference(logits: np.ndarray, temperature: float, tau: float, eta: float,
+                           uniforms: list[float]) -> tuple[list[int], float]:
+    """llama_sampler_mirostat_v2_apply, step for step, with the draws given."""
+    mu, tokens = 2 * tau, []
+    for u in uniforms:
+        scaled = logits / temperature
+        order = sorted(range(len(scaled)), key=lambda i: -scaled[i])
+        p = np.exp(scaled[order] - scaled[order[0]])
+        p /= p.sum()
+        size = next((i for i, x in enumerate(p) if -np.log2(x) > mu), len(p)) or 1
+        kept = p[:size] / p[:size].sum()
+        total, idx = 0.0, size - 1
+        for i, x in enumerate(kept):
+            total += x
+            if u < total:
+                idx = i
+                break
+        tokens.append(order[idx])
+        mu -= eta * (-np.log2(kept[idx]) - tau)
+    return tokens, mu
+
+
+def test_mirostat_2_follows_llama_cpp_step_for_step():
+    logits = np.log(np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04]))
+    uniforms = list(np.random.default_rng(3).random(40))
+    expected, mu = _mirostat_v2_reference(logits, 0.8, 1.5, 0.2, uniforms)
+    state = llama_samplers.Mirostat(2, tau=1.5, eta=0.2, vocab_size=6)
+    got = [state.choose(logits.astype(np.float32), 0.8, u) for u in uniforms]
+    assert got == expected and state.mu == pytest.approx(mu, abs=1e-5)
+    assert len(set(got)) > 1  # the bound moved: more than the favourite was drawn
+
+
+def test_mirostat_1_keeps_the_top_k_its_estimate_implies():
+    zipf = np.log(1.0 / np.arange(1, 201) ** 1.2)  # a Zipf distribution, exponent 1.2
+    state = llama_samplers.Mirostat(1, tau=3.0, eta=0.1, vocab_size=200)
+    assert 1 < state._kept(np.exp(zipf) / np.exp(zipf).sum()) < 200
+    low = llama_samplers.Mirostat(1, tau=0.01, eta=0.1, vocab_size=200)
+    assert low._kept(np.exp(zipf) / np.exp(zipf).sum()) == 1  # a tiny surprise bound: the best alone
+    sampler = Sampler(GenerationParams(temperature=1.0, mirostat=2, mirostat_tau=0.1, seed=0), 200)
+    assert {sampler.sample(zipf.astype(np.float32)).token_id for _ in range(20)} == {0}

@@ -391,7 +391,7 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
                                     f"options.{name}")
        for label in OLLAMA for name, options in (
            ("penalize_newline", {"penalize_newline": False, "presence_penalty": 0.5}),
-           ("tfs_z", {"tfs_z": 0.5}), ("typical_p", {"typical_p": 0.7}), ("mirostat", {"mirostat": 2}))},
+           ("tfs_z", {"tfs_z": 0.5}), ("typical_p", {"typical_p": 0.7}))},
     ("ollama_chat", "messages[].images"): (
         {**BASE["ollama_chat"][0],
          "messages": [{"role": "user", "content": "What is this?", "images": ["iVBORw0K"]}]},
@@ -402,7 +402,7 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
        for label in ("ollama_embed", "ollama_embeddings")},
     ("ollama_embed", "dimensions"): ({**BASE["ollama_embed"][0], "dimensions": 8}, "dimensions"),
     **{(label, field): ({**BASE[label][0], **body}, field) for label in LLAMA for field, body in (
-        ("mirostat", {"mirostat": 2}), ("dry_multiplier", {"dry_multiplier": 0.8}),
+        ("dry_multiplier", {"dry_multiplier": 0.8}),
         ("min_keep", {"min_keep": 2}),
         ("post_sampling_probs", {"post_sampling_probs": True}),
         ("lora", {"lora": [{"id": 0, "scale": 1.0}]}))},
@@ -476,8 +476,7 @@ def _responses_accepted() -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]
 #: Ollama's options that say how its runner loads and runs a model, with a value each.
 _OLLAMA_RUNNER = {"numa": False, "num_batch": 64, "num_gpu": 0, "main_gpu": 0, "low_vram": True,
                   "f16_kv": True, "logits_all": False, "vocab_only": False, "use_mmap": True,
-                  "use_mlock": False, "embedding_only": False, "num_thread": 1, "num_keep": 4,
-                  "mirostat_tau": 5.0, "mirostat_eta": 0.1}
+                  "use_mlock": False, "embedding_only": False, "num_thread": 1, "num_keep": 4}
 
 
 def _ollama_accepted(label: str) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -528,7 +527,7 @@ ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
        for field, without, with_field in _ollama_accepted(label)},
     **{(label, field): (BASE[label][0], {**BASE[label][0], field: value}) for label in LLAMA
        for field, value in (("cache_prompt", False), ("id_slot", 0), ("t_max_prompt_ms", 500),
-                            ("n_keep", -1), ("mirostat_tau", 5.0), ("mirostat_eta", 0.1), ("dry_base", 1.75),
+                            ("n_keep", -1), ("dry_base", 1.75),
                             ("dry_allowed_length", 2), ("dry_penalty_last_n", 64),
                             ("dry_sequence_breakers", ["\n", ":"]))},
     **{(label, f"structured_outputs.{field}"): (

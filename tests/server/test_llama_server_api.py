@@ -178,6 +178,22 @@ def test_llama_cpps_other_samplers_run_in_its_order(server):
     assert chained.status_code == 400 and chained.json()["error"]["param"] == "typical_p", chained.text
 
 
+def test_mirostat_replaces_the_chain(server):
+    """Mirostat 2 with a tiny target surprise keeps the favourite alone, whatever the seed and the
+    chain's filters; generation_settings says it ran in the chain's place."""
+    greedy = complete(server, prompt=PROMPT, n_predict=3)["content"]
+    for seed in range(3):
+        got = complete(server, prompt=PROMPT, n_predict=3, temperature=1.5, seed=seed, top_k=40,
+                       mirostat=2, mirostat_tau=0.05, mirostat_eta=0.1)
+        assert got["content"] == greedy
+    settings = got["generation_settings"]
+    assert settings["mirostat"] == 2 and settings["mirostat_tau"] == 0.05
+    assert settings["samplers"] == ["penalties", "temperature", "mirostat_v2"]
+    wide = {complete(server, prompt=PROMPT, n_predict=3, temperature=1.5, seed=seed, mirostat=2,
+                     mirostat_tau=12.0)["content"] for seed in range(6)}
+    assert len(wide) > 1  # a high target lets the draw roam
+
+
 def test_grammars_bias_and_chains_steer_the_one_sampler(server):
     said = complete(server, prompt="Is the sky blue? Answer:", n_predict=8, grammar='root ::= " yes" | " no"')
     assert said["content"] in (" yes", " no")
@@ -219,7 +235,7 @@ def test_response_fields_keeps_only_those_paths(server):
 
 @pytest.mark.parametrize("body, param", [
     ({"repeat_penalty": 1.1, "repeat_last_n": -2}, "repeat_last_n"),
-    ({"mirostat": 2}, "mirostat"),
+    ({"mirostat": 3}, "mirostat"),
     ({"samplers": ["top_k", "dry_run"]}, "samplers"),
     ({"samplers": "kpz"}, "samplers"),
     ({"grammar": "root ::= ("}, "grammar"),

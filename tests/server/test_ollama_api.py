@@ -184,6 +184,19 @@ def test_repeat_last_n_is_ollamas_penalty_window(llama, model_name):
         assert ask(**penalised) == ask(**penalised, repeat_last_n=64)
 
 
+def test_mirostat_draws_within_its_surprise_bound(llama, model_name):
+    """Ollama's mirostat 2: a tiny target surprise keeps the favourite alone (the greedy answer)
+    whatever the seed, on chat and generate."""
+    def generate(**options) -> str:
+        return llama.generate(model=model_name, prompt="One, two, three,", raw=True, options=options).response
+
+    bounded = {"temperature": 1.5, "num_predict": 4, "mirostat": 2, "mirostat_tau": 0.05}
+    plain = generate(**greedy(4))
+    assert all(generate(**bounded, seed=seed) == plain for seed in range(3))
+    chat = llama.chat(model=model_name, messages=ASK, options={**bounded, "seed": 1}).message.content
+    assert chat == llama.chat(model=model_name, messages=ASK, options=greedy(4)).message.content
+
+
 def test_an_empty_prompt_loads_the_model(server, llama, model_name):
     for path, body in (("/api/generate", {}), ("/api/chat", {"messages": []})):
         r = httpx.post(server.url + path, json={"model": model_name, **body}, headers=AUTH, timeout=60)
@@ -293,7 +306,7 @@ def test_errors_come_in_ollamas_shape_naming_ollamas_fields(server, llama, model
     assert refused(404, model="no-such-model").startswith("model 'no-such-model' not found")
     assert refused(options={"num_predict": 10_000}).startswith("options.num_predict: ")  # chat's max_tokens
     assert refused(options={"temprature": 0.5}).startswith("options.temprature: ")
-    assert refused(options={"mirostat": 2}).startswith("options.mirostat: ")
+    assert refused(options={"mirostat": 3}).startswith("options.mirostat: ")
     assert refused(think=True).startswith("think: ")
     image = [{"role": "user", "content": "What is this?", "images": [b"\x89PNG\r\n"]}]
     assert refused(messages=image).startswith("messages[0].images: ")

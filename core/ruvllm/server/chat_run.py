@@ -11,6 +11,9 @@ formats what comes back; everything in between is here, once.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import attrs
 
 from ruvllm.errors import InvalidRequest
@@ -54,14 +57,14 @@ async def _constrained_prompt(route: Route,
 
 
 async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, *, id_prefix: str,
-                     penalty_last_n: int | None = None) -> ChatRun:
+                     extra_params: Mapping[str, Any] | None = None) -> ChatRun:
     """Check ``body``, submit its choices on ``route`` and return them running (a refusal raises
-    before anything runs). ``penalty_last_n``: llama.cpp's penalty window, for a surface whose
-    clients expect it (Ollama's ``repeat_last_n``); None keeps OpenAI's penalties."""
+    before anything runs). ``extra_params``: GenerationParams a surface sets beyond a chat
+    request's fields (Ollama's llama.cpp penalty window and Mirostat)."""
     service = CompletionService(route, limits)
     engine = route.engine
     constraint, ids = await _constrained_prompt(route, body)
-    params = attrs.evolve(service.choice_params(body, ids), penalty_last_n=penalty_last_n)
+    params = attrs.evolve(service.choice_params(body, ids), **(extra_params or {}))
     params = await service.with_bad_words(params, body.bad_words)
     procs = await guided_processors(engine, constraint.spec, body.n)
     predicted = await prediction_ids(engine, body.prediction)

@@ -42,7 +42,7 @@ _SAMPLER_FIELDS = {"top_k": ("top_k",), "top_p": ("top_p",), "min_p": ("min_p",)
 #: llama.cpp's own fill-in-the-middle sampler: named by the editor plugins' chains.
 INFILL_SAMPLER = "infill"
 #: Samplers core does not have, with the field that turns each off and its "off" value.
-_OFF = {"mirostat": 0, "dry_multiplier": 0.0}
+_OFF = {"dry_multiplier": 0.0}
 
 
 class ExtraInput(StrictModel):
@@ -95,10 +95,11 @@ class LlamaCompletionRequest(RequestBody):
     xtc_threshold: float | None = Field(None, ge=0.0, le=1.0)
     dynatemp_range: float | None = Field(None, ge=0.0, le=2.0)
     dynatemp_exponent: float | None = Field(None, ge=0.0, le=100.0)
-    # Samplers core does not have: refused unless off; their settings accepted, unused.
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
+    #: Mirostat 1 or 2 replaces the chain (llama.cpp's rule; llama_sampler_params).
+    mirostat: int | None = Field(None, ge=0, le=2)
+    mirostat_tau: float | None = Field(None, ge=0.0, le=100.0)
+    mirostat_eta: float | None = Field(None, ge=0.0, le=10.0)
+    # DRY, which core does not have: refused unless off; its settings accepted, unused.
     dry_multiplier: float | None = None
     dry_base: float | None = None
     dry_allowed_length: int | None = None
@@ -207,6 +208,11 @@ def llama_sampler_params(body: LlamaCompletionRequest) -> dict[str, float]:
     probability 0, a dynamic-temperature range 0)."""
     running = _chain(body.samplers)
     values: dict[str, float] = {}
+    if body.mirostat:  # whatever the chain: Mirostat replaces it
+        values["mirostat"] = body.mirostat
+        for name in ("mirostat_tau", "mirostat_eta"):
+            if getattr(body, name) is not None:
+                values[name] = getattr(body, name)
     if "typ_p" in running and body.typical_p is not None and 0 < body.typical_p < 1:
         values["typical_p"] = body.typical_p
     if "top_n_sigma" in running and body.top_n_sigma is not None and body.top_n_sigma > 0:
@@ -245,6 +251,10 @@ def samplers_run(body: LlamaCompletionRequest, *, last: bool) -> list[str]:
     (``last``: the temperature after the filters)."""
     on = {"typ_p": "typical_p", "top_n_sigma": "top_n_sigma", "xtc": "xtc_probability"}
     active = llama_sampler_params(body)
+    if "mirostat" in active:  # it replaces the filters: the penalties, the temperature, then it
+        chain = _chain(body.samplers)
+        return [*(["penalties"] if "penalties" in chain else []), "temperature",
+                "mirostat" if active["mirostat"] == 1 else "mirostat_v2"]
     running = {name for name in _chain(body.samplers) if name not in on or on[name] in active}
     running |= {INFILL_SAMPLER} if infill_sampling(body) else set()
     order = (["penalties", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", INFILL_SAMPLER,

@@ -51,7 +51,7 @@ from ruvllm.server.ollama_schemas import (
     check_think,
     format_schema,
     keep_alive_seconds,
-    penalty_last_n,
+    llama_cpp_params,
     refuse_embedding_options,
     sampling_fields,
     top_logprobs,
@@ -72,7 +72,8 @@ _OLLAMA_FIELDS = {
     "max_tokens": "options.num_predict", "temperature": "options.temperature", "top_p": "options.top_p",
     "top_k": "options.top_k", "min_p": "options.min_p", "seed": "options.seed", "stop": "options.stop",
     "presence_penalty": "options.presence_penalty", "frequency_penalty": "options.frequency_penalty",
-    "repetition_penalty": "options.repeat_penalty", "guided_json": "format",
+    "repetition_penalty": "options.repeat_penalty", "guided_json": "format", "mirostat": "options.mirostat",
+    "mirostat_tau": "options.mirostat_tau", "mirostat_eta": "options.mirostat_eta",
 }
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -285,7 +286,7 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
             num_ctx = _num_ctx(body.options)
             with _in_ollama_terms("messages", num_ctx):
                 run = await start_chat(route, chat_body, _request_limits(limits, num_ctx), id_prefix="ollama",
-                                       penalty_last_n=penalty_last_n(body.options,
+                                       extra_params=llama_cpp_params(body.options,
                                                                      route.engine.capabilities.core_sampler))
             exchange = _Exchange(submission=run.submission, formatter=run.formatter,
                                  prompt_ids=run.prompt_ids, model=body.model, chat=True, started=started,
@@ -312,9 +313,8 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
             with _in_ollama_terms("prompt", num_ctx):
                 ids = await _generate_ids(route, body)
                 completion = CompletionRequest(prompt=ids, **sampling)
-                window = penalty_last_n(body.options, engine.capabilities.core_sampler)
                 params = attrs.evolve(service.choice_params(completion, ids), logprobs=logprobs,
-                                      penalty_last_n=window)
+                                      **llama_cpp_params(body.options, engine.capabilities.core_sampler))
                 procs = await guided_processors(engine, completion_constraint(completion).spec, 1)
                 submission = await service.submit(
                     [ChoiceRequest(index=0, prompt_ids=ids, params=params, processors=procs[0])],

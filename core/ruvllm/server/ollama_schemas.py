@@ -179,16 +179,23 @@ class OllamaEmbeddingsRequest(RequestBody):
 
 
 #: Options ruvllm's sampler cannot honour, with the value that turns each off in Ollama.
-_OFF = {"tfs_z": (1.0, "tail-free sampling"), "typical_p": (1.0, "locally typical sampling"),
-        "mirostat": (0, "Mirostat sampling")}
+_OFF = {"tfs_z": (1.0, "tail-free sampling"), "typical_p": (1.0, "locally typical sampling")}
 
 
-def penalty_last_n(options: OllamaOptions | None, core_sampler: bool) -> int | None:
-    """``GenerationParams.penalty_last_n`` for ``options.repeat_last_n`` (Ollama's window, 64 when
-    left out; :func:`ruvllm.server.params.penalty_window`)."""
+def llama_cpp_params(options: OllamaOptions | None, core_sampler: bool) -> dict[str, Any]:
+    """The GenerationParams of ``options`` that follow llama.cpp's rules, as Ollama's runner
+    does: the penalty window (``repeat_last_n``, 64 when left out;
+    :func:`ruvllm.server.params.penalty_window`) and Mirostat (``mirostat`` 1 or 2 with its
+    ``mirostat_tau`` and ``mirostat_eta``, which replaces the other filters)."""
     o = options or OllamaOptions()
     penalised = penalties_on(o.repeat_penalty, o.presence_penalty, o.frequency_penalty)
-    return penalty_window("options.repeat_last_n", o.repeat_last_n, penalised, core_sampler)
+    window = penalty_window("options.repeat_last_n", o.repeat_last_n, penalised, core_sampler)
+    out: dict[str, Any] = {"penalty_last_n": window}
+    if o.mirostat:
+        out["mirostat"] = o.mirostat
+        out.update({name: value for name, value in (("mirostat_tau", o.mirostat_tau),
+                                                    ("mirostat_eta", o.mirostat_eta)) if value is not None})
+    return out
 
 
 def sampling_fields(options: OllamaOptions | None) -> dict[str, Any]:
