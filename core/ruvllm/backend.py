@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ruvllm import dry
 from ruvllm.errors import BackendUnavailable
 from ruvllm.executor import BatchExecutor, KvLayout
 from ruvllm.generation import ending_ids
@@ -140,10 +141,12 @@ LogitsFn = Callable[[Sequence[int]], np.ndarray]
 def request_sampler(params: GenerationParams, vocab_size: int, prompt_ids: Sequence[int],
                     tokenizer: Tokenizer, logits_processors: Sequence[LogitsProcessor] = ()) -> Sampler:
     """Core's sampler for one request, told by ``tokenizer`` what it needs beyond the logits: the
-    tokens that end the request (``min_tokens`` keeps them out) and each token's text (the infill
-    sampler compares texts)."""
+    tokens that end the request (``min_tokens`` keeps them out), each token's text (the infill
+    sampler compares texts) and DRY's restart sequences."""
+    breakers = (dry.restart_sequences(tokenizer, params.dry_sequence_breakers) if params.dry_multiplier > 0
+                else None)
     return Sampler(params, vocab_size, prompt_ids, logits_processors, end_ids=ending_ids(params, tokenizer),
-                   token_bytes=functools.partial(text_bytes, tokenizer))
+                   token_bytes=functools.partial(text_bytes, tokenizer), dry_breakers=breakers)
 
 
 def sample_stream(

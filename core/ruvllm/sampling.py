@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
-from ruvllm import llama_samplers
+from ruvllm import dry, llama_samplers
 from ruvllm.errors import InvalidRequest
 from ruvllm.infill_sampling import InfillFilter
 from ruvllm.types import GREEDY_TEMPERATURE, GenerationParams, SampledToken
@@ -43,17 +43,27 @@ class Sampler:
     def __init__(self, params: GenerationParams, vocab_size: int, prompt_ids: Sequence[int] = (),
                  logits_processors: Sequence[LogitsProcessor] = (), *,
                  end_ids: Collection[int] | None = None,
-                 token_bytes: Callable[[int], bytes] | None = None):
+                 token_bytes: Callable[[int], bytes] | None = None,
+                 dry_breakers: dry.Breakers | None = None):
         """``end_ids``: the tokens that would end the request (generation.ending_ids), kept out
         until ``params.min_tokens`` tokens are chosen; a caller that cannot say refuses min_tokens.
         ``token_bytes``: a token's text, which ``params.infill_sampling`` compares; with
         ``end_ids`` it is needed for that sampler, which a caller without them refuses."""
         self.params = params
-        on = [name for name in params.llama_cpp_samplers if name != "mirostat"]
+        on = [name for name in params.llama_cpp_samplers if name not in ("mirostat", "dry_multiplier")]
         if on and not params.temperature_last:
             raise InvalidRequest(on[0], "is one of llama.cpp's samplers, which run in llama.cpp's order only "
                                  "(temperature last: llama-server's default chain); leave it out or put "
                                  "temperature after the filters")
+        #: DRY's restart sequences (ruvllm.dry), and the prompt and output it reads.
+        self._dry = dry_breakers
+        self._history: list[int] = []
+        if params.dry_multiplier > 0:
+            if dry_breakers is None:
+                raise InvalidRequest("dry_multiplier", "this backend does not give core's sampler the "
+                                     "model's tokenizer, which DRY's sequence breakers need; leave it out or "
+                                     "serve the model through the engine")
+            self._history = list(prompt_ids)
         #: Mirostat's state (it replaces the filters; llama.cpp's rule, ruvllm.llama_samplers).
         self._mirostat = llama_samplers.Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta,
                                                  vocab_size) if params.mirostat else None
@@ -133,6 +143,10 @@ class Sampler:
             scores = self._penalised(scores)
         elif self._window:
             scores = self._penalised_in_window(scores)
+        if self._dry is not None and p.dry_multiplier > 0:
+            scores = dry.penalised(scores, self._history, self._dry, multiplier=p.dry_multiplier,
+                                   base=p.dry_base, allowed_length=p.dry_allowed_length,
+                                   last_n=p.dry_penalty_last_n)
         if self._mirostat is not None:
             token = self._mirostat.choose(scores, p.temperature, float(self._rng.random()))
         elif p.greedy and self._infill is None:
@@ -256,6 +270,8 @@ class Sampler:
 
     def _record(self, token: int) -> None:
         self._output.append(token)
+        if self._dry is not None:
+            self._history.append(token)
         if self._window is not None:
             self._window.append(token)
         if self._counts is not None and token < len(self._counts):

@@ -215,6 +215,15 @@ class GenerationParams:
     xtc_threshold: float = attrs.field(default=0.1, validator=_range(0.0, 1.0))
     dynatemp_range: float = attrs.field(default=0.0, validator=_range(0.0, 2.0))
     dynatemp_exponent: float = attrs.field(default=1.0, validator=_range(0.0, 100.0))
+    #: llama.cpp's DRY (ruvllm.dry): a token that would extend a sequence seen earlier in the last
+    #: ``dry_penalty_last_n`` tokens (-1: all) loses ``multiplier * base ** (length -
+    #: allowed_length)``; the breakers end what a repetition may span. 0: off. Needs core's sampler
+    #: and the model's tokenizer (request_sampler).
+    dry_multiplier: float = attrs.field(default=0.0, validator=_range(0.0, 100.0))
+    dry_base: float = attrs.field(default=1.75, validator=_range(1.0, 100.0))
+    dry_allowed_length: int = attrs.field(default=2, validator=_int_at_least(1))
+    dry_penalty_last_n: int = attrs.field(default=-1, validator=_int_at_least(-1))
+    dry_sequence_breakers: tuple[str, ...] = attrs.field(default=("\n", ":", "\"", "*"), converter=tuple)
     #: llama.cpp's (and Ollama's) Mirostat: 1 or 2 replaces top-k, top-p, min-p and the other
     #: filters with a surprise-bounded draw at the temperature (0: off). Needs core's sampler.
     mirostat: int = attrs.field(default=0, validator=_int_at_least(0, 2))
@@ -236,7 +245,7 @@ class GenerationParams:
         """The fields of llama.cpp's other samplers this request turns on."""
         on = {"typical_p": self.typical_p < 1.0, "top_n_sigma": self.top_n_sigma > 0,
               "xtc_probability": self.xtc_probability > 0, "dynatemp_range": self.dynatemp_range > 0,
-              "mirostat": self.mirostat > 0}
+              "mirostat": self.mirostat > 0, "dry_multiplier": self.dry_multiplier > 0}
         return tuple(name for name, set_ in on.items() if set_)
 
     @property

@@ -402,7 +402,6 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
        for label in ("ollama_embed", "ollama_embeddings")},
     ("ollama_embed", "dimensions"): ({**BASE["ollama_embed"][0], "dimensions": 8}, "dimensions"),
     **{(label, field): ({**BASE[label][0], **body}, field) for label in LLAMA for field, body in (
-        ("dry_multiplier", {"dry_multiplier": 0.8}),
         ("min_keep", {"min_keep": 2}),
         ("post_sampling_probs", {"post_sampling_probs": True}),
         ("lora", {"lora": [{"id": 0, "scale": 1.0}]}))},
@@ -527,9 +526,7 @@ ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
        for field, without, with_field in _ollama_accepted(label)},
     **{(label, field): (BASE[label][0], {**BASE[label][0], field: value}) for label in LLAMA
        for field, value in (("cache_prompt", False), ("id_slot", 0), ("t_max_prompt_ms", 500),
-                            ("n_keep", -1), ("dry_base", 1.75),
-                            ("dry_allowed_length", 2), ("dry_penalty_last_n", 64),
-                            ("dry_sequence_breakers", ["\n", ":"]))},
+                            ("n_keep", -1))},
     **{(label, f"structured_outputs.{field}"): (
         {**BASE[label][0], "structured_outputs": {"choice": ["yes", "no"]}},
         {**BASE[label][0], "structured_outputs": {"choice": ["yes", "no"], field: True}})

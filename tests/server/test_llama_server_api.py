@@ -178,6 +178,21 @@ def test_llama_cpps_other_samplers_run_in_its_order(server):
     assert chained.status_code == 400 and chained.json()["error"]["param"] == "typical_p", chained.text
 
 
+def test_dry_keeps_a_repetition_from_going_on(server):
+    """The greedy answer goes on repeating the prompt's phrase; DRY's penalty on the token that
+    would extend the repetition turns it aside, and without ``dry`` in the chain it does not."""
+    looping = "red green blue red green blue red green blue red green"
+    plain = complete(server, prompt=looping, n_predict=1, return_tokens=True)
+    dried = complete(server, prompt=looping, n_predict=1, return_tokens=True, dry_multiplier=4.0,
+                     dry_allowed_length=2)
+    assert plain["content"] == " blue" and dried["tokens"] != plain["tokens"]
+    assert dried["generation_settings"]["dry_multiplier"] == 4.0
+    assert "dry" in dried["generation_settings"]["samplers"]
+    unchained = complete(server, prompt=looping, n_predict=1, return_tokens=True, dry_multiplier=4.0,
+                         samplers=["top_k", "temperature"])
+    assert unchained["tokens"] == plain["tokens"]
+
+
 def test_mirostat_replaces_the_chain(server):
     """Mirostat 2 with a tiny target surprise keeps the favourite alone, whatever the seed and the
     chain's filters; generation_settings says it ran in the chain's place."""

@@ -38,11 +38,11 @@ _SAMPLER_FIELDS = {"top_k": ("top_k",), "top_p": ("top_p",), "min_p": ("min_p",)
                    "temperature": ("temperature", "dynatemp_range", "dynatemp_exponent"),
                    "penalties": ("repeat_penalty", "presence_penalty", "frequency_penalty"),
                    "typ_p": ("typical_p",), "top_n_sigma": ("top_n_sigma",),
-                   "xtc": ("xtc_probability", "xtc_threshold")}
+                   "xtc": ("xtc_probability", "xtc_threshold"),
+                   "dry": ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+                           "dry_sequence_breakers")}
 #: llama.cpp's own fill-in-the-middle sampler: named by the editor plugins' chains.
 INFILL_SAMPLER = "infill"
-#: Samplers core does not have, with the field that turns each off and its "off" value.
-_OFF = {"dry_multiplier": 0.0}
 
 
 class ExtraInput(StrictModel):
@@ -99,11 +99,11 @@ class LlamaCompletionRequest(RequestBody):
     mirostat: int | None = Field(None, ge=0, le=2)
     mirostat_tau: float | None = Field(None, ge=0.0, le=100.0)
     mirostat_eta: float | None = Field(None, ge=0.0, le=10.0)
-    # DRY, which core does not have: refused unless off; its settings accepted, unused.
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
+    #: DRY (ruvllm.dry), where the chain names ``dry``; 0 off, as llama.cpp's default.
+    dry_multiplier: float | None = Field(None, ge=0.0, le=100.0)
+    dry_base: float | None = Field(None, ge=1.0, le=100.0)
+    dry_allowed_length: int | None = Field(None, ge=1)
+    dry_penalty_last_n: int | None = Field(None, ge=-1)
     dry_sequence_breakers: list[str] | None = None
     min_keep: int = 0
     post_sampling_probs: bool = False
@@ -129,11 +129,6 @@ class ApplyTemplateRequest(RequestBody, ChatTemplateFields):
 
 
 def _refuse_unsupported(body: LlamaCompletionRequest) -> None:
-    for name, off in _OFF.items():
-        value = getattr(body, name)
-        if value is not None and value != off:
-            raise InvalidRequest(name, f"asks for a sampler ruvllm's one sampler does not have; leave it out "
-                                 f"or set it to {off} (off)", value)
     for name, off, why in (
             ("min_keep", 0, "core's samplers keep what their thresholds keep"),
             ("post_sampling_probs", False, "n_probs reports the model's own logprobs"),
@@ -146,8 +141,6 @@ def _refuse_unsupported(body: LlamaCompletionRequest) -> None:
 #: llama.cpp's other spellings of the samplers' names.
 _ALIASES = {"temp": "temperature", "top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min-p": "min_p",
             "typical": "typ_p", "typical_p": "typ_p", "typical-p": "typ_p", "top-n-sigma": "top_n_sigma"}
-#: Samplers that are off unless their own field turns them on, which is refused (:data:`_OFF`).
-_OFF_UNLESS_SET = {"dry"}
 #: llama.cpp's one-letter names, for a chain sent as a string (``"kpi"``).
 _LETTERS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "m": "min_p", "x": "xtc",
             "t": "temperature", "i": INFILL_SAMPLER, "e": "penalties", "s": "top_n_sigma"}
@@ -169,7 +162,7 @@ def _chain(samplers: list[str] | str | None) -> set[str]:
     if samplers is None:
         return set(_SAMPLER_FIELDS)
     named = set(_names(samplers))
-    unknown = sorted(named - set(_SAMPLER_FIELDS) - {INFILL_SAMPLER} - _OFF_UNLESS_SET)
+    unknown = sorted(named - set(_SAMPLER_FIELDS) - {INFILL_SAMPLER})
     if unknown:
         raise InvalidRequest("samplers", f"names samplers llama.cpp does not have: {', '.join(unknown)}; "
                              f"use {', '.join(sorted(_SAMPLER_FIELDS))}", samplers)
@@ -202,12 +195,12 @@ def sampling_fields(body: LlamaCompletionRequest) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def llama_sampler_params(body: LlamaCompletionRequest) -> dict[str, float]:
+def llama_sampler_params(body: LlamaCompletionRequest) -> dict[str, Any]:
     """The GenerationParams of llama.cpp's other samplers that ``body`` turns on, where its chain
     runs them (each is off at llama.cpp's off value: typical_p 1, top_n_sigma 0 or below, XTC's
     probability 0, a dynamic-temperature range 0)."""
     running = _chain(body.samplers)
-    values: dict[str, float] = {}
+    values: dict[str, Any] = {}
     if body.mirostat:  # whatever the chain: Mirostat replaces it
         values["mirostat"] = body.mirostat
         for name in ("mirostat_tau", "mirostat_eta"):
@@ -221,6 +214,11 @@ def llama_sampler_params(body: LlamaCompletionRequest) -> dict[str, float]:
         values["xtc_probability"] = body.xtc_probability
         if body.xtc_threshold is not None:
             values["xtc_threshold"] = body.xtc_threshold
+    if "dry" in running and body.dry_multiplier:
+        values["dry_multiplier"] = body.dry_multiplier
+        for name in ("dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers"):
+            if getattr(body, name) is not None:
+                values[name] = getattr(body, name)
     if "temperature" in running and body.dynatemp_range:
         values["dynatemp_range"] = body.dynatemp_range
         if body.dynatemp_exponent is not None:
@@ -249,7 +247,8 @@ def temperature_last(body: LlamaCompletionRequest) -> bool:
 def samplers_run(body: LlamaCompletionRequest, *, last: bool) -> list[str]:
     """llama-server's ``samplers`` of an answer: the samplers that ran, in the order core ran them
     (``last``: the temperature after the filters)."""
-    on = {"typ_p": "typical_p", "top_n_sigma": "top_n_sigma", "xtc": "xtc_probability"}
+    on = {"typ_p": "typical_p", "top_n_sigma": "top_n_sigma", "xtc": "xtc_probability",
+          "dry": "dry_multiplier"}
     active = llama_sampler_params(body)
     if "mirostat" in active:  # it replaces the filters: the penalties, the temperature, then it
         chain = _chain(body.samplers)
@@ -257,9 +256,9 @@ def samplers_run(body: LlamaCompletionRequest, *, last: bool) -> list[str]:
                 "mirostat" if active["mirostat"] == 1 else "mirostat_v2"]
     running = {name for name in _chain(body.samplers) if name not in on or on[name] in active}
     running |= {INFILL_SAMPLER} if infill_sampling(body) else set()
-    order = (["penalties", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", INFILL_SAMPLER,
+    order = (["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", INFILL_SAMPLER,
               "temperature"] if last else
-             ["penalties", "temperature", "top_k", "min_p", "top_p", INFILL_SAMPLER])
+             ["penalties", "dry", "temperature", "top_k", "min_p", "top_p", INFILL_SAMPLER])
     return [name for name in order if name in running]
 
 

@@ -45,7 +45,8 @@ def chat_request(m: Any, prompt_text: str, params: GenerationParams, *, adapter:
     if params.llama_cpp_samplers:
         name = params.llama_cpp_samplers[0]
         raise InvalidRequest(name, "mistral.rs samples inside its engine, which has none of llama.cpp's "
-                             "typical, top-n-sigma, XTC or dynamic-temperature samplers; drop it or use a "
+                             "typical, top-n-sigma, XTC, dynamic-temperature, Mirostat or DRY samplers; drop "
+                             "it or use a "
                              "backend whose sampling runs in ruvllm (capabilities.core_sampler)",
                              getattr(params, name))
     if params.penalty_last_n is not None and params.has_penalties:
