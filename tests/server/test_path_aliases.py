@@ -1,6 +1,7 @@
 """llama-server's other paths (``/chat/completions``, ``/responses``, ``/models``,
 ``/v1/health``, ``/completions``) answer as their routes do: an ``openai`` client whose base URL
-lacks ``/v1``, as it is often pointed at llama-server, works unchanged."""
+lacks ``/v1``, as it is often pointed at llama-server, chats, lists models and uses the Responses
+API unchanged (``/completions`` is llama-server's ``/completion``, as in llama-server)."""
 
 from __future__ import annotations
 
