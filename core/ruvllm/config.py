@@ -17,6 +17,7 @@ max_body_bytes = 1048576  # larger request bodies get 413
 max_file_bytes = 209715200  # largest batch input (POST /v1/files, /v1/messages/batches), 200 MiB
 stored_responses = 1000   # Responses API: the newest kept for previous_response_id and GET (0: none)
 stored_conversations = 1000  # Conversations API: the newest kept (0: none)
+stored_chat_completions = 1000  # chat completions sent with store: true, the newest kept (0: none)
 max_tokens_limit = 4096   # largest max_tokens a request may ask for
 max_n = 16                # largest `n` (choices per request)
 reasoning_format = "auto" # thinking (<think>...</think>) apart from the answer: auto, deepseek, none
@@ -78,6 +79,8 @@ class ServerConfig:
     stored_responses: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
     #: Conversations the Conversations API keeps, the newest first; 0 keeps none.
     stored_conversations: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
+    #: Chat completions sent with ``store: true`` kept, the newest first; 0 keeps none.
+    stored_chat_completions: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
     max_tokens_limit: int = attrs.field(default=4096, validator=attrs.validators.ge(1))
     max_n: int = attrs.field(default=16, validator=attrs.validators.ge(1))
     #: Where thinking goes (ruvllm.reasoning.REASONING_FORMATS): ``auto`` apart from the answer

@@ -225,6 +225,10 @@ BASE: dict[str, tuple[dict[str, Any], int]] = {
     **{label: ({"query": "What purrs?", "documents": ["Cats purr.", "Stocks fell."]}, 200)
        for label in RERANK},
     **{label: ({"texts": ["Cats purr."]}, 200) for label in COHERE},
+    "list_chat_completions": ({}, 200),
+    # The paths' literal {completion_id} names no stored completion: every field is checked before that 404.
+    "chat_completion_update": ({"metadata": {"run": "x"}}, 404),
+    "chat_completion_messages": ({}, 404),
 }
 ANTHROPIC = ("messages", "count_tokens")
 _CONVERSATION_OBJECTS = {
@@ -369,7 +373,6 @@ REFUSED: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
     ("completions", "best_of"): ({"prompt": "Hi", "best_of": 2}, "best_of"),
     ("completions", "suffix"): ({"prompt": "def f(x):", "suffix": "    return y"}, "suffix"),
     ("embeddings", "dimensions"): ({"input": "Hi", "dimensions": 8}, "dimensions"),
-    ("chat", "store"): ({**BASE["chat"][0], "store": True}, "store"),
     ("chat", "service_tier"): ({**BASE["chat"][0], "service_tier": "priority"}, "service_tier"),
     ("chat", "modalities"): ({**BASE["chat"][0], "modalities": ["text", "audio"]}, "modalities"),
     **{(label, "stream_options.include_obfuscation"): (
@@ -507,7 +510,7 @@ ACCEPTED: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {
     **{(label, "user"): (BASE[label][0], {**BASE[label][0], "user": "end-user-7f3a"})
        for label in ("chat", "completions", "embeddings")},
     **{("chat", field): (BASE["chat"][0], {**BASE["chat"][0], field: value}) for field, value in (
-        ("metadata", {"ticket": "7"}), ("safety_identifier", "end-user-7f3a"),
+        ("safety_identifier", "end-user-7f3a"),
         ("prompt_cache_key", "faq-v2"))},
     **{(label, "messages[].annotations"): (
         {**BASE["chat"][0], "messages": [*CHAT_MESSAGES, _ASSISTANT_SAID, *CHAT_MESSAGES]},

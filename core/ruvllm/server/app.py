@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ from ruvllm.hardware import cpu_info
 from ruvllm.server.batch_file import BatchLane
 from ruvllm.server.batches_api import register_batch_routes
 from ruvllm.server.chat_run import start_chat
+from ruvllm.server.chat_store import ChatCompletionStore, refuse_storing_nowhere, register_chat_store_routes
 from ruvllm.server.cohere_embed import register_cohere_embed_routes
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService
 from ruvllm.server.conversations_api import ConversationStore, register_conversation_routes
@@ -98,6 +100,8 @@ class ServerSettings:
     stored_responses: int = 1000
     #: Conversations the Conversations API keeps, newest first (0: none).
     stored_conversations: int = 1000
+    #: Chat completions sent with ``store: true`` kept, newest first (0: none).
+    stored_chat_completions: int = 1000
     limits: Limits = attrs.field(factory=Limits)
     #: LoRA adapters loaded at start on the single engine: name -> PEFT directory.
     lora_adapters: dict[str, str] = attrs.field(factory=dict)
@@ -169,6 +173,8 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     conversations = ConversationStore(settings.stored_conversations)
     register_responses_routes(app, pool, settings.limits, stored_responses, conversations)
     register_conversation_routes(app, conversations)
+    chat_store = ChatCompletionStore(settings.stored_chat_completions)
+    register_chat_store_routes(app, chat_store)
     register_llama_server_routes(app, pool, settings.limits)
     register_llama_server_info_routes(app, pool, settings.limits, total_slots=settings.max_num_seqs)
     register_scoring_routes(app, pool)
@@ -273,9 +279,12 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        refuse_storing_nowhere(body, chat_store)
         async with pool.route(body.model) as route:
             run = await start_chat(route, body, settings.limits, id_prefix="chatcmpl")
-            return await answer(run.submission, run.formatter, request, body, [len(run.prompt_ids)])
+            keep = functools.partial(chat_store.keep, body) if body.store else None
+            return await answer(run.submission, run.formatter, request, body, [len(run.prompt_ids)],
+                                on_answer=keep)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:

@@ -9,7 +9,8 @@ reads the same chunks in fewer reads.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -23,12 +24,15 @@ from ruvllm.types import GenerationResult, TokenOutput
 
 
 async def sse_chunks(submission: Submission, fmt: ChunkFormatter, *, include_usage: bool,
-                     prompt_lengths: Sequence[int]) -> AsyncIterator[str]:
+                     prompt_lengths: Sequence[int],
+                     on_answer: Callable[[dict[str, Any]], None] | None = None) -> AsyncIterator[str]:
     """The SSE body of a streamed completion; a choice that fails ends it with an ``error``
-    event before ``[DONE]`` (its status line was sent long ago)."""
+    event before ``[DONE]`` (its status line was sent long ago). ``on_answer`` is given the
+    whole answer the stream added up to, once every choice finished (not when one failed)."""
     events = [sse_event(first) for first in map(fmt.opening, submission.indices) if first is not None]
     completion_tokens, failed = 0, False
     results: dict[int, GenerationResult] = {}
+    outputs: dict[int, list[TokenOutput]] = {}
     batches = submission.stream()
     try:
         if events:  # the role / echo chunks go out at once, before the first token
@@ -37,6 +41,8 @@ async def sse_chunks(submission: Submission, fmt: ChunkFormatter, *, include_usa
         async for batch in batches:
             for index, item in batch.items:
                 if isinstance(item, TokenOutput):
+                    if on_answer is not None:
+                        outputs.setdefault(index, []).append(item)
                     event = fmt.token_event(index, item)
                     if event is not None:
                         events.append(event)
@@ -58,20 +64,28 @@ async def sse_chunks(submission: Submission, fmt: ChunkFormatter, *, include_usa
                                               len(prompt_lengths))))
         events.append(DONE)
         yield "".join(events)
+        if not failed and on_answer is not None:
+            outcomes = [(outputs.get(k, []), results[k]) for k in sorted(results)]
+            on_answer(fmt.with_vllm_fields(fmt.complete(outcomes, prompt_lengths), [r for _, r in outcomes]))
     finally:
         await batches.aclose()
 
 
 async def answer(submission: Submission, fmt: ChunkFormatter, request: Request,
-                 body: ChatCompletionRequest | CompletionRequest, prompt_lengths: Sequence[int]) -> Response:
+                 body: ChatCompletionRequest | CompletionRequest, prompt_lengths: Sequence[int],
+                 on_answer: Callable[[dict[str, Any]], None] | None = None) -> Response:
     """The response to a submitted completion: streamed when the body asks, else the whole
-    answer once every choice finished (status 499, nothing else, when the client left first)."""
+    answer once every choice finished (status 499, nothing else, when the client left first).
+    ``on_answer`` is given the whole answer (a stream's once it has added up)."""
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return SSEResponse(sse_chunks(submission, fmt, include_usage=include_usage,
-                                      prompt_lengths=prompt_lengths), on_close=submission.cancel)
+                                      prompt_lengths=prompt_lengths, on_answer=on_answer),
+                           on_close=submission.cancel)
     outcomes = await submission.results(request.is_disconnected)
     if outcomes is None:
         return Response(status_code=499)  # the client is gone
-    whole = fmt.complete(outcomes, prompt_lengths)
-    return JSONResponse(fmt.with_vllm_fields(whole, [r for _, r in outcomes]))
+    whole = fmt.with_vllm_fields(fmt.complete(outcomes, prompt_lengths), [r for _, r in outcomes])
+    if on_answer is not None:
+        on_answer(whole)
+    return JSONResponse(whole)

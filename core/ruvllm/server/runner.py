@@ -48,6 +48,7 @@ def settings_for(config: Config, engine: AsyncEngine | None, *, served_name: str
                           max_num_seqs=EngineOptions.from_mapping(config.engine).max_num_seqs,
                           stored_responses=srv.stored_responses,
                           stored_conversations=srv.stored_conversations,
+                          stored_chat_completions=srv.stored_chat_completions,
                           limits=Limits(max_tokens=srv.max_tokens_limit, max_n=srv.max_n,
                                         max_context=max_context, reasoning_format=srv.reasoning_format),
                           lora_adapters=dict(srv.lora_adapters), allow_runtime_lora=srv.allow_runtime_lora)

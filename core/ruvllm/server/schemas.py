@@ -206,13 +206,14 @@ class ChatTemplateFields(BaseModel):
 
 class ChatCompletionRequest(_Request, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    #: OpenAI's stored completions: only false (nothing is stored; refused when true, below).
+    #: OpenAI's stored completions: true keeps the answer for ``GET /v1/chat/completions``
+    #: (server/chat_store.py).
     store: bool | None = None
     #: OpenAI's processing tier: this server has one, so only ``auto`` and ``default`` (below).
     service_tier: str | None = None
     #: OpenAI's output types: this server writes text only, so only ``["text"]`` (below).
     modalities: list[str] | None = None
-    #: Accepted, unused: tags OpenAI keeps with a stored completion, and nothing is stored.
+    #: Tags kept with a stored completion (``store: true``), which its list filters by.
     metadata: Metadata | None = None
     #: Accepted, unused, as the Responses API's: an end-user id for OpenAI's abuse monitoring
     #: (ruvllm keeps no per-user policy) and a routing hint for OpenAI's prompt cache (the
@@ -253,11 +254,7 @@ class ChatCompletionRequest(_Request, ChatTemplateFields):
         return self
 
     @model_validator(mode="after")
-    def _one_tier_text_only_nothing_stored(self) -> ChatCompletionRequest:
-        if self.store:
-            raise InvalidRequest("store", "this server stores no chat completions (only the Responses API's "
-                                 "responses are kept), so nothing could be fetched later; leave store out "
-                                 "or send false")
+    def _one_tier_text_only(self) -> ChatCompletionRequest:
         if self.service_tier not in (None, "auto", "default"):
             raise InvalidRequest("service_tier", f"this server has one processing tier, so "
                                  f"{self.service_tier!r} cannot be promised; send auto or default, or leave "
