@@ -8,7 +8,6 @@ looked for among the top candidates first and the full sort only happens when it
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
@@ -55,15 +54,12 @@ class Sampler:
             raise InvalidRequest(on[0], "is one of llama.cpp's samplers, which run in llama.cpp's order only "
                                  "(temperature last: llama-server's default chain); leave it out or put "
                                  "temperature after the filters")
-        #: DRY's restart sequences (ruvllm.dry), and the prompt and output it reads.
-        self._dry = dry_breakers
-        self._history: list[int] = []
-        if params.dry_multiplier > 0:
-            if dry_breakers is None:
-                raise InvalidRequest("dry_multiplier", "this backend does not give core's sampler the "
-                                     "model's tokenizer, which DRY's sequence breakers need; leave it out or "
-                                     "serve the model through the engine")
-            self._history = list(prompt_ids)
+        #: DRY's restart sequences (ruvllm.dry).
+        self._dry = dry_breakers if params.dry_multiplier > 0 else None
+        if params.dry_multiplier > 0 and dry_breakers is None:
+            raise InvalidRequest("dry_multiplier", "this backend does not give core's sampler the "
+                                 "model's tokenizer, which DRY's sequence breakers need; leave it out or "
+                                 "serve the model through the engine")
         #: Mirostat's state (it replaces the filters; llama.cpp's rule, ruvllm.llama_samplers).
         self._mirostat = llama_samplers.Mirostat(params.mirostat, params.mirostat_tau, params.mirostat_eta,
                                                  vocab_size) if params.mirostat else None
@@ -78,7 +74,7 @@ class Sampler:
         if params.min_tokens:
             if end_ids is None:
                 raise InvalidRequest("min_tokens", "this backend does not tell core's sampler which tokens "
-                                     "end a request (sample_stream's end_ids), so min_tokens cannot be "
+                                     "end a request (sample_stream's tokenizer), so min_tokens cannot be "
                                      "honoured; drop min_tokens or serve the model through the engine")
             self._end_ids = np.asarray(sorted(end_ids), dtype=np.int64)
         self._rng = np.random.default_rng(params.seed)
@@ -99,8 +95,8 @@ class Sampler:
             ids, bias = zip(*params.logit_bias, strict=True)
             self._bias_ids = np.asarray(ids, dtype=np.int64)
             self._bias = np.asarray(bias, dtype=np.float32)
-        #: llama.cpp's penalty window (params.penalty_last_n): the last tokens of prompt and output.
-        self._window: deque[int] | None = None
+        #: llama.cpp's penalty window (params.penalty_last_n; -1: all), where its penalties run.
+        self._window: int | None = None
         window = params.penalty_last_n
         if params.has_penalties and window is None:
             self._counts = np.zeros(vocab_size, dtype=np.int32)
@@ -108,8 +104,9 @@ class Sampler:
             ids = np.asarray([t for t in prompt_ids if 0 <= t < vocab_size], dtype=np.int64)
             self._seen[ids] = True
         elif params.has_penalties and window != 0:
-            size = None if window == -1 else window
-            self._window = deque(list(prompt_ids)[-size:] if size else prompt_ids, maxlen=size)
+            self._window = window
+        #: The prompt and the output so far, which the penalty window and DRY read back.
+        self._context = list(prompt_ids) if self._window is not None or self._dry is not None else None
 
     @property
     def processors(self) -> tuple[LogitsProcessor, ...]:
@@ -141,10 +138,10 @@ class Sampler:
             scores = _without(scores, self._banned_now())
         if self._counts is not None:
             scores = self._penalised(scores)
-        elif self._window:
+        elif self._window is not None:
             scores = self._penalised_in_window(scores)
-        if self._dry is not None and p.dry_multiplier > 0:
-            scores = dry.penalised(scores, self._history, self._dry, multiplier=p.dry_multiplier,
+        if self._dry is not None:
+            scores = dry.penalised(scores, self._context, self._dry, multiplier=p.dry_multiplier,
                                    base=p.dry_base, allowed_length=p.dry_allowed_length,
                                    last_n=p.dry_penalty_last_n)
         if self._mirostat is not None:
@@ -191,9 +188,12 @@ class Sampler:
         """llama.cpp's penalties over the window's counts: a token seen ``count`` times has its
         logit divided by the repetition penalty (multiplied where not positive), then lowered by
         ``count * frequency_penalty + presence_penalty``; prompt tokens count as output ones."""
-        assert self._window is not None
+        assert self._window is not None and self._context is not None
         p = self.params
-        ids, counts = np.unique(np.fromiter(self._window, dtype=np.int64), return_counts=True)
+        window = self._context if self._window == -1 else self._context[-self._window:]
+        if not window:
+            return scores
+        ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
         inside = (ids >= 0) & (ids < len(scores))
         ids, counts = ids[inside], counts[inside]
         scores = scores.copy()
@@ -270,10 +270,8 @@ class Sampler:
 
     def _record(self, token: int) -> None:
         self._output.append(token)
-        if self._dry is not None:
-            self._history.append(token)
-        if self._window is not None:
-            self._window.append(token)
+        if self._context is not None:
+            self._context.append(token)
         if self._counts is not None and token < len(self._counts):
             self._counts[token] += 1
             assert self._seen is not None
