@@ -40,6 +40,7 @@ from ruvllm.server.echo import completion_formatter
 from ruvllm.server.embeddings import (
     EmbeddingRequest,
     check_dimensions,
+    embedding_limit,
     embeddings_response,
     input_ids,
     require_embeddings,
@@ -241,7 +242,7 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
             engine = route.engine
             require_embeddings(route, body.model, "/v1/embeddings")
             check_dimensions(body.dimensions)
-            most = engine.info.embedding_tokens or engine.info.context_length
+            most = embedding_limit(engine)
             ids = [truncated(x, body.truncate_prompt_tokens, body.truncation_side, most)
                    for x in await input_ids(engine, split_inputs(body.input))]
             vectors = await engine.embed_async(ids)
@@ -294,7 +295,8 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
             prompts = [truncated(ids, body.truncate_prompt_tokens, body.truncation_side,
                                  engine.info.context_length)
                        for ids in await completion_prompts(engine, body.prompt, body.suffix)]
-            params = [await service.with_bad_words(service.choice_params(body, ids), body.bad_words)
+            banned = await service.bad_word_sequences(body.bad_words)
+            params = [attrs.evolve(service.choice_params(body, ids), banned_sequences=banned)
                       for ids in prompts]
             # Choice index -> its prompt's index: n choices per prompt, prompt after prompt.
             prompt_of = [p for p in range(len(prompts)) for _ in range(body.n)]

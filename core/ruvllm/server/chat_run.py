@@ -64,8 +64,8 @@ async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, 
     service = CompletionService(route, limits)
     engine = route.engine
     constraint, ids = await _constrained_prompt(route, body)
-    params = attrs.evolve(service.choice_params(body, ids), **(extra_params or {}))
-    params = await service.with_bad_words(params, body.bad_words)
+    params = attrs.evolve(service.choice_params(body, ids), **(extra_params or {}),
+                          banned_sequences=await service.bad_word_sequences(body.bad_words))
     procs = await guided_processors(engine, constraint.spec, body.n)
     predicted = await prediction_ids(engine, body.prediction)
     submission = await service.submit(

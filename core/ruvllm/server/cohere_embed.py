@@ -21,8 +21,9 @@ from fastapi import FastAPI
 from pydantic import Field, model_validator
 
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.embeddings import embed_texts, require_embeddings
+from ruvllm.server.embeddings import embed_texts, embedding_limit, require_embeddings
 from ruvllm.server.model_pool import ModelPool
+from ruvllm.server.params import truncated
 from ruvllm.server.schemas import RequestBody, StrictModel
 
 #: Cohere's limit on the inputs of one call.
@@ -96,12 +97,10 @@ class CohereEmbedRequest(RequestBody):
 def cut(ids: list[int], limit: int, truncate: str, field: str) -> list[int]:
     """``ids`` within ``limit`` tokens: the first (``END``) or last (``START``) ``limit``, or a
     refusal naming ``field`` (``NONE``)."""
-    if len(ids) <= limit:
-        return ids
-    if truncate == "NONE":
+    if truncate == "NONE" and len(ids) > limit:
         raise InvalidRequest(field, f"has {len(ids)} tokens, more than the {limit} embedded per input; "
                              "shorten it, or set truncate to END or START", len(ids))
-    return ids[:limit] if truncate == "END" else ids[len(ids) - limit:]
+    return truncated(ids, limit, "right" if truncate == "END" else "left", limit)
 
 
 def packed_bits(vectors: np.ndarray, *, signed: bool) -> list[list[int]]:
@@ -135,7 +134,7 @@ def register_cohere_embed_routes(app: FastAPI, pool: ModelPool) -> None:
         async with pool.route(body.model) as route:
             engine = route.engine
             require_embeddings(route, body.model, endpoint)
-            most = engine.info.embedding_tokens or engine.info.context_length
+            most = embedding_limit(engine)
             limit = min(body.max_tokens or most, most)
             vectors, tokens = await embed_texts(engine, named,
                                                 lambda field, ids: cut(ids, limit, body.truncate, field))

@@ -263,13 +263,12 @@ class CompletionService:
         self.check_context(prompt_ids, params)
         return params
 
-    async def with_bad_words(self, params: GenerationParams, words: Sequence[str] | None) -> GenerationParams:
-        """``params`` banning vLLM's ``bad_words``: each word's tokens as written at the start of
-        the answer and, where they differ, after a space (vLLM's rule), tokenized by the engine."""
-        if not words:
-            return params
+    async def bad_word_sequences(self, words: Sequence[str] | None) -> tuple[tuple[int, ...], ...]:
+        """``GenerationParams.banned_sequences`` of vLLM's ``bad_words``: each word's tokens as
+        written at the start of the answer and, where they differ, after a space (vLLM's rule),
+        tokenized by the engine once per request."""
         banned: list[tuple[int, ...]] = []
-        for i, word in enumerate(words):
+        for i, word in enumerate(words or ()):
             field, text = f"bad_words[{i}]", word.lstrip()
             if not text:
                 raise InvalidRequest(field, "must hold a word, not only whitespace", word)
@@ -278,7 +277,7 @@ class CompletionService:
             spaced = await self.engine.encode_async(" " + text, add_special=False)
             if spaced[0] != bare[0] and len(spaced) == len(bare):
                 banned.append(tuple(spaced))
-        return attrs.evolve(params, banned_sequences=banned)
+        return tuple(banned)
 
     async def submit(self, choices: Sequence[ChoiceRequest], *, id_prefix: str, priority: int = 0,
                      cache_salt: str | None = None, prediction: Sequence[int] = ()) -> Submission:

@@ -53,6 +53,11 @@ def require_embeddings(route: Route, model: str | None, endpoint: str) -> None:
                              f"llamacpp for {endpoint}", model)
 
 
+def embedding_limit(engine: AsyncEngine) -> int:
+    """The most tokens one input may have (the backend's embedding limit, else the context)."""
+    return engine.info.embedding_tokens or engine.info.context_length
+
+
 def split_inputs(value: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
     """Each input of the request: a string, one token-id list, or a list of either."""
     if isinstance(value, str):

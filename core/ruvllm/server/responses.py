@@ -176,13 +176,6 @@ class _Base(abc.ABC):
         elif prompt_fields:
             response.update(prompt_fields[0])
         return response
-        if not self.prompt_ids_per_choice:
-            response["prompt_token_ids"] = self._prompt_ids[0]
-        for index, (choice, result) in enumerate(zip(response["choices"], results, strict=True)):
-            if self.prompt_ids_per_choice:
-                choice["prompt_token_ids"] = self._prompt_ids[index]
-            choice["token_ids"] = list(result.token_ids)
-        return response
 
     def _envelope(self, name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": name, "created": self.created, "model": self.model,
