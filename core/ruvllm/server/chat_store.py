@@ -74,7 +74,7 @@ def register_chat_store_routes(app: FastAPI, store: ChatCompletionStore) -> None
         kept = [s.completion for s in store.values()
                 if (model is None or s.completion["model"] == model)
                 and all(s.completion["metadata"].get(k) == v for k, v in wanted.items())]
-        return page(kept if order == "asc" else kept[::-1], after, limit, max_limit=MAX_PAGE)
+        return page(kept, after, limit, max_limit=MAX_PAGE, order=order)
 
     @app.get("/v1/chat/completions/{completion_id}")
     async def retrieve(completion_id: str) -> dict[str, Any]:
@@ -96,8 +96,7 @@ def register_chat_store_routes(app: FastAPI, store: ChatCompletionStore) -> None
                        order: Literal["asc", "desc"] = "asc") -> dict[str, Any]:
         refuse_unknown_query(request.query_params.keys(), ("after", "limit", "order"),
                              "GET /v1/chat/completions/{id}/messages")
-        kept = store.get(completion_id).messages
-        return page(kept if order == "asc" else kept[::-1], after, limit, max_limit=MAX_PAGE)
+        return page(store.get(completion_id).messages, after, limit, max_limit=MAX_PAGE, order=order)
 
 
 def refuse_storing_nowhere(body: ChatCompletionRequest, store: ChatCompletionStore) -> None:

@@ -144,7 +144,7 @@ def register_conversation_routes(app: FastAPI, store: ConversationStore) -> None
         refuse_unknown_query(request.query_params.keys(), ("limit", "order", "after"),
                              "GET /v1/conversations/{id}/items")
         items = store.get(conversation_id).items
-        return page(list(reversed(items)) if order == "desc" else list(items), after, limit, max_limit=100)
+        return page(items, after, limit, max_limit=100, order=order)
 
     @app.get("/v1/conversations/{conversation_id}/items/{item_id}")
     async def get_item(conversation_id: str, item_id: str) -> dict[str, Any]:

@@ -9,9 +9,12 @@ from typing import Any
 from ruvllm.errors import InvalidRequest
 
 
-def page(objects: list[dict[str, Any]], after: str | None, limit: int, *,
-         max_limit: int = 10000) -> dict[str, Any]:
-    """The ``limit`` objects after the one whose id is ``after`` (from the start without it)."""
+def page(objects: list[dict[str, Any]], after: str | None, limit: int, *, max_limit: int = 10000,
+         order: str = "asc") -> dict[str, Any]:
+    """The ``limit`` objects after the one whose id is ``after`` (from the start without it);
+    ``order="desc"`` pages ``objects`` from the last."""
+    if order == "desc":
+        objects = objects[::-1]
     if not 1 <= limit <= max_limit:
         raise InvalidRequest("limit", f"must be between 1 and {max_limit}, got {limit}", limit)
     ids = [o["id"] for o in objects]

@@ -454,4 +454,4 @@ def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits, sto
         refuse_unknown_query(request.query_params.keys(), ("limit", "order", "after"),
                              "GET /v1/responses/{id}/input_items")
         items = store.get(response_id).input_items
-        return page(list(reversed(items)) if order == "desc" else items, after, limit, max_limit=100)
+        return page(items, after, limit, max_limit=100, order=order)
