@@ -202,28 +202,24 @@ def llama_sampler_params(body: LlamaCompletionRequest) -> dict[str, Any]:
     running = _chain(body.samplers)
     values: dict[str, Any] = {}
     if body.mirostat:  # whatever the chain: Mirostat replaces it
-        values["mirostat"] = body.mirostat
-        for name in ("mirostat_tau", "mirostat_eta"):
-            if getattr(body, name) is not None:
-                values[name] = getattr(body, name)
+        values.update(mirostat=body.mirostat, **_sent(body, "mirostat_tau", "mirostat_eta"))
     if "typ_p" in running and body.typical_p is not None and 0 < body.typical_p < 1:
         values["typical_p"] = body.typical_p
     if "top_n_sigma" in running and body.top_n_sigma is not None and body.top_n_sigma > 0:
         values["top_n_sigma"] = body.top_n_sigma
     if "xtc" in running and body.xtc_probability:
-        values["xtc_probability"] = body.xtc_probability
-        if body.xtc_threshold is not None:
-            values["xtc_threshold"] = body.xtc_threshold
+        values.update(xtc_probability=body.xtc_probability, **_sent(body, "xtc_threshold"))
     if "dry" in running and body.dry_multiplier:
-        values["dry_multiplier"] = body.dry_multiplier
-        for name in ("dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers"):
-            if getattr(body, name) is not None:
-                values[name] = getattr(body, name)
+        values.update(dry_multiplier=body.dry_multiplier, **_sent(
+            body, "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers"))
     if "temperature" in running and body.dynatemp_range:
-        values["dynatemp_range"] = body.dynatemp_range
-        if body.dynatemp_exponent is not None:
-            values["dynatemp_exponent"] = body.dynatemp_exponent
+        values.update(dynatemp_range=body.dynatemp_range, **_sent(body, "dynatemp_exponent"))
     return values
+
+
+def _sent(body: LlamaCompletionRequest, *names: str) -> dict[str, Any]:
+    """The fields of ``names`` the request set (the others keep GenerationParams' defaults)."""
+    return {name: getattr(body, name) for name in names if getattr(body, name) is not None}
 
 
 def temperature_last(body: LlamaCompletionRequest) -> bool:
