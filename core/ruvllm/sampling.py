@@ -172,11 +172,7 @@ class Sampler:
         vocab = min(len(scores), len(self._counts))
         if p.repetition_penalty != 1.0:
             seen = np.flatnonzero(self._seen[:vocab])
-            vals = scores[seen]
-            with np.errstate(over="ignore", divide="ignore"):  # a tiny penalty: +inf, capped below
-                scores[seen] = np.where(
-                    vals > 0, vals / np.float32(p.repetition_penalty), vals * np.float32(p.repetition_penalty)
-                )
+            scores[seen] = _repeat_penalised(scores[seen], p.repetition_penalty)
         if p.frequency_penalty or p.presence_penalty:
             # Only generated tokens are penalised: touch those, not the whole row.
             generated = np.flatnonzero(self._counts[:vocab])
@@ -197,11 +193,8 @@ class Sampler:
         inside = (ids >= 0) & (ids < len(scores))
         ids, counts = ids[inside], counts[inside]
         scores = scores.copy()
-        vals = scores[ids]
-        with np.errstate(over="ignore", divide="ignore"):
-            vals = np.where(vals <= 0, vals * np.float32(p.repetition_penalty),
-                            vals / np.float32(p.repetition_penalty))
-        scores[ids] = vals - (counts * p.frequency_penalty + p.presence_penalty).astype(np.float32)
+        scores[ids] = (_repeat_penalised(scores[ids], p.repetition_penalty)
+                       - (counts * p.frequency_penalty + p.presence_penalty).astype(np.float32))
         return scores
 
     def _draw(self, scores: np.ndarray) -> int:
@@ -291,6 +284,13 @@ def _without(scores: np.ndarray, banned: np.ndarray) -> np.ndarray:
     kept = scores.copy()
     kept[banned[banned < len(kept)]] = -np.inf
     return kept if np.isfinite(kept).any() else scores
+
+
+def _repeat_penalised(vals: np.ndarray, penalty: float) -> np.ndarray:
+    """The repetition penalty's rule (vLLM's and llama.cpp's): a positive logit divided by it,
+    any other multiplied (a tiny penalty overflows to +inf, which the draw caps)."""
+    with np.errstate(over="ignore", divide="ignore"):
+        return np.where(vals > 0, vals / np.float32(penalty), vals * np.float32(penalty))
 
 
 def _only(scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
