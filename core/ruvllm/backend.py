@@ -143,8 +143,7 @@ def request_sampler(params: GenerationParams, vocab_size: int, prompt_ids: Seque
     """Core's sampler for one request, told by ``tokenizer`` what it needs beyond the logits: the
     tokens that end the request (``min_tokens`` keeps them out), each token's text (the infill
     sampler compares texts) and DRY's restart sequences."""
-    breakers = (dry.restart_sequences(tokenizer, params.dry_sequence_breakers) if params.dry_multiplier > 0
-                else None)
+    breakers = functools.partial(dry.restart_sequences, tokenizer, params.dry_sequence_breakers)
     return Sampler(params, vocab_size, prompt_ids, logits_processors, end_ids=ending_ids(params, tokenizer),
                    token_bytes=functools.partial(text_bytes, tokenizer), dry_breakers=breakers)
 

@@ -43,18 +43,21 @@ class Sampler:
                  logits_processors: Sequence[LogitsProcessor] = (), *,
                  end_ids: Collection[int] | None = None,
                  token_bytes: Callable[[int], bytes] | None = None,
-                 dry_breakers: dry.Breakers | None = None):
+                 dry_breakers: Callable[[], dry.Breakers] | None = None):
         """``end_ids``: the tokens that would end the request (generation.ending_ids), kept out
         until ``params.min_tokens`` tokens are chosen; a caller that cannot say refuses min_tokens.
         ``token_bytes``: a token's text, which ``params.infill_sampling`` compares; with
-        ``end_ids`` it is needed for that sampler, which a caller without them refuses."""
+        ``end_ids`` it is needed for that sampler, which a caller without them refuses.
+        ``dry_breakers``: DRY's restart sequences (ruvllm.dry.restart_sequences), asked for when
+        the sampler first draws."""
         self.params = params
         on = [name for name in params.llama_cpp_samplers if name not in ("mirostat", "dry_multiplier")]
         if on and not params.temperature_last:
             raise InvalidRequest(on[0], "is one of llama.cpp's samplers, which run in llama.cpp's order only "
                                  "(temperature last: llama-server's default chain); leave it out or put "
                                  "temperature after the filters")
-        #: DRY's restart sequences (ruvllm.dry).
+        #: DRY's restart sequences (ruvllm.dry), found at the first draw: on the engine's model
+        #: thread, which owns the tokenizer, not on the caller's (the server's event loop).
         self._dry = dry_breakers if params.dry_multiplier > 0 else None
         if params.dry_multiplier > 0 and dry_breakers is None:
             raise InvalidRequest("dry_multiplier", "this backend does not give core's sampler the "
@@ -141,7 +144,7 @@ class Sampler:
         elif self._window is not None:
             scores = self._penalised_in_window(scores)
         if self._dry is not None:
-            scores = dry.penalised(scores, self._context, self._dry, multiplier=p.dry_multiplier,
+            scores = dry.penalised(scores, self._context, self._dry(), multiplier=p.dry_multiplier,
                                    base=p.dry_base, allowed_length=p.dry_allowed_length,
                                    last_n=p.dry_penalty_last_n)
         if self._mirostat is not None:

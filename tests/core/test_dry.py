@@ -82,5 +82,5 @@ def test_the_sampler_runs_dry_with_the_models_tokenizer_only():
     with pytest.raises(Exception) as refused:
         Sampler(params, 10, [1, 2, 3, 9, 1, 2])
     assert refused.value.field == "dry_multiplier"
-    sampler = Sampler(params, 10, [1, 2, 3, 9, 1, 2], dry_breakers={})
+    sampler = Sampler(params, 10, [1, 2, 3, 9, 1, 2], dry_breakers=dict)
     assert sampler.sample(logits).token_id != 3  # 0.5 - 1.0 < 0: "3" would extend "1 2"
