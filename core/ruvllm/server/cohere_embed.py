@@ -140,8 +140,8 @@ def register_cohere_embed_routes(app: FastAPI, pool: ModelPool) -> None:
                                                 lambda field, ids: cut(ids, limit, body.truncate, field))
         return np.asarray(vectors, dtype=np.float32), [t for _, t in named], tokens
 
-    def answer(vectors: np.ndarray, texts: list[str], tokens: int, version: str,
-               embeddings: Any, response_type: str) -> dict[str, Any]:
+    def answer(texts: list[str], tokens: int, version: str, embeddings: Any,
+               response_type: str) -> dict[str, Any]:
         return {"id": f"embd-{uuid.uuid4().hex}", "response_type": response_type, "embeddings": embeddings,
                 "texts": texts, "meta": {"api_version": {"version": version},
                                          "billed_units": {"input_tokens": tokens}}}
@@ -149,12 +149,12 @@ def register_cohere_embed_routes(app: FastAPI, pool: ModelPool) -> None:
     @app.post("/v2/embed")
     async def embed_v2(body: CohereEmbedRequest) -> dict[str, Any]:
         vectors, texts, tokens = await vectors_of(body, "/v2/embed")
-        return answer(vectors, texts, tokens, "2", typed(vectors, body.embedding_types or ["float"]),
+        return answer(texts, tokens, "2", typed(vectors, body.embedding_types or ["float"]),
                       "embeddings_by_type")
 
     @app.post("/v1/embed")
     async def embed_v1(body: CohereEmbedRequest) -> dict[str, Any]:
         vectors, texts, tokens = await vectors_of(body, "/v1/embed")
         if body.embedding_types is None:
-            return answer(vectors, texts, tokens, "1", vectors.tolist(), "embeddings_floats")
-        return answer(vectors, texts, tokens, "1", typed(vectors, body.embedding_types), "embeddings_by_type")
+            return answer(texts, tokens, "1", vectors.tolist(), "embeddings_floats")
+        return answer(texts, tokens, "1", typed(vectors, body.embedding_types), "embeddings_by_type")
