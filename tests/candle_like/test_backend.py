@@ -78,7 +78,9 @@ def test_cold_quantisation_round_trip():
 @pytest.mark.slow
 def test_two_tier_memory_and_agreement(backend_fp32):
     """At 2,000 tokens the Q4 two-tier cache takes >= 3x less memory than the 16-bit one, and
-    greedy decoding right after agrees with it for the first tokens."""
+    greedy decoding right after agrees with it for the first tokens. Both are sized for the
+    request, as ``new_cache(capacity)`` sizes them for ``generate``: without a capacity the
+    cold store grows by doubling and may hold up to twice the tokens it needs."""
     cfg = backend_fp32.model.cfg
     sentence = "The history of the city begins with a small river port."
     text = backend_fp32.tokenizer.encode(" ".join([sentence] * 200))
@@ -88,7 +90,7 @@ def test_two_tier_memory_and_agreement(backend_fp32):
                            compute_dtype=backend_fp32.dtype, device=backend_fp32.device)
     tiers = TwoTierCache(cfg, TwoTierSettings(hot_tokens=64, migrate_tokens=32, bits=4, group_size=64,
                                               max_tokens=4096),
-                         compute_dtype=backend_fp32.dtype, device=backend_fp32.device)
+                         compute_dtype=backend_fp32.dtype, device=backend_fp32.device, capacity=2000)
     la = backend_fp32.step(full, ids)
     lb = backend_fp32.step(tiers, ids)
     assert tiers.length == 2000 and tiers.n_hot <= 64
