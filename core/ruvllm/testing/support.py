@@ -154,8 +154,14 @@ def report_speculation(engine: ServingEngine, where: str) -> None:
     """Print what an engine of a speculating run drafted and kept (run with ``-s``), so a run
     given ``--ruvllm-engine-option speculative_method=...`` shows that it did speculate: one
     that silently drafted nothing would pass every test as plain decoding."""
-    if engine.options.speculative_method == "none":
+    method = engine.options.speculative_method
+    if method == "none":
+        return
+    if engine.path != "executor":
+        # Not "0 drafted": that reads as a speculating engine whose drafts never ran.
+        print(f"\nspeculative decoding ({method}) in {where}: off, backend {engine.backend_name!r} "
+              "is served request by request")
         return
     m = engine.metrics()
-    print(f"\nspeculative decoding ({engine.options.speculative_method}) in {where}: "
+    print(f"\nspeculative decoding ({method}) in {where}: "
           f"{m.spec_decode_draft_tokens} tokens drafted, {m.spec_decode_accepted_tokens} accepted")
