@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from server_helpers import API_KEY, RunningServer, start_server
+from server_helpers import API_KEY, SHORT_EMBEDDING_TOKENS, RunningServer, start_server
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +24,13 @@ def client(server: RunningServer):
 @pytest.fixture(scope="session")
 def model_name(client) -> str:
     return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="session")
+def short_embedding_server() -> Iterator[RunningServer]:
+    """A server whose embedding inputs hold at most SHORT_EMBEDDING_TOKENS, for the tests of
+    cutting an input to the limit: the rule is the same at any limit, and at the default 512 each
+    vector took 2 s here (llama.cpp computes the head's logits of every token, embeddings.py)."""
+    running = start_server(backend_options={"embedding_tokens": SHORT_EMBEDDING_TOKENS})
+    yield running
+    running.stop()

@@ -46,17 +46,22 @@ class RunningServer:
         self.thread.join(timeout=20)
 
 
+#: The embedding limit of ``short_embedding_server`` (conftest.py).
+SHORT_EMBEDDING_TOKENS = 48
+
+
 def start_server(*, api_key: str | None = API_KEY, engine_options: dict | None = None,
                  server: dict | None = None, backend: str = "llamacpp",
-                 model: str = "default", max_context: int | None = None,
-                 reloadable: bool = False) -> RunningServer:
-    """A real server on a free port. ``reloadable``: a request's ``keep_alive`` may unload its
-    model, as under ``ruvllm serve`` (off by default: tests hold the engine they started)."""
+                 backend_options: dict | None = None, model: str = "default",
+                 max_context: int | None = None, reloadable: bool = False) -> RunningServer:
+    """A real server on a free port. ``backend_options``: the backend's table, as ``--option``
+    sets it. ``reloadable``: a request's ``keep_alive`` may unload its model, as under ``ruvllm
+    serve`` (off by default: tests hold the engine they started)."""
     import uvicorn
     from ruvllm.server.runner import load_engine, settings_for
 
     _require_backend(backend)
-    config = load_config(overrides={"backend": backend, "model": model})
+    config = load_config(overrides={"backend": backend, "model": model}, backend_options=backend_options)
     config = attrs.evolve(config, server=attrs.evolve(config.server, api_key=api_key, **(server or {})))
     config = config.with_engine(engine_options)  # the engine's and the settings' (batch_window)
     engine = load_engine(config)

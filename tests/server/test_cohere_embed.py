@@ -10,7 +10,7 @@ import base64
 import httpx
 import numpy as np
 import pytest
-from server_helpers import API_KEY
+from server_helpers import API_KEY, SHORT_EMBEDDING_TOKENS
 
 cohere = pytest.importorskip("cohere")
 
@@ -48,12 +48,14 @@ def test_v1_client_gets_a_list_of_floats(server, model_name):
     np.testing.assert_array_equal(np.array(r.embeddings, dtype=np.float32), openai_vectors(server, TEXTS))
 
 
-def test_truncate_and_max_tokens_cut_as_cohere_says(server):
-    long_text = "word " * 600  # beyond the llamacpp embedding context (embedding_tokens = 512)
+def test_truncate_and_max_tokens_cut_as_cohere_says(short_embedding_server):
+    server = short_embedding_server
+    long_text = "word " * 80  # beyond the server's embedding limit
     ids = post(server, "/tokenize", {"prompt": long_text}).json()["tokens"]
+    assert len(ids) > SHORT_EMBEDDING_TOKENS
     refused = post(server, "/v2/embed", {"texts": [long_text], "truncate": "NONE"})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "texts[0]", refused.text
-    for truncate, kept in (("END", ids[:512]), ("START", ids[-512:])):
+    for truncate, kept in (("END", ids[:SHORT_EMBEDDING_TOKENS]), ("START", ids[-SHORT_EMBEDDING_TOKENS:])):
         r = post(server, "/v2/embed", {"texts": [long_text], "truncate": truncate})
         assert r.status_code == 200, r.text
         np.testing.assert_allclose(r.json()["embeddings"]["float"], openai_vectors(server, [kept]), atol=1e-5)

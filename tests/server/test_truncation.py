@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
-from server_helpers import API_KEY
+from server_helpers import API_KEY, SHORT_EMBEDDING_TOKENS
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = "One, two, three, four, five, six, seven, eight, nine, ten, eleven,"
@@ -41,11 +41,13 @@ def test_chat_prompt_is_cut_from_the_left(server):
     assert r["prompt_token_ids"] == ids[-10:] and r["usage"]["prompt_tokens"] == 10
 
 
-def test_embeddings_are_those_of_the_cut_input(server):
-    long_text = "word " * 600  # beyond the llamacpp embedding context (embedding_tokens = 512)
+def test_embeddings_are_those_of_the_cut_input(short_embedding_server):
+    server = short_embedding_server
+    long_text = "word " * 80  # beyond the server's embedding limit
     assert post(server, "/v1/embeddings", {"input": long_text}).status_code == 400
     ids = ids_of(server, long_text)
-    for body, kept in (({"truncate_prompt_tokens": -1}, ids[-512:]),
+    assert len(ids) > SHORT_EMBEDDING_TOKENS
+    for body, kept in (({"truncate_prompt_tokens": -1}, ids[-SHORT_EMBEDDING_TOKENS:]),
                        ({"truncate_prompt_tokens": 8, "truncation_side": "right"}, ids[:8])):
         r = post(server, "/v1/embeddings", {"input": long_text, **body})
         assert r.status_code == 200, r.text
