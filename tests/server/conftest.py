@@ -30,7 +30,7 @@ def model_name(client) -> str:
 def short_embedding_server() -> Iterator[RunningServer]:
     """A server whose embedding inputs hold at most SHORT_EMBEDDING_TOKENS, for the tests of
     cutting an input to the limit: the rule is the same at any limit, and at the default 512 each
-    vector took 2 s here (llama.cpp computes the head's logits of every token, embeddings.py)."""
+    vector took 2 s on a 2-core host (a 512-token prefill took 1.6 s there)."""
     running = start_server(backend_options={"embedding_tokens": SHORT_EMBEDDING_TOKENS})
     yield running
     running.stop()
