@@ -3,8 +3,7 @@ base LoRA the deep loop folds it into.
 
 Trainable parameters are float32 masters (A random, B zero, as LoRA starts: the adapter is an
 exact no-op until trained). ``as_plan`` builds a differentiable :class:`LoraPlan` in the
-model's dtype for training, on top of the consolidated base LoRA when there is one, so training
-sees the model that is served; ``to_adapter`` builds the immutable adapter the engine serves.
+model's dtype for training; ``freeze`` builds the immutable adapter the engine serves.
 """
 
 from __future__ import annotations
@@ -60,15 +59,13 @@ class MicroLora:
     def named_parameters(self) -> list[tuple[str, torch.Tensor]]:
         return [(f"{k[0]}.{k[1]}.{w}", t) for k in self.a for w, t in (("A", self.a[k]), ("B", self.b[k]))]
 
-    def as_plan(self, dtype: torch.dtype, base: LoraAdapter | None = None) -> LoraPlan:
-        """A plan over every row whose tensors stay in the autograd graph, added to ``base`` (the
-        consolidated LoRA, frozen) when given: the MicroLoRA trains as a change of the served
-        model, not of the bare base model."""
+    def as_plan(self, dtype: torch.dtype) -> LoraPlan:
+        """A plan over every row whose tensors stay in the autograd graph."""
         pairs = {k: LoraPair(a=self.a[k].to(dtype), b=self.b[k].to(dtype), cols=self.cols[k[1]])
                  for k in self.a}
         adapter = LoraAdapter(name="<training>", rank=self.rank, alpha=self.alpha, targets=self.targets,
                               pairs=pairs)
-        return LoraPlan([(base, None), (adapter, None)] if base is not None else [(adapter, None)])
+        return LoraPlan([(adapter, None)])
 
     def delta(self) -> Pairs:
         """(A, B * scale) per projection, detached: the update as a scale-1 low-rank pair."""

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ruvllm.errors import OptionError
 from ruvllm_candle_like.attention_ops import attend_sequence
 from ruvllm_candle_like.cpu_dtype import fast_cpu_dtype, native_on, warn_if_slow
-from ruvllm_candle_like.lora import LoraAdapter, LoraPlan
+from ruvllm_candle_like.lora import LoraPlan
 from ruvllm_candle_like.model import Transformer
 
 from ruvllm_sona.micro_lora import MicroLora
@@ -115,12 +115,11 @@ def reward_loss(logp: torch.Tensor, owners: torch.Tensor, weights: torch.Tensor)
 
 def train_step(model: Transformer, micro: MicroLora, optimizer: torch.optim.Optimizer,
                examples: Sequence[Example], max_len: int, penalty: Callable[[], torch.Tensor] | None = None,
-               base: LoraAdapter | None = None) -> tuple[float, float]:
-    """One Adam step of the MicroLoRA on ``examples`` (plus ``penalty()``, EWC++'s), through the
-    model with ``base`` (the consolidated LoRA) applied: the online loop's step, and the offline
-    fine-tune's (benchmarks) on the same loss. Returns (loss, penalty)."""
+               ) -> tuple[float, float]:
+    """One Adam step of the MicroLoRA on ``examples`` (plus ``penalty()``, EWC++'s): the online
+    loop's step, and the offline fine-tune's (benchmarks) on the same loss. Returns (loss, penalty)."""
     weights = torch.tensor([e.weight for e in examples], dtype=torch.float32)
-    logp, owners = token_logprobs(model, examples, micro.as_plan(model.dtype, base), max_len)
+    logp, owners = token_logprobs(model, examples, micro.as_plan(model.dtype), max_len)
     loss = reward_loss(logp.float(), owners, weights)
     pen = penalty() if penalty is not None else torch.zeros(())
     optimizer.zero_grad(set_to_none=True)
