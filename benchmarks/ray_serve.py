@@ -127,8 +127,8 @@ def main() -> None:
     ap.add_argument("--per-prefix", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3, help="fresh deployments per router (hit rate)")
     ap.add_argument("--donor-slots", type=int, nargs="+", default=[2, 4],
-                    help="prefix_donor_slots settings for the hit-rate rounds (engine default "
-                         f"{EngineOptions().prefix_donor_slots})")
+                    help="prefix_donor_slots settings for the hit-rate rounds (engine default: "
+                         f"{EngineOptions().prefix_donor_slots}, the backend's count)")
     ap.add_argument("--backend", default="llamacpp")
     ap.add_argument("--threads", type=int, default=1, help="n_threads of every engine (default 1)")
     a = ap.parse_args()

@@ -92,6 +92,10 @@ class LlmBackend(abc.ABC):
     #: alive (``[engine] prefix_donor_slots``); a ``paged`` one shares prefixes by block and is
     #: asked only for the sequences that run, so it sizes nothing for sequences that never do.
     executor_kv_layout: ClassVar[KvLayout] = "paged"
+    #: How many such donor sequences ``[engine] prefix_donor_slots = "auto"`` asks a
+    #: ``per_sequence`` executor for: a backend whose donors cost little (llama.cpp parks them in
+    #: host memory) keeps more prompts cached; where each holds its KV in the pool, fewer.
+    prefix_donor_slots: ClassVar[int] = 16
 
     def create_executor(self, *, max_sequences: int, block_size: int) -> BatchExecutor:
         """The iteration-level executor over this model, for backends whose capabilities say

@@ -333,6 +333,30 @@ def test_prefix_donor_sequences_only_for_per_sequence_executors(backend_cls, don
     assert backend.asked == [3 + donors_asked]
 
 
+class _ManyDonorsRecorder(_PerSequenceSizeRecorder):
+    prefix_donor_slots = 7
+
+
+@pytest.mark.parametrize(("backend_cls", "setting", "donors_asked"),
+                         [(_PerSequenceSizeRecorder, "auto", 16), (_ManyDonorsRecorder, "auto", 7),
+                          (_ManyDonorsRecorder, 5, 5), (_ManyDonorsRecorder, 0, 0)])
+def test_auto_donor_count_is_the_backends_own(backend_cls, setting, donors_asked):
+    """``prefix_donor_slots = "auto"`` (the default) takes the backend's count: llama.cpp parks
+    donors in host memory and keeps more, MLX holds them in its pool and keeps the base's 16;
+    a number overrides it."""
+    backend = backend_cls()
+    options = EngineOptions(max_num_seqs=3, prefix_donor_slots=setting, block_size=4)
+    with ServingEngine(backend, options) as eng:
+        assert eng.generate_sync([[1, 2, 3]], GenerationParams(max_tokens=2))[0].token_ids
+    assert backend.asked == [3 + donors_asked]
+
+
+@pytest.mark.parametrize("bad", [-1, "many", 2.5, True])
+def test_donor_count_refuses_what_is_not_auto_or_a_count(bad):
+    with pytest.raises(EngineOptionError, match="prefix_donor_slots"):
+        EngineOptions(prefix_donor_slots=bad)
+
+
 def test_the_engine_offers_everything_the_async_engine_contract_names(engine):
     from ruvllm.serving import contract_members, missing_members
 

@@ -467,10 +467,11 @@ class ServingEngine:
         if want != "request" and caps.executor:
             opts = self.options
             per_sequence = getattr(backend, "executor_kv_layout", "paged") == "per_sequence"
-            donors = opts.prefix_donor_slots if opts.enable_prefix_caching and per_sequence else 0
+            donors = (opts.donor_slots(getattr(backend, "prefix_donor_slots", LlmBackend.prefix_donor_slots))
+                      if opts.enable_prefix_caching and per_sequence else 0)
             executor = backend.create_executor(max_sequences=opts.max_num_seqs + donors,
                                                block_size=opts.block_size)
-            if executor.kv_layout == "per_sequence" and not per_sequence and opts.prefix_donor_slots:
+            if executor.kv_layout == "per_sequence" and not per_sequence and opts.prefix_donor_slots != 0:
                 log.warning("backend %r returned a per_sequence executor but declares executor_kv_layout "
                             "%r: no prefix donor sequences were reserved, so cached prefixes die with "
                             "their requests; set executor_kv_layout = 'per_sequence' on the backend class",

@@ -21,6 +21,7 @@ from ruvllm.options import (
     boolean,
     float_range,
     int_range,
+    is_int,
     one_of,
     option_error,
     optional,
@@ -103,12 +104,13 @@ class EngineOptions:
     #: Per-sequence executors (llama.cpp, MLX): extra sequences that keep finished requests'
     #: cached prefixes alive for later hits, one prefix each. Their blocks count in the pool and
     #: are evicted, least recently used, when running requests need them, so the pool's size
-    #: bounds their memory (on llama.cpp, host memory for parked prefixes) and this bounds how
-    #: many prompts stay cached: 64, four for each of the default 16 running requests, so 32
-    #: clients taking turns find their conversations again (with 16, a 32-prompt cycle at C=16
-    #: found none: 60 tok/s against 115; each sequence id costs llama.cpp 192 KiB of logits
-    #: buffer, +9 MiB idle; docs/engine.md "Parked prefixes").
-    prefix_donor_slots: int = attrs.field(default=64, validator=int_range(0))
+    #: bounds their memory and this bounds how many prompts stay cached. "auto": the backend's
+    #: own count (``LlmBackend.prefix_donor_slots``): 64 on llama.cpp, whose donors wait in host
+    #: memory within a 256 MiB pool, 16 elsewhere (MLX keeps them in its 2 GiB pool, where 64
+    #: took a server from 1.5 to 3.1 GiB after 72 prompts); docs/engine.md "Parked prefixes".
+    prefix_donor_slots: int | str = attrs.field(
+        default="auto", validator=accepts('"auto" or an integer >= 0',
+                                          lambda v: v == "auto" or (is_int(v) and v >= 0)))
     #: Fraction of KV blocks kept free when admitting a new request.
     watermark: float = attrs.field(default=0.01, validator=float_range(0, 1, high_open=True))
     #: Request-level path: most backend ``generate`` streams interleaved at once (1 when the
@@ -167,6 +169,10 @@ class EngineOptions:
                           prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max,
                           disable_by_batch_size=self.speculative_disable_by_batch_size,
                           adaptive=self.speculative_adaptive, lookup=self.speculative_method == "ngram")
+
+    def donor_slots(self, backend_default: int) -> int:
+        """``prefix_donor_slots`` for a backend whose own count is ``backend_default``."""
+        return backend_default if self.prefix_donor_slots == "auto" else int(self.prefix_donor_slots)
 
     def scheduler_config(self, max_num_seqs: int, max_batch_tokens: int,
                          split_prompt_tail: bool = False) -> SchedulerConfig:

@@ -99,6 +99,11 @@ class LlamaCppBackend(LlmBackend):
 
     name: ClassVar[str] = "llamacpp"
     executor_kv_layout: ClassVar[KvLayout] = "per_sequence"
+    #: Donors wait in host memory (ruvllm_llamacpp.parked), within the pool's 256 MiB: 64 let 32
+    #: clients taking turns find their prompts again (16 found none; docs/engine.md "Parked
+    #: prefixes"); each costs a llama.cpp sequence id (a logits row: 192 KiB for the embedded
+    #: model's vocabulary).
+    prefix_donor_slots: ClassVar[int] = 64
     formats: ClassVar[tuple[str, ...]] = ("gguf",)
 
     # ----------------------------------------------------------------- class-level queries
