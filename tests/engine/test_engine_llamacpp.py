@@ -122,17 +122,19 @@ def test_prefix_cache_copy_from_a_donor_sequence(backend):
     assert_solo_within_near_ties(backend, ids, first + second, first_rows + second_rows)
 
 
-def test_by_default_the_prefixes_of_eight_finished_requests_stay_cached(backend):
-    """Resent prompts are found whole, as llama-server's slots find them: with the default
-    donors (16) all 8 of 2 full blocks each; with 2, as before 2026-11-28, none here."""
+def test_by_default_32_clients_taking_turns_find_their_prompts_again(backend):
+    """Resent prompts are found whole, as llama-server's prompt cache finds them: with the
+    default donors (``auto``: 64 on llamacpp) all 32 of 2 full blocks each, twice the 16 that
+    run at once; with 16, the default until 2026-12-02, none (each prefix is replaced before it
+    comes back), and with 2, as before 2026-11-28, none of 8."""
     prompts = [backend.tokenizer.encode(f"List {i}: " + ", ".join(str(97 * i + j) for j in range(20)))[:34]
-               for i in range(8)]
+               for i in range(32)]
     params = GenerationParams(max_tokens=1)
-    with ServingEngine(backend, EngineOptions(max_num_seqs=4), owns_backend=False) as eng:
+    with ServingEngine(backend, EngineOptions(max_num_seqs=16), owns_backend=False) as eng:
         eng.generate_sync(prompts, params)
         before = eng.metrics().prefix_cache_hits
         eng.generate_sync(prompts, params)
-        assert eng.metrics().prefix_cache_hits - before == 8 * 32
+        assert eng.metrics().prefix_cache_hits - before == 32 * 32
 
 
 def test_a_request_repeated_after_other_traffic_computes_the_same_logits(backend):
