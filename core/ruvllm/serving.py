@@ -84,6 +84,11 @@ class MetricsSnapshot:
     #: request-level path, which keeps no KV of its own).
     kv_capacity_tokens: int = 0
     kv_used_tokens: int = 0
+    #: Finished requests' prompts kept for prefix-cache hits (a per-sequence executor's donors),
+    #: and the host memory those outside the KV pool take (llama.cpp's parked prefixes): what
+    #: a server's resident memory grows by after traffic, up to the pool's size.
+    prefix_cache_prompts: int = 0
+    prefix_cache_host_bytes: int = 0
     prefix_cache_queries: int  # tokens looked up in the prefix cache
     prefix_cache_hits: int  # of those, tokens found
     preemptions: int

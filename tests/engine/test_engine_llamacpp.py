@@ -132,9 +132,12 @@ def test_by_default_32_clients_taking_turns_find_their_prompts_again(backend):
     params = GenerationParams(max_tokens=1)
     with ServingEngine(backend, EngineOptions(max_num_seqs=16), owns_backend=False) as eng:
         eng.generate_sync(prompts, params)
-        before = eng.metrics().prefix_cache_hits
+        kept = eng.metrics()
+        # What they cost is on /metrics: 32 kept prompts, each 32 tokens' KV in host memory.
+        assert kept.prefix_cache_prompts == 32
+        assert kept.prefix_cache_host_bytes >= 32 * 32 * backend.kv_bytes_per_token
         eng.generate_sync(prompts, params)
-        assert eng.metrics().prefix_cache_hits - before == 32 * 32
+        assert eng.metrics().prefix_cache_hits - kept.prefix_cache_hits == 32 * 32
 
 
 def test_a_request_repeated_after_other_traffic_computes_the_same_logits(backend):
@@ -242,8 +245,11 @@ def test_a_parked_donor_frees_its_cells_and_comes_back_as_the_same_kv():
                                           block_table=[], sample=True)])[0]
 
         run(0, 0, 200)
+        assert ex.parked_bytes == 0
         ex.retire(0, 192)
         assert ex.seq_len(0) == 192
+        per_token = b.kv_bytes_per_token
+        assert 192 * per_token <= ex.parked_bytes < 193 * per_token  # the KV and a small header
         run(1, 0, 230)  # llama.cpp refuses a step it has no cells for
         ex.free(1)
         ex.copy_prefix(0, 2, 160)
@@ -257,6 +263,9 @@ def test_a_parked_donor_frees_its_cells_and_comes_back_as_the_same_kv():
             ex.copy_prefix(0, 2, 80)
         ex.copy_prefix(0, 2, 64)
         assert ex.seq_len(2) == 64
+        assert 64 * per_token <= ex.parked_bytes < 65 * per_token  # the metric follows the cut
+        ex.free(0)
+        assert ex.parked_bytes == 0
         ex.close()
     finally:
         b.close()

@@ -138,7 +138,8 @@ def test_replica_metrics_add_up():
 
 def _gauged(snap: MetricsSnapshot, running: int, kv_usage: float, capacity: int) -> MetricsSnapshot:
     return attrs.evolve(snap, running=running, waiting=running + 1, kv_usage=kv_usage,
-                        kv_capacity_tokens=capacity, kv_used_tokens=capacity // 4)
+                        kv_capacity_tokens=capacity, kv_used_tokens=capacity // 4,
+                        prefix_cache_prompts=running * 2, prefix_cache_host_bytes=capacity * 100)
 
 
 def test_gauges_add_up_over_live_replicas_only_and_counters_over_all():
@@ -146,6 +147,7 @@ def test_gauges_add_up_over_live_replicas_only_and_counters_over_all():
     total = combine([live, dead], [live])
     assert (total.running, total.waiting, total.kv_usage) == (3, 4, 0.5)
     assert (total.kv_capacity_tokens, total.kv_used_tokens) == (1000, 250)
+    assert (total.prefix_cache_prompts, total.prefix_cache_host_bytes) == (6, 100_000)
     assert total.prefix_cache_hits == 15 and total.requests_finished == {"stop": 2}
     assert total.time_to_first_token.count == 3 and total.generation_tokens == 6
     nobody = combine([live, dead], [])

@@ -32,7 +32,8 @@ def snapshot(ttft: list[float], *, running: int = 0, tokens: int = 0, finished: 
     return MetricsSnapshot(
         time_to_first_token=hist(ttft), time_per_output_token=empty, inter_token_latency=empty,
         e2e_latency=empty, queue_time=empty, running=running, waiting=1, kv_usage=kv,
-        kv_capacity_tokens=11520, kv_used_tokens=int(kv * 11520),
+        kv_capacity_tokens=11520, kv_used_tokens=int(kv * 11520), prefix_cache_prompts=3,
+        prefix_cache_host_bytes=3 * 737280,
         prefix_cache_queries=10, prefix_cache_hits=4, preemptions=0, prompt_tokens=2 * tokens,
         generation_tokens=tokens, requests_finished=finished or {})
 
@@ -65,6 +66,8 @@ def test_snapshot_numbers_and_labels_survive_every_scrape():
         assert m[("ruvllm:kv_cache_capacity_tokens", ())] == 11520
         assert m[("ruvllm:kv_cache_used_tokens", ())] == 2880
         assert m[("ruvllm:prefix_cache_hit_rate", ())] == 0.4
+        assert m[("ruvllm:prefix_cache_prompts", ())] == 3
+        assert m[("ruvllm:prefix_cache_host_bytes", ())] == 3 * 737280
         assert m[("ruvllm:request_success_total", (("finished_reason", "length"),))] == 2
         assert m[("ruvllm:request_success_total", (("finished_reason", "cancelled"),))] == 0
     current[0] = snapshot([0.005, 0.05, 0.5, 5.0, 0.05, 0.2], running=0, tokens=9,

@@ -393,7 +393,8 @@ class ServingEngine:
             running=core.num_running, waiting=max(self._queued, 0) + core.num_requeued,
             kv_usage=core.kv_usage(), prefix_queries=queries, prefix_hits=hits,
             preemptions=core.preemptions(), kv_capacity_tokens=core.kv_capacity_tokens(),
-            kv_used_tokens=core.kv_used_tokens(), plugins=self._plugin_metrics(),
+            kv_used_tokens=core.kv_used_tokens(), prefix_cache_prompts=core.prefix_cache_prompts(),
+            prefix_cache_host_bytes=core.prefix_cache_host_bytes(), plugins=self._plugin_metrics(),
         )
 
     def _plugin_metrics(self) -> tuple[PluginMetric, ...]:

@@ -255,5 +255,12 @@ class ExecutorCore:
     def prefix_counters(self) -> tuple[int, int]:
         return self.scheduler.prefix_queries, self.scheduler.prefix_hits
 
+    def prefix_cache_prompts(self) -> int:
+        return self.scheduler.slots.num_donors
+
+    def prefix_cache_host_bytes(self) -> int:
+        """Bytes a detached-donor executor keeps outside the pool (its optional ``parked_bytes``)."""
+        return int(getattr(self.executor, "parked_bytes", 0))
+
     def preemptions(self) -> int:
         return self.scheduler.num_preemptions

@@ -92,7 +92,8 @@ class EngineMetrics:
 
     def snapshot(self, *, running: int, waiting: int, kv_usage: float, prefix_queries: int,
                  prefix_hits: int, preemptions: int, kv_capacity_tokens: int = 0,
-                 kv_used_tokens: int = 0, plugins: tuple[PluginMetric, ...] = ()) -> MetricsSnapshot:
+                 kv_used_tokens: int = 0, prefix_cache_prompts: int = 0, prefix_cache_host_bytes: int = 0,
+                 plugins: tuple[PluginMetric, ...] = ()) -> MetricsSnapshot:
         with self._lock:
             return MetricsSnapshot(
                 time_to_first_token=self.ttft.freeze(),
@@ -105,6 +106,8 @@ class EngineMetrics:
                 kv_usage=kv_usage,
                 kv_capacity_tokens=kv_capacity_tokens,
                 kv_used_tokens=kv_used_tokens,
+                prefix_cache_prompts=prefix_cache_prompts,
+                prefix_cache_host_bytes=prefix_cache_host_bytes,
                 prefix_cache_queries=prefix_queries,
                 prefix_cache_hits=prefix_hits,
                 preemptions=preemptions,

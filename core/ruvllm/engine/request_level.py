@@ -88,6 +88,12 @@ class RequestLevelCore:
     def prefix_counters(self) -> tuple[int, int]:
         return 0, 0
 
+    def prefix_cache_prompts(self) -> int:
+        return 0
+
+    def prefix_cache_host_bytes(self) -> int:
+        return 0
+
     def preemptions(self) -> int:
         return 0
 

@@ -103,7 +103,8 @@ def _sum_histograms(hs: list[Histogram]) -> Histogram:
 STALE_AFTER = 30.0
 
 #: Snapshot fields that describe the replica now, not what it has done.
-GAUGES = ("running", "waiting", "kv_usage", "kv_capacity_tokens", "kv_used_tokens")
+GAUGES = ("running", "waiting", "kv_usage", "kv_capacity_tokens", "kv_used_tokens", "prefix_cache_prompts",
+          "prefix_cache_host_bytes")
 
 
 def current(latest: Mapping[str, ReplicaMetrics], *, now: float, stale_after: float = STALE_AFTER,
@@ -124,9 +125,9 @@ def combine(snapshots: Sequence[MetricsSnapshot],
 
     Counters (requests, tokens, prefix-cache lookups, histograms) add up over ``snapshots``,
     every replica that ever reported, dead ones included: a total must not shrink because a
-    replica died. Gauges (``GAUGES``: running, waiting, KV tokens; ``kv_usage`` their mean) add up
-    over ``gauges`` only (default: ``snapshots``), the replicas still alive (see :func:`current`);
-    0 where there is none. Plugins' figures follow their kind."""
+    replica died. Gauges (``GAUGES``: running, waiting, KV tokens, kept prompts and their bytes;
+    ``kv_usage`` their mean) add up over ``gauges`` only (default: ``snapshots``), the replicas
+    still alive (see :func:`current`); 0 where there is none. Plugins' figures follow their kind."""
     if not snapshots:
         return None
     gauges = snapshots if gauges is None else gauges
@@ -142,7 +143,7 @@ def combine(snapshots: Sequence[MetricsSnapshot],
                        "generation_tokens", "spec_decode_drafts", "spec_decode_draft_tokens",
                        "spec_decode_accepted_tokens")}
     now = {f: sum(getattr(s, f) for s in gauges)
-           for f in ("running", "waiting", "kv_capacity_tokens", "kv_used_tokens")}
+           for f in GAUGES if f != "kv_usage"}
     kv_usage = sum(s.kv_usage for s in gauges) / len(gauges) if gauges else 0.0
     return MetricsSnapshot(**hist, **total, **now, kv_usage=kv_usage, requests_finished=finished,
                            plugins=_sum_plugins(snapshots, gauges))

@@ -84,6 +84,10 @@ _GAUGES = (
     ("kv_cache_capacity_tokens", "kv_capacity_tokens",
      "Tokens the engine's KV pool holds (shared by every request).", "livesum"),
     ("kv_cache_used_tokens", "kv_used_tokens", "Tokens of the KV pool held by running requests.", "livesum"),
+    ("prefix_cache_prompts", "prefix_cache_prompts",
+     "Finished requests' prompts kept for prefix-cache hits (per-sequence executors).", "livesum"),
+    ("prefix_cache_host_bytes", "prefix_cache_host_bytes",
+     "Host memory of kept prompts outside the KV pool (llama.cpp's parked prefixes).", "livesum"),
     ("prefix_cache_hit_rate", "prefix_cache_hit_rate",
      "Fraction of queried prefix tokens found in the cache.", "liveall"),
 )

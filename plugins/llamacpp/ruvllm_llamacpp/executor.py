@@ -97,6 +97,9 @@ class LlamaCppExecutor:
         #: prefix-cache hit on it recomputes, get a step of their own (ruvllm.executor).
         self.split_prompt_tail = flash_attn
         self._parked: dict[int, ParkedPrefix] = {}
+        # Kept as a running total: metrics read it from other threads while the model thread
+        # parks and drops prefixes.
+        self._parked_bytes = 0
 
     # ------------------------------------------------------------------ the step
 
@@ -150,7 +153,7 @@ class LlamaCppExecutor:
 
     def free(self, seq_id: int) -> None:
         self._check_open()
-        self._parked.pop(seq_id, None)
+        self._set_parked(seq_id, None)
         self._lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
 
     def trim(self, seq_id: int, num_tokens: int) -> None:
@@ -160,7 +163,7 @@ class LlamaCppExecutor:
         parked = self._parked.get(seq_id)
         if parked is not None:
             if num_tokens < parked.num_tokens:
-                self._parked[seq_id] = ParkedPrefix(truncate(parked.data, num_tokens), num_tokens)
+                self._set_parked(seq_id, ParkedPrefix(truncate(parked.data, num_tokens), num_tokens))
             return
         if not self._lib.llama_memory_seq_rm(self._mem, seq_id, num_tokens, -1):
             raise BackendError(f"llama.cpp could not trim sequence {seq_id} to {num_tokens} tokens")
@@ -168,8 +171,17 @@ class LlamaCppExecutor:
     @property
     def parked_bytes(self) -> int:
         """Host memory the parked prefixes take (at most the pool's size: the engine accounts
-        their blocks in it)."""
-        return sum(len(p.data) for p in self._parked.values())
+        their blocks in it); the engine's ``prefix_cache_host_bytes`` metric."""
+        return self._parked_bytes
+
+    def _set_parked(self, seq_id: int, prefix: ParkedPrefix | None) -> None:
+        """Park ``prefix`` as ``seq_id``'s (None: drop what it had), keeping the byte total."""
+        old = self._parked.pop(seq_id, None)
+        if old is not None:
+            self._parked_bytes -= len(old.data)
+        if prefix is not None:
+            self._parked[seq_id] = prefix
+            self._parked_bytes += len(prefix.data)
 
     def retire(self, seq_id: int, num_tokens: int) -> None:
         """``seq_id`` is a prefix donor now: it keeps its first ``num_tokens`` positions for
@@ -183,7 +195,7 @@ class LlamaCppExecutor:
         buf = (ctypes.c_uint8 * size)()
         if lib.llama_state_seq_get_data(ctx, buf, size, seq_id) != size:
             raise BackendError(f"llama.cpp could not save sequence {seq_id}'s KV ({size} bytes)")
-        self._parked[seq_id] = ParkedPrefix(bytes(buf), num_tokens)
+        self._set_parked(seq_id, ParkedPrefix(bytes(buf), num_tokens))
         lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
 
     def copy_prefix(self, src_seq_id: int, dst_seq_id: int, num_tokens: int) -> None:
@@ -191,7 +203,7 @@ class LlamaCppExecutor:
         tagged with ``dst`` (one stream, so no data is copied and no cell is taken), or, from
         a parked donor, its saved bytes restored into ``dst``'s own cells."""
         self._check_open()
-        self._parked.pop(dst_seq_id, None)
+        self._set_parked(dst_seq_id, None)
         self._lib.llama_memory_seq_rm(self._mem, dst_seq_id, -1, -1)
         parked = self._parked.get(src_seq_id)
         if parked is None:
