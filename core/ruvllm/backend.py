@@ -96,6 +96,9 @@ class LlmBackend(abc.ABC):
     #: ``per_sequence`` executor for: a backend whose donors cost little (llama.cpp parks them in
     #: host memory) keeps more prompts cached; where each holds its KV in the pool, fewer.
     prefix_donor_slots: ClassVar[int] = 16
+    #: Most sequences the executor can hold (None: no limit), so that ``"auto"`` donors shrink to
+    #: fit beside a large ``max_num_seqs`` instead of failing at start-up (llama.cpp holds 256).
+    max_executor_sequences: ClassVar[int | None] = None
 
     def create_executor(self, *, max_sequences: int, block_size: int) -> BatchExecutor:
         """The iteration-level executor over this model, for backends whose capabilities say

@@ -337,13 +337,19 @@ class _ManyDonorsRecorder(_PerSequenceSizeRecorder):
     prefix_donor_slots = 7
 
 
+class _CappedRecorder(_PerSequenceSizeRecorder):
+    max_executor_sequences = 8
+
+
 @pytest.mark.parametrize(("backend_cls", "setting", "donors_asked"),
                          [(_PerSequenceSizeRecorder, "auto", 16), (_ManyDonorsRecorder, "auto", 7),
-                          (_ManyDonorsRecorder, 5, 5), (_ManyDonorsRecorder, 0, 0)])
+                          (_ManyDonorsRecorder, 5, 5), (_ManyDonorsRecorder, 0, 0),
+                          (_CappedRecorder, "auto", 5), (_CappedRecorder, 9, 9)])
 def test_auto_donor_count_is_the_backends_own(backend_cls, setting, donors_asked):
     """``prefix_donor_slots = "auto"`` (the default) takes the backend's count: llama.cpp parks
     donors in host memory and keeps more, MLX holds them in its pool and keeps the base's 16;
-    a number overrides it."""
+    it shrinks to what the executor holds beside ``max_num_seqs`` (llama.cpp: 256), so a large
+    ``max_num_seqs`` still starts; a number overrides it, as given."""
     backend = backend_cls()
     options = EngineOptions(max_num_seqs=3, prefix_donor_slots=setting, block_size=4)
     with ServingEngine(backend, options) as eng:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from ruvllm.config import default_cache_dir
 from ruvllm.engine import EngineOptions, ServingEngine
-from ruvllm.errors import BackendError
+from ruvllm.errors import BackendError, InvalidRequest
 from ruvllm.executor import BatchEntry
 from ruvllm.registry import resolve
 from ruvllm.testing.isolation import LogitsRecorder, NearTieRule
@@ -138,6 +138,16 @@ def test_by_default_32_clients_taking_turns_find_their_prompts_again(backend):
         assert kept.prefix_cache_host_bytes >= 32 * 32 * backend.kv_bytes_per_token
         eng.generate_sync(prompts, params)
         assert eng.metrics().prefix_cache_hits - kept.prefix_cache_hits == 32 * 32
+
+
+def test_auto_donors_fit_beside_a_large_max_num_seqs(backend):
+    """llama.cpp holds 256 sequence ids: with 250 running, ``auto`` keeps 6 prompts instead of
+    64 rather than failing at start-up; a number that does not fit is refused by name."""
+    with ServingEngine(backend, EngineOptions(max_num_seqs=250), owns_backend=False) as eng:
+        prompt = backend.tokenizer.encode("Hi")
+        assert eng.generate_sync([prompt], GenerationParams(max_tokens=1))[0].token_ids
+    with pytest.raises(InvalidRequest, match="prefix_donor_slots"):
+        ServingEngine(backend, EngineOptions(max_num_seqs=250, prefix_donor_slots=16), owns_backend=False)
 
 
 def test_a_request_repeated_after_other_traffic_computes_the_same_logits(backend):

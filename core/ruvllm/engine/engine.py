@@ -468,7 +468,8 @@ class ServingEngine:
         if want != "request" and caps.executor:
             opts = self.options
             per_sequence = getattr(backend, "executor_kv_layout", "paged") == "per_sequence"
-            donors = (opts.donor_slots(getattr(backend, "prefix_donor_slots", LlmBackend.prefix_donor_slots))
+            donors = (opts.donor_slots(getattr(backend, "prefix_donor_slots", LlmBackend.prefix_donor_slots),
+                                       getattr(backend, "max_executor_sequences", None))
                       if opts.enable_prefix_caching and per_sequence else 0)
             executor = backend.create_executor(max_sequences=opts.max_num_seqs + donors,
                                                block_size=opts.block_size)

@@ -170,9 +170,13 @@ class EngineOptions:
                           disable_by_batch_size=self.speculative_disable_by_batch_size,
                           adaptive=self.speculative_adaptive, lookup=self.speculative_method == "ngram")
 
-    def donor_slots(self, backend_default: int) -> int:
-        """``prefix_donor_slots`` for a backend whose own count is ``backend_default``."""
-        return backend_default if self.prefix_donor_slots == "auto" else int(self.prefix_donor_slots)
+    def donor_slots(self, backend_default: int, limit: int | None = None) -> int:
+        """``prefix_donor_slots`` for a backend whose own count is ``backend_default`` and whose
+        executor holds at most ``limit`` sequences: "auto" takes what fits beside
+        ``max_num_seqs``; a number is taken as given (the executor refuses too many by name)."""
+        if self.prefix_donor_slots != "auto":
+            return int(self.prefix_donor_slots)
+        return backend_default if limit is None else max(0, min(backend_default, limit - self.max_num_seqs))
 
     def scheduler_config(self, max_num_seqs: int, max_batch_tokens: int,
                          split_prompt_tail: bool = False) -> SchedulerConfig:

@@ -32,7 +32,14 @@ from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
 from ruvllm_llamacpp import _lib
 from ruvllm_llamacpp.embeddings import LlamaCppEmbedder
 from ruvllm_llamacpp.kv import SequenceKV
-from ruvllm_llamacpp.kv_pool import CELL_GRANULARITY, KV_TYPES, MIB, flash_attn_enabled, kv_bytes_per_token
+from ruvllm_llamacpp.kv_pool import (
+    CELL_GRANULARITY,
+    KV_TYPES,
+    LLAMA_MAX_SEQ,
+    MIB,
+    flash_attn_enabled,
+    kv_bytes_per_token,
+)
 from ruvllm_llamacpp.metadata import model_info, read_metadata
 from ruvllm_llamacpp.options import LlamaCppOptions
 from ruvllm_llamacpp.tokenizer import LlamaCppTokenizer
@@ -104,6 +111,7 @@ class LlamaCppBackend(LlmBackend):
     #: prefixes"); each costs a llama.cpp sequence id (a logits row: 192 KiB for the embedded
     #: model's vocabulary).
     prefix_donor_slots: ClassVar[int] = 64
+    max_executor_sequences: ClassVar[int | None] = LLAMA_MAX_SEQ
     formats: ClassVar[tuple[str, ...]] = ("gguf",)
 
     # ----------------------------------------------------------------- class-level queries
