@@ -39,11 +39,9 @@ def measure_one(hf_dir: str, isq: str, threads: int | None) -> dict:
     from ruvllm_mistralrs import MistralRsBackend
     from ruvllm_mistralrs.evaluation import forced_logprobs, perplexity
 
-    options: dict = {"max_seqs": 1}
+    options: dict = {"max_seqs": 1, "isq": isq}
     if threads:
         options["threads"] = threads
-    if isq != "none":
-        options["isq"] = isq
     before = rss_mib()
     t0 = time.perf_counter()
     backend = MistralRsBackend.load(ModelSource.from_path(hf_dir), options)

@@ -53,6 +53,15 @@ def test_token_ids_are_real_and_text_matches(gguf_backend):
     assert all(0 <= t < gguf_backend.tokenizer.vocab_size for t in result.token_ids)
 
 
+def test_the_embedded_q4_1_runs_requantized_to_q8_0_by_default(gguf_backend):
+    """isq = "auto" (ruvllm_mistralrs.requantize): the Q4_1 file runs as Q8_0 on this CPU build,
+    and the load says so where users look."""
+    assert gguf_backend.info.quantization == "Q8_0"
+    notes = gguf_backend.capabilities().notes
+    assert any(n.startswith("isq auto: Q4_1 weights requantized to Q8_0") for n in notes)
+    assert gguf_backend.serial_prefill
+
+
 def test_chat_reply_ends_with_eos(gguf_backend):
     tok = gguf_backend.tokenizer
     prompt = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"

@@ -91,7 +91,7 @@ def test_serial_prefill_is_on_for_quantized_weights():
     gguf = ModelSource(name="m", path=Path("/m.gguf"), format="gguf")
     hf = ModelSource(name="m", path=Path("/m"), format="hf")
     assert serial_prefill(MistralRsOptions(), gguf)
-    assert serial_prefill(MistralRsOptions(isq="Q4K"), hf)
+    assert serial_prefill(MistralRsOptions(), hf, isq="Q4K")
     assert not serial_prefill(MistralRsOptions(), hf)
     assert serial_prefill(MistralRsOptions(serial_prefill="on"), hf)
 

@@ -33,6 +33,7 @@ from ruvllm_mistralrs.memory import release_freed_heap
 from ruvllm_mistralrs.model_files import read_model_files
 from ruvllm_mistralrs.options import MistralRsOptions
 from ruvllm_mistralrs.platform import Build, installed_build
+from ruvllm_mistralrs.requantize import resolve_isq
 from ruvllm_mistralrs.requests import SEED_UNSUPPORTED, chat_request
 from ruvllm_mistralrs.runtime import (
     PAGED_UNAVAILABLE,
@@ -150,8 +151,11 @@ class MistralRsBackend(LlmBackend):
             except RuvllmError:
                 self._tmp.cleanup()
                 raise
+        isq = resolve_isq(opts.isq, model, files.quantization, build)
+        if isq.reason:
+            log.info("mistralrs: %s", isq.reason)
         which = which_for(mistralrs, model, opts, staged)
-        kwargs = runner_kwargs(mistralrs, opts, build, template)
+        kwargs = runner_kwargs(mistralrs, opts, build, template, isq.isq)
 
         threads = configure_threads(opts.threads)
 
@@ -183,7 +187,7 @@ class MistralRsBackend(LlmBackend):
         self.capabilities = lambda: type(self)._capabilities(  # type: ignore[method-assign]
             build, device=device, paged=bool(self.placement and self.placement.paged_attention),
             extra=[*placement_notes(self.placement, build.device),
-                   f"{threads[0]} CPU compute threads ({threads[1]})"])
+                   f"{threads[0]} CPU compute threads ({threads[1]})", *filter(None, [isq.reason])])
         if staged is not None:
             failure = self._runner.call(lambda r: probe(r, mistralrs))
             if failure is not None:
@@ -191,9 +195,9 @@ class MistralRsBackend(LlmBackend):
                 raise BackendUnavailable(self.name, xlora_unavailable_reason(build, failure))
         engine_ctx = self._runner.call(lambda r: r.max_sequence_length()) or files.context_length
         self._info = files.info(model, context_length=min(engine_ctx, files.context_length),
-                                quantization=opts.isq)
+                                quantization=isq.isq)
         self._resolver = TokenIdResolver(self._tok.token_bytes())
-        self.serial_prefill = serial_prefill(opts, model)
+        self.serial_prefill = serial_prefill(opts, model, isq.isq)
         self._adapters: dict[str, AdapterInfo] = {}
         self._revisions: dict[str, int] = {}
         self._revision_clock = 0

@@ -65,13 +65,15 @@ def which_for(m: Any, source: ModelSource, opts: MistralRsOptions, xlora: Staged
     return m.Which.Plain(model_id=str(path), dtype=dtype, tokenizer_json=opts.tokenizer_json)
 
 
-def runner_kwargs(m: Any, opts: MistralRsOptions, build: Build, template_file: Path) -> dict[str, Any]:
-    """``Runner(...)`` arguments other than ``which``."""
+def runner_kwargs(m: Any, opts: MistralRsOptions, build: Build, template_file: Path,
+                  isq: str | None = None) -> dict[str, Any]:
+    """``Runner(...)`` arguments other than ``which``; ``isq`` is the resolved type
+    (ruvllm_mistralrs.requantize), not the option."""
     kwargs: dict[str, Any] = dict(
         max_seqs=opts.max_seqs,
         prefix_cache_n=opts.prefix_cache_size,
         jinja_explicit=str(template_file),
-        in_situ_quant=opts.isq,
+        in_situ_quant=isq,
         seed=opts.seed,
         token_source="none",  # local files only: never look for a hub token
     )
@@ -93,8 +95,8 @@ def runner_kwargs(m: Any, opts: MistralRsOptions, build: Build, template_file: P
     return kwargs
 
 
-def serial_prefill(opts: MistralRsOptions, source: ModelSource) -> bool:
+def serial_prefill(opts: MistralRsOptions, source: ModelSource, isq: str | None = None) -> bool:
     """Whether prompts must enter mistral.rs one at a time (see MistralRsOptions.serial_prefill)."""
     if opts.serial_prefill != "auto":
         return opts.serial_prefill == "on"
-    return source.format == "gguf" or opts.isq is not None
+    return source.format == "gguf" or isq is not None

@@ -28,13 +28,15 @@ SERIAL_PREFILL = ("auto", "on", "off")
 # Converters get no instance, so they name the backend themselves.
 
 
-def _isq(value: Any) -> str | None:
-    if value is None or value == "":
-        return None
+def _isq(value: Any) -> str:
+    if value is None or value == "" or (isinstance(value, str) and value.lower() == "none"):
+        return "none"
+    if isinstance(value, str) and value.lower() == "auto":
+        return "auto"
     if not isinstance(value, str) or value.upper() not in ISQ_TYPES:
         raise BackendOptionError(
-            BACKEND, "isq", f"must be one of {', '.join(ISQ_TYPES)} (any case), got {value!r}", value
-        )
+            BACKEND, "isq", f"must be auto, none or one of {', '.join(ISQ_TYPES)} (any case), got {value!r}",
+            value)
     return value.upper()
 
 
@@ -109,8 +111,11 @@ class MistralRsOptions:
     #: one step ("off"). "auto" = on for quantized weights (GGUF, ISQ), whose CPU matmul fails or
     #: corrupts outputs when several prompts are prefilled together (see the docs).
     serial_prefill: str = attrs.field(default="auto", validator=one_of(SERIAL_PREFILL))
-    #: In-situ quantization applied while loading (Hugging Face weights, or requantizing a GGUF).
-    isq: str | None = attrs.field(default=None, converter=_isq)
+    #: In-situ quantization applied while loading (Hugging Face weights, or requantizing a GGUF):
+    #: a type, "none" (the weights as the file has them), or "auto": on CPU builds, a GGUF of a
+    #: type candle multiplies with a portable loop (Q4_1, Q5_0, Q5_1) becomes Q8_0 where memory
+    #: allows (ruvllm_mistralrs.requantize says why and what it costs).
+    isq: str = attrs.field(default="auto", converter=_isq)
     dtype: str = attrs.field(default="auto", validator=one_of(DTYPES))
     #: CPU threads of mistral.rs's compute pool (CANDLE_NUM_THREADS / RAYON_NUM_THREADS).
     #: Process-wide and fixed by the first model loaded in the process. Unset = an exported
