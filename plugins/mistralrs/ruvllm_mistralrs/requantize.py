@@ -20,14 +20,13 @@ from pathlib import Path
 
 import attrs
 import psutil
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ruvllm.models import ModelSource
 
 from ruvllm_mistralrs.platform import Build
 
-#: Bytes per 32-weight block of the GGUF types candle multiplies with its portable loop (measured
-#: slow above); Q8_0, the type ``auto`` requantizes them to, takes ``Q8_0_BLOCK_BYTES``.
-SLOW_CPU_TYPES = {"Q4_1": 20, "Q5_0": 22, "Q5_1": 24}
-Q8_0_BLOCK_BYTES = 34
+#: The GGUF types candle multiplies with its portable loop (measured slow above).
+SLOW_CPU_TYPES = frozenset({"Q4_1", "Q5_0", "Q5_1"})
 #: The share of the memory available at load that requantized weights may add.
 MAX_SHARE_OF_AVAILABLE = 0.5
 
@@ -48,15 +47,17 @@ def resolve_isq(requested: str, source: ModelSource, file_type: str | None, buil
         return IsqChoice(None if requested == "none" else requested)
     if source.format != "gguf" or build.device != "cpu" or file_type not in SLOW_CPU_TYPES:
         return IsqChoice(None)
-    growth = Path(source.path).stat().st_size * (Q8_0_BLOCK_BYTES / SLOW_CPU_TYPES[file_type] - 1)
+    # Both types store 32 weights a block, so the bytes grow as the block sizes do.
+    block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[file_type]][1]
+    q8_0_block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0][1]
+    growth = Path(source.path).stat().st_size * (q8_0_block_bytes / block_bytes - 1)
     available = psutil.virtual_memory().available if available_bytes is None else available_bytes
+    why = f"candle's CPU kernel for {file_type} is a portable loop, about 3x slower than Q8_0's"
     if growth > MAX_SHARE_OF_AVAILABLE * available:
         return IsqChoice(None, (
-            f"isq auto: kept the file's {file_type} weights (candle's CPU kernel for them is a portable "
-            f"loop, about 3x slower than Q8_0's), since requantizing would add about "
+            f"isq auto: kept the file's {file_type} weights ({why}), since requantizing would add about "
             f"{growth / 2**20:,.0f} MiB and {available / 2**20:,.0f} MiB is available; set isq = \"Q8_0\" "
             "to requantize anyway"))
     return IsqChoice("Q8_0", (
-        f"isq auto: {file_type} weights requantized to Q8_0 at load (candle's CPU kernel for {file_type} "
-        f"is a portable loop, about 3x slower than Q8_0's; perplexity unchanged), about "
+        f"isq auto: {file_type} weights requantized to Q8_0 at load ({why}; perplexity unchanged), about "
         f"{growth / 2**20:,.0f} MiB more resident; set isq = \"none\" to keep the file's weights"))
