@@ -39,8 +39,10 @@ from ruvllm.registry import resolve
 from ruvllm.types import GenerationParams
 from ruvllm_mistralrs import MistralRsBackend
 from ruvllm_mistralrs.engine import PASS_THROUGH_TEMPLATE, runner_kwargs, which_for
+from ruvllm_mistralrs.model_files import read_model_files
 from ruvllm_mistralrs.options import MistralRsOptions
 from ruvllm_mistralrs.platform import installed_build
+from ruvllm_mistralrs.requantize import resolve_isq
 
 PROMPTS = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "Water boils at",
            "List three colors: red, green,", "In 1492, Columbus", "My favourite food is", "Hello",
@@ -143,7 +145,10 @@ def via_runner(m: Any, runner: Any, n: int, tokens: int, serial: bool) -> Level:
 def direct_runner(m: Any, source: Any, opts: MistralRsOptions, tmp: Path) -> Any:
     template = tmp / "pass_through.jinja"
     template.write_text(PASS_THROUGH_TEMPLATE, encoding="utf-8")
-    return m.Runner(which=which_for(m, source, opts), **runner_kwargs(m, opts, installed_build(), template))
+    build = installed_build()
+    # The isq the backend would resolve for this file (its "auto" included).
+    isq = resolve_isq(opts.isq, source, read_model_files(source).quantization, build).isq
+    return m.Runner(which=which_for(m, source, opts), **runner_kwargs(m, opts, build, template, isq=isq))
 
 
 def main() -> None:

@@ -79,21 +79,21 @@ def test_paged_options_map_to_runner_arguments_on_gpu_builds(tmp_path):
     })
     # The CPU wheel does not export PagedCacheType; stand in for a GPU build's module.
     gpu_module = SimpleNamespace(PagedCacheType=SimpleNamespace(Auto="auto", F8E4M3="f8e4m3"))
-    kw = runner_kwargs(gpu_module, opts, CUDA, tmp_path / "t.jinja")
+    kw = runner_kwargs(gpu_module, opts, CUDA, tmp_path / "t.jinja", isq=None)
     assert kw["paged_attn"] is True and kw["pa_blk_size"] == 16 and kw["memory_goal"] == 0.5
     assert kw["pa_cache_type"] == "f8e4m3"
     assert kw["prefix_cache_n"] == 4 and kw["max_seqs"] == 3
-    cpu = runner_kwargs(mistralrs, MistralRsOptions(), CPU, tmp_path / "t.jinja")
+    cpu = runner_kwargs(mistralrs, MistralRsOptions(), CPU, tmp_path / "t.jinja", isq=None)
     assert not {"paged_attn", "pa_blk_size", "memory_goal", "pa_cache_type"} & set(cpu)
 
 
 def test_serial_prefill_is_on_for_quantized_weights():
     gguf = ModelSource(name="m", path=Path("/m.gguf"), format="gguf")
     hf = ModelSource(name="m", path=Path("/m"), format="hf")
-    assert serial_prefill(MistralRsOptions(), gguf)
+    assert serial_prefill(MistralRsOptions(), gguf, isq=None)
     assert serial_prefill(MistralRsOptions(), hf, isq="Q4K")
-    assert not serial_prefill(MistralRsOptions(), hf)
-    assert serial_prefill(MistralRsOptions(serial_prefill="on"), hf)
+    assert not serial_prefill(MistralRsOptions(), hf, isq=None)
+    assert serial_prefill(MistralRsOptions(serial_prefill="on"), hf, isq=None)
 
 
 def test_request_mapping():

@@ -155,7 +155,7 @@ class MistralRsBackend(LlmBackend):
         if isq.reason:
             log.info("mistralrs: %s", isq.reason)
         which = which_for(mistralrs, model, opts, staged)
-        kwargs = runner_kwargs(mistralrs, opts, build, template, isq.isq)
+        kwargs = runner_kwargs(mistralrs, opts, build, template, isq=isq.isq)
 
         threads = configure_threads(opts.threads)
 
@@ -197,7 +197,7 @@ class MistralRsBackend(LlmBackend):
         self._info = files.info(model, context_length=min(engine_ctx, files.context_length),
                                 quantization=isq.isq)
         self._resolver = TokenIdResolver(self._tok.token_bytes())
-        self.serial_prefill = serial_prefill(opts, model, isq.isq)
+        self.serial_prefill = serial_prefill(opts, model, isq=isq.isq)
         self._adapters: dict[str, AdapterInfo] = {}
         self._revisions: dict[str, int] = {}
         self._revision_clock = 0

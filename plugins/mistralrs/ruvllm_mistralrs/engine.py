@@ -65,8 +65,8 @@ def which_for(m: Any, source: ModelSource, opts: MistralRsOptions, xlora: Staged
     return m.Which.Plain(model_id=str(path), dtype=dtype, tokenizer_json=opts.tokenizer_json)
 
 
-def runner_kwargs(m: Any, opts: MistralRsOptions, build: Build, template_file: Path,
-                  isq: str | None = None) -> dict[str, Any]:
+def runner_kwargs(m: Any, opts: MistralRsOptions, build: Build, template_file: Path, *,
+                  isq: str | None) -> dict[str, Any]:
     """``Runner(...)`` arguments other than ``which``; ``isq`` is the resolved type
     (ruvllm_mistralrs.requantize), not the option."""
     kwargs: dict[str, Any] = dict(
@@ -95,8 +95,9 @@ def runner_kwargs(m: Any, opts: MistralRsOptions, build: Build, template_file: P
     return kwargs
 
 
-def serial_prefill(opts: MistralRsOptions, source: ModelSource, isq: str | None = None) -> bool:
-    """Whether prompts must enter mistral.rs one at a time (see MistralRsOptions.serial_prefill)."""
+def serial_prefill(opts: MistralRsOptions, source: ModelSource, *, isq: str | None) -> bool:
+    """Whether prompts must enter mistral.rs one at a time (see MistralRsOptions.serial_prefill);
+    ``isq`` is the resolved type, as for :func:`runner_kwargs`."""
     if opts.serial_prefill != "auto":
         return opts.serial_prefill == "on"
     return source.format == "gguf" or isq is not None
