@@ -124,9 +124,10 @@ def test_prefix_cache_copy_from_a_donor_sequence(backend):
 
 def test_by_default_32_clients_taking_turns_find_their_prompts_again(backend):
     """Resent prompts are found whole, as llama-server's prompt cache finds them: with the
-    default donors (``auto``: 64 on llamacpp) all 32 of 2 full blocks each, twice the 16 that
-    run at once; with 16, the default until 2026-12-02, none (each prefix is replaced before it
-    comes back), and with 2, as before 2026-11-28, none of 8."""
+    default donors (``auto``: 64 on llamacpp) all 32, twice the 16 that run at once, each to its
+    last token (33 of 34: two full blocks and the partial third the parked donor keeps); with
+    16, the default until 2026-12-02, none (each prefix is replaced before it comes back), and
+    with 2, as before 2026-11-28, none of 8."""
     prompts = [backend.tokenizer.encode(f"List {i}: " + ", ".join(str(97 * i + j) for j in range(20)))[:34]
                for i in range(32)]
     params = GenerationParams(max_tokens=1)
@@ -137,7 +138,7 @@ def test_by_default_32_clients_taking_turns_find_their_prompts_again(backend):
         assert kept.prefix_cache_prompts == 32
         assert kept.prefix_cache_host_bytes >= 32 * 32 * backend.kv_bytes_per_token
         eng.generate_sync(prompts, params)
-        assert eng.metrics().prefix_cache_hits - kept.prefix_cache_hits == 32 * 32
+        assert eng.metrics().prefix_cache_hits - kept.prefix_cache_hits == 32 * 33
 
 
 def test_auto_donors_fit_beside_a_large_max_num_seqs(backend):

@@ -317,7 +317,8 @@ def test_a_parked_donor_is_not_restored_beside_a_running_copy_of_its_blocks():
     ex = ParkingFakeExecutor(num_blocks=40, block_size=4, max_sequences=3)
     sched = make(ex, max_seqs=2)  # 2 running slots + 1 donor slot
     run_all(sched, ex, [SchedRequest("r0", [*head, *x], 2)])
-    assert list(ex.parked.values()) == [[*head, *x]]  # its whole blocks; the generated ones are partial
+    # Its whole blocks, and past them the generated token whose KV was computed (the last one never is).
+    assert list(ex.parked.values()) == [[*head, *x, *reference_greedy([*head, *x], 1)]]
     r1 = SchedRequest("r1", [*head, *y], 30)
     sched.add(r1)
     step(sched, ex)
@@ -330,6 +331,42 @@ def test_a_parked_donor_is_not_restored_beside_a_running_copy_of_its_blocks():
     assert ex.restored == 1 and sched.prefix_hits == 16
     run_all(sched, ex, [])
     assert r2.token_ids[r2.num_prompt:] == reference_greedy([*head, *x, *z], 2)
+
+
+@pytest.mark.parametrize(("parking", "length", "hit"), [
+    (True, 23, 22),   # parked: the partial block past the chain too
+    (True, 24, 23),
+    (False, 23, 20),  # in the pool a donor keeps whole blocks only (the engine's account)
+    (False, 24, 23),  # ... but a hit may run on into its last one
+])
+def test_a_repeated_prompt_recomputes_only_what_no_donor_holds(parking, length, hit):
+    """Blocks of 4: a repeat finds every position a donor holds with its tokens, up to but not
+    including the prompt's last token, not just the leading whole blocks (which left up to a
+    block of rows to recompute, where llama-server recomputes one)."""
+    p = prompts(1, seed=50, lo=length, hi=length + 1)[0]
+    kind = ParkingFakeExecutor if parking else PerSeqFakeExecutor
+    ex = kind(num_blocks=40, block_size=4, max_sequences=3)
+    sched = make(ex, max_seqs=2)
+    # One new token each, so the first request's KV ends with its prompt (a generated token's
+    # KV would fill the partial block).
+    first = run_all(sched, ex, [SchedRequest("a", list(p), 1)])
+    again = SchedRequest("b", list(p), 1)
+    assert run_all(sched, ex, [again]) == {"b": first["a"]} and first["a"] == reference_greedy(p, 1)
+    assert sched.prefix_hits == again.num_cached_tokens == hit
+
+
+def test_a_hit_stops_where_the_prompt_leaves_the_donors_tokens():
+    """A prompt that shares a parked donor's first 22 tokens, then differs: the hit takes the
+    21 a donor holds in common (five blocks and one token of the sixth), and the output is the
+    new prompt's own."""
+    p = prompts(1, seed=51, lo=23, hi=24)[0]
+    q = [*p[:21], (p[21] + 1) % 38, *p[22:]]
+    ex = ParkingFakeExecutor(num_blocks=40, block_size=4, max_sequences=3)
+    sched = make(ex, max_seqs=2)
+    run_all(sched, ex, [SchedRequest("a", list(p), 3)])
+    other = SchedRequest("b", list(q), 3)
+    assert run_all(sched, ex, [other]) == {"b": reference_greedy(q, 3)}
+    assert other.num_cached_tokens == 21
 
 
 @pytest.mark.parametrize("parking", [False, True], ids=["donors_in_pool", "donors_parked"])

@@ -44,7 +44,10 @@ class _SeqBlocks:
 
 @attrs.frozen
 class PrefixHit:
-    """Cached blocks that hold a prompt's leading tokens."""
+    """Cached blocks that hold a prompt's leading tokens, and how many tokens the hit serves:
+    the blocks' own, or up to a block's worth less one more that a donor sequence holds past
+    them (:meth:`ruvllm.engine.slots.SlotPool.donor_for`), which the new sequence's first own
+    block accounts for."""
 
     block_ids: tuple[int, ...]
     num_tokens: int
@@ -224,6 +227,10 @@ class BlockManager:
             raise ValueError(f"sequence {seq_id} already has blocks")
         if hit.num_tokens > num_tokens:
             raise ValueError("prefix hit longer than the sequence")
+        whole = len(hit.block_ids) * self.block_size
+        if not whole <= hit.num_tokens < whole + self.block_size:
+            raise ValueError(f"a hit on {len(hit.block_ids)} blocks serves {whole} to "
+                             f"{whole + self.block_size - 1} tokens, not {hit.num_tokens}")
         taken = sum(1 for b in hit.block_ids if self._blocks[b].ref_count == 0)
         if self.blocks_needed(num_tokens) - len(hit.block_ids) > self.num_free_blocks - taken:
             return None
@@ -232,7 +239,7 @@ class BlockManager:
             self._ref(b)
             seq.table.append(b)
             seq.hashes.append(self._blocks[b].block_hash)  # type: ignore[arg-type]
-        seq.num_tokens = hit.num_tokens
+        seq.num_tokens = whole  # positions past the blocks go in the sequence's first own block
         self._seqs[seq_id] = seq
         pairs = self.extend(seq_id, num_tokens)
         assert pairs is not None  # capacity was checked above

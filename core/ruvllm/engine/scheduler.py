@@ -211,7 +211,7 @@ class Scheduler:
                 hit = self.blocks.lookup_prefix(req.token_ids, req.cache_salt)
             donor = None
             if self.copy_prefixes and hit.block_ids:
-                donor, hit = self.slots.donor_for(hit)
+                donor, hit = self.slots.donor_for(hit, req.token_ids)
             n = self._tail_split(req, hit.num_tokens, min(len(req.token_ids) - hit.num_tokens, budget))
             if self.config.max_prefill_chunk:
                 n = min(n, self.config.max_prefill_chunk)
@@ -325,5 +325,5 @@ class Scheduler:
         if req.slot is not None:
             table = self.blocks.block_table(req.slot) if self.blocks.has_seq(req.slot) else ()
             self.blocks.free(req.slot)
-            self.slots.release(req.slot, table, req.num_computed)
+            self.slots.release(req.slot, table, req.num_computed, req.token_ids)
             req.slot = None

@@ -27,6 +27,13 @@ detached donor then takes new cells, so it is only made when no running sequence
 the donor's blocks (the cells it restores are then ones its account holds and nothing uses);
 otherwise a running holder of the hit's head serves it, by sharing.
 
+Hits end on a token, not only on a block: a donor remembers the tokens of the positions it keeps,
+and a prompt that goes on matching them past the hit's last whole block takes those positions
+too, up to a block's worth less one (the new request's own first block holds them, so the
+engine's account covers the cells). A detached donor also keeps its positions past its chain, as
+many, since they cost the pool nothing: a repeated prompt then recomputes only its last token, as
+llama-server's token-level cache does, instead of up to a block of them.
+
 Every change for the executor (free a slot, or trim it to N tokens) is queued and handed out by
 :meth:`SlotPool.take_released`, which the engine applies before copies and the forward pass.
 """
@@ -55,9 +62,10 @@ class SlotPool:
     def acquire(self) -> int | None:
         return heapq.heappop(self._free) if self._free else None
 
-    def release(self, slot: int, table: Sequence[int] = (), num_computed: int = 0) -> None:
-        """``slot``'s request ended or was preempted; ``table`` is the block table it had and
-        ``num_computed`` how many of its positions hold KV."""
+    def release(self, slot: int, table: Sequence[int] = (), num_computed: int = 0,
+                token_ids: Sequence[int] = ()) -> None:
+        """``slot``'s request ended or was preempted; ``table`` is the block table it had,
+        ``num_computed`` how many of its positions hold KV and ``token_ids`` its tokens."""
         self._free_slot(slot)
 
     def take_released(self) -> list[tuple[int, int]]:
@@ -66,9 +74,11 @@ class SlotPool:
         out, self._released = self._released, []
         return out
 
-    def donor_for(self, hit: PrefixHit) -> tuple[int | None, PrefixHit]:
+    def donor_for(self, hit: PrefixHit, token_ids: Sequence[int] = ()) -> tuple[int | None, PrefixHit]:
         """A sequence whose KV holds ``hit`` (or its longest held head) to copy it from, and
-        the hit shortened to what that sequence holds; ``(None, NO_HIT)`` when none does."""
+        the hit as that sequence serves it: shortened to what it holds, or run on past the last
+        whole block over the positions of ``token_ids`` (the prompt) it holds too;
+        ``(None, NO_HIT)`` when none does."""
         return None, NO_HIT
 
     def end_step(self) -> None:
@@ -94,12 +104,16 @@ class DonorSlotPool(SlotPool):
         self._chains: OrderedDict[int, list[int]] = OrderedDict()
         #: Block -> the donor slots whose KV holds it.
         self._holders: dict[int, set[int]] = {}
+        #: Donor slot -> the tokens of the positions its KV keeps (its chain's, and a detached
+        #: donor's partial block past it).
+        self._tokens: dict[int, tuple[int, ...]] = {}
 
     @property
     def num_donors(self) -> int:
         return len(self._chains)
 
-    def release(self, slot: int, table: Sequence[int] = (), num_computed: int = 0) -> None:
+    def release(self, slot: int, table: Sequence[int] = (), num_computed: int = 0,
+                token_ids: Sequence[int] = ()) -> None:
         self._sync_evictions()
         blocks, bs = self.blocks, self.blocks.block_size
         chain: list[int] = []
@@ -114,17 +128,21 @@ class DonorSlotPool(SlotPool):
         if not chain:
             self._free_slot(slot)
             return
+        keep = len(chain) * bs
+        if self.detached:  # positions past the chain cost the pool nothing once parked
+            keep = max(keep, min(num_computed, len(token_ids), keep + bs - 1))
         self._chains[slot] = chain
+        self._tokens[slot] = tuple(token_ids[:keep])
         for b in chain:
             self._holders.setdefault(b, set()).add(slot)
-        if self.detached or num_computed > len(chain) * bs or len(table) > len(chain):
-            self._released.append((slot, len(chain) * bs))
+        if self.detached or num_computed > keep or len(table) > len(chain):
+            self._released.append((slot, keep))
 
     def take_released(self) -> list[tuple[int, int]]:
         self._sync_evictions()
         return super().take_released()
 
-    def donor_for(self, hit: PrefixHit) -> tuple[int | None, PrefixHit]:
+    def donor_for(self, hit: PrefixHit, token_ids: Sequence[int] = ()) -> tuple[int | None, PrefixHit]:
         self._sync_evictions()
         bs = self.blocks.block_size
         for n in range(len(hit.block_ids), 0, -1):
@@ -143,7 +161,7 @@ class DonorSlotPool(SlotPool):
                 donor = running[0]
             else:
                 continue
-            return donor, PrefixHit(hit.block_ids[:n], n * bs)
+            return donor, PrefixHit(hit.block_ids[:n], n * bs + self._run_on(donor, n * bs, token_ids))
         return None, NO_HIT
 
     def end_step(self) -> None:
@@ -159,6 +177,18 @@ class DonorSlotPool(SlotPool):
             self._drop_donor(min(self._chains, key=lambda s: (self._only_here(s), order[s])))
 
     # ------------------------------------------------------------------ internals
+
+    def _run_on(self, donor: int, start: int, token_ids: Sequence[int]) -> int:
+        """How many positions from ``start`` the donor holds with the prompt's tokens: fewer than
+        a block (the new request's first own block takes them) and never the prompt's last
+        token, whose logits the request needs. A running holder's are not counted: its
+        partial block is still being written."""
+        held = self._tokens.get(donor, ())
+        limit = min(len(held), len(token_ids) - 1, start + self.blocks.block_size - 1)
+        n = 0
+        while start + n < limit and held[start + n] == token_ids[start + n]:
+            n += 1
+        return n
 
     def _only_here(self, slot: int) -> int:
         """Blocks of ``slot``'s chain that no other sequence holds."""
@@ -176,12 +206,14 @@ class DonorSlotPool(SlotPool):
                 self._forget(slot, chain[cut + 1:])
                 del chain[cut:]
                 if chain:
+                    self._tokens[slot] = self._tokens[slot][:cut * bs]
                     self._released.append((slot, cut * bs))
                 else:
-                    del self._chains[slot]
+                    del self._chains[slot], self._tokens[slot]
                     self._free_slot(slot)
 
     def _drop_donor(self, slot: int) -> None:
+        del self._tokens[slot]
         self._forget(slot, self._chains.pop(slot))
         self._free_slot(slot)
 
