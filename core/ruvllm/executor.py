@@ -85,7 +85,8 @@ class BatchExecutor(Protocol):
 
     def copy_prefix(self, src_seq_id: int, dst_seq_id: int, num_tokens: int) -> None:
         """Give ``dst`` the KV of the first ``num_tokens`` positions of ``src``
-        (``per_sequence`` layout)."""
+        (``per_sequence`` layout); any count, not only whole blocks: a hit may end inside a
+        block (docs/engine.md)."""
         ...
 
     def trim(self, seq_id: int, num_tokens: int) -> None:
