@@ -56,14 +56,15 @@ def test_chat_completion_counts_real_tokens(client, server, model_name):
 
 def test_cached_tokens_are_the_prompt_read_from_the_prefix_cache(client, model_name):
     """A prompt never seen before is computed but for the template's head other chats left in
-    the cache; the same prompt again reads all its whole KV blocks from the prefix cache, and usage
-    says so (OpenAI's ``cached_tokens``), streamed or not, on chat, completions and the
-    Responses API."""
+    the cache; the same prompt again reads all of it but its last token from the prefix cache (as
+    llama-server's token-level cache: the finished request's KV is kept past its last whole
+    block), and usage says so (OpenAI's ``cached_tokens``), streamed or not, on chat, completions
+    and the Responses API."""
     fresh = [{"role": "user", "content": f"({uuid.uuid4().hex}) " + "Name a colour. " * 8}]
     first = client.chat.completions.create(model=model_name, messages=fresh, max_tokens=2, temperature=0)
     again = client.chat.completions.create(model=model_name, messages=fresh, max_tokens=2, temperature=0)
     cached = again.usage.prompt_tokens_details.cached_tokens
-    assert first.usage.prompt_tokens_details.cached_tokens < cached < again.usage.prompt_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens < cached == again.usage.prompt_tokens - 1
     streamed = next(c.usage for c in client.chat.completions.create(
         model=model_name, messages=fresh, max_tokens=2, temperature=0, stream=True,
         stream_options={"include_usage": True}) if c.usage is not None)
@@ -72,7 +73,7 @@ def test_cached_tokens_are_the_prompt_read_from_the_prefix_cache(client, model_n
     counting = f"({uuid.uuid4().hex}) " + "One, two, three, " * 12
     client.completions.create(model=model_name, prompt=counting, max_tokens=1)
     warm = client.completions.create(model=model_name, prompt=counting, max_tokens=1).usage
-    assert 0 < warm.prompt_tokens_details.cached_tokens < warm.prompt_tokens
+    assert warm.prompt_tokens_details.cached_tokens == warm.prompt_tokens - 1
     answer = client.responses.create(model=model_name, input=fresh[0]["content"], max_output_tokens=4)
     assert 0 < answer.usage.input_tokens_details.cached_tokens < answer.usage.input_tokens
 
