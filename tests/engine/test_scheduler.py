@@ -308,28 +308,30 @@ def test_config_rejects_bad_values_by_name():
         SchedulerConfig(policy="lottery")
 
 
-def test_a_parked_donor_is_not_restored_beside_a_running_copy_of_its_blocks():
+def test_a_parked_donor_is_restored_beside_a_running_copy_of_its_head_into_blocks_of_its_own():
     """r0's prompt (head H, then X) ends parked. r1 (H, then Y) restores H from it and keeps
-    running; r2 (H, X, then Z) would hit H and X in the parked donor, but restoring it would
-    hold H twice (r1's cells and the restore's) where the engine counts it once. So r2 shares
-    H with r1 and computes X itself, and the cells stay within the engine's account."""
+    running; r2 (H, X, then Z) finds H and X in the parked donor, but restoring them into H's
+    cached blocks would hold H twice (r1's cells and the restore's) where the engine counts it
+    once. So the restore goes into blocks of r2's own, and the cells stay within the engine's
+    account."""
     head, x, y, z = prompts(4, seed=40, lo=8, hi=9)
     ex = ParkingFakeExecutor(num_blocks=40, block_size=4, max_sequences=3)
     sched = make(ex, max_seqs=2)  # 2 running slots + 1 donor slot
     run_all(sched, ex, [SchedRequest("r0", [*head, *x], 2)])
-    # Its whole blocks, and past them the generated token whose KV was computed (the last one never is).
+    # All its KV: the prompt and the generated token fed back (the last one never is).
     assert list(ex.parked.values()) == [[*head, *x, *reference_greedy([*head, *x], 1)]]
     r1 = SchedRequest("r1", [*head, *y], 30)
     sched.add(r1)
     step(sched, ex)
-    assert ex.restored == 1 and sched.prefix_hits == 8
+    assert ex.restored == 1 and r1.num_cached_tokens == 8
     r2 = SchedRequest("r2", [*head, *x, *z], 2)
     sched.add(r2)
-    while r2.num_computed < r2.num_prompt:
+    step(sched, ex)
+    assert ex.restored == 2 and r2.num_cached_tokens == 16
+    assert not set(sched.blocks.block_table(r1.slot)) & set(sched.blocks.block_table(r2.slot))
+    while sched.has_work:
         step(sched, ex)
         assert ex.cells_used <= sched.blocks.num_resident_blocks * ex.block_size
-    assert ex.restored == 1 and sched.prefix_hits == 16
-    run_all(sched, ex, [])
     assert r2.token_ids[r2.num_prompt:] == reference_greedy([*head, *x, *z], 2)
 
 
@@ -353,6 +355,63 @@ def test_a_repeated_prompt_recomputes_only_what_no_donor_holds(parking, length, 
     again = SchedRequest("b", list(p), 1)
     assert run_all(sched, ex, [again]) == {"b": first["a"]} and first["a"] == reference_greedy(p, 1)
     assert sched.prefix_hits == again.num_cached_tokens == hit
+
+
+def test_a_parked_prompt_outlives_the_blocks_a_running_request_takes():
+    """A's prompt ends parked (three whole blocks and a token). L1 then grows until the pool
+    reuses one of A's blocks, while L2 comes and goes. A sent again, L1 still running, finds
+    all of its prompt but the last token in the parked KV, not just the head of blocks the pool
+    kept (8 tokens): the parked copy costs the pool nothing, so it stays findable by its tokens."""
+    a, l1, l2 = (prompts(1, seed=60 + i, lo=n, hi=n + 1)[0] for i, n in enumerate((13, 6, 6)))
+    ex = ParkingFakeExecutor(num_blocks=16, block_size=4, max_sequences=5)
+    sched = make(ex, max_seqs=2)
+    run_all(sched, ex, [SchedRequest("a", list(a), 1)])
+    long_one = SchedRequest("l1", list(l1), 42)
+    for r in (long_one, SchedRequest("l2", list(l2), 3)):
+        sched.add(r)
+    step(sched, ex)
+    while len(sched.blocks.block_table(long_one.slot)) < 12:  # 48 positions: A's blocks are needed
+        step(sched, ex)
+    again = SchedRequest("again", list(a), 1)
+    sched.add(again)
+    step(sched, ex)
+    assert long_one.state.name == "RUNNING" and again.num_cached_tokens == len(a) - 1
+    run_all(sched, ex, [])
+    assert again.token_ids[again.num_prompt:] == reference_greedy(a, 1)
+    assert long_one.token_ids[long_one.num_prompt:] == reference_greedy(l1, 42)
+
+
+def test_parked_prompts_sharing_a_long_head_stay_within_the_pools_size():
+    """Eight prompts of one 24-token head and a question of their own each end parked. Each
+    parks its whole KV, the shared head too, so their bytes are bounded by a count of their
+    own, the pool's size (80 positions here: two of them), the least recently used going first;
+    the blocks they share counted once let eight stay, 224 positions in all."""
+    head = prompts(1, seed=70, lo=24, hi=25)[0]
+    ex = ParkingFakeExecutor(num_blocks=20, block_size=4, max_sequences=9)
+    sched = make(ex, max_seqs=1)  # 1 running slot + 8 donor slots
+    for i in range(8):
+        run_all(sched, ex, [SchedRequest(f"q{i}", [*head, 30 + i, 31, 32, 33], 1)])
+        assert sum(map(len, ex.parked.values())) <= 80
+    assert sched.slots.num_donors == 2
+    last = [*head, 37, 31, 32, 33]
+    again = SchedRequest("again", list(last), 1)
+    assert run_all(sched, ex, [again]) == {"again": reference_greedy(last, 1)}
+    assert again.num_cached_tokens == len(last) - 1
+
+
+def test_a_conversations_later_turn_replaces_its_earlier_one():
+    """Each turn of a conversation resends the whole of it: the finished turn's parked KV holds
+    all of the one before, so the earlier donor goes (one donor, one copy of the KV)."""
+    turn = prompts(1, seed=80, lo=10, hi=11)[0]
+    ex = ParkingFakeExecutor(num_blocks=40, block_size=4, max_sequences=4)
+    sched = make(ex, max_seqs=1)  # 1 running slot + 3 donor slots
+    for n in range(3):
+        req = SchedRequest(f"t{n}", list(turn), 3)
+        run_all(sched, ex, [req])
+        assert sched.slots.num_donors == 1 and list(ex.parked.values()) == [req.token_ids[:-1]]
+        if n:
+            assert req.num_cached_tokens == len(turn) - 1 - 4
+        turn = [*req.token_ids, 5, 6, 7, 8]
 
 
 def test_a_hit_stops_where_the_prompt_leaves_the_donors_tokens():

@@ -45,9 +45,9 @@ class _SeqBlocks:
 @attrs.frozen
 class PrefixHit:
     """Cached blocks that hold a prompt's leading tokens, and how many tokens the hit serves:
-    the blocks' own, or up to a block's worth less one more that a donor sequence holds past
-    them (:meth:`ruvllm.engine.slots.SlotPool.donor_for`), which the new sequence's first own
-    block accounts for."""
+    the blocks' own, or more that a donor sequence holds past them
+    (:meth:`ruvllm.engine.slots.SlotPool.donor_for`), which the new sequence's own blocks
+    account for."""
 
     block_ids: tuple[int, ...]
     num_tokens: int
@@ -228,9 +228,9 @@ class BlockManager:
         if hit.num_tokens > num_tokens:
             raise ValueError("prefix hit longer than the sequence")
         whole = len(hit.block_ids) * self.block_size
-        if not whole <= hit.num_tokens < whole + self.block_size:
-            raise ValueError(f"a hit on {len(hit.block_ids)} blocks serves {whole} to "
-                             f"{whole + self.block_size - 1} tokens, not {hit.num_tokens}")
+        if hit.num_tokens < whole:
+            raise ValueError(f"a hit on {len(hit.block_ids)} blocks serves at least {whole} tokens, "
+                             f"not {hit.num_tokens}")
         taken = sum(1 for b in hit.block_ids if self._blocks[b].ref_count == 0)
         if self.blocks_needed(num_tokens) - len(hit.block_ids) > self.num_free_blocks - taken:
             return None

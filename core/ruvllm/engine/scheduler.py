@@ -206,12 +206,11 @@ class Scheduler:
         now = self.clock()
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = min(self.waiting, key=lambda r: self._waiting_key(r, now))
-            hit = NO_HIT
+            hit, donor = NO_HIT, None
             if req.num_computed == 0 and req.reuse_prefix:
                 hit = self.blocks.lookup_prefix(req.token_ids, req.cache_salt)
-            donor = None
-            if self.copy_prefixes and hit.block_ids:
-                donor, hit = self.slots.donor_for(hit, req.token_ids)
+                if self.copy_prefixes:
+                    donor, hit = self.slots.donor_for(hit, req.token_ids, req.cache_salt)
             n = self._tail_split(req, hit.num_tokens, min(len(req.token_ids) - hit.num_tokens, budget))
             if self.config.max_prefill_chunk:
                 n = min(n, self.config.max_prefill_chunk)
@@ -325,5 +324,5 @@ class Scheduler:
         if req.slot is not None:
             table = self.blocks.block_table(req.slot) if self.blocks.has_seq(req.slot) else ()
             self.blocks.free(req.slot)
-            self.slots.release(req.slot, table, req.num_computed, req.token_ids)
+            self.slots.release(req.slot, table, req.num_computed, req.token_ids, req.cache_salt)
             req.slot = None

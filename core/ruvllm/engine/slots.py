@@ -21,18 +21,27 @@ run out of cells the engine believes free. Three rules keep them equal:
   other sequences hold as well goes at once; past the bound, the one holding the fewest blocks
   nobody else holds goes first, the least recently used among equals.
 
-An executor may keep its donors *detached*, outside the memory running sequences share (the
-llama.cpp executor parks them in host memory, where they cost no attention). A copy from a
-detached donor then takes new cells, so it is only made when no running sequence holds any of
-the donor's blocks (the cells it restores are then ones its account holds and nothing uses);
-otherwise a running holder of the hit's head serves it, by sharing.
-
 Hits end on a token, not only on a block: a donor remembers the tokens of the positions it keeps,
 and a prompt that goes on matching them past the hit's last whole block takes those positions
-too, up to a block's worth less one (the new request's own first block holds them, so the
-engine's account covers the cells). A detached donor also keeps its positions past its chain, as
-many, since they cost the pool nothing: a repeated prompt then recomputes only its last token, as
-llama-server's token-level cache does, instead of up to a block of them.
+too (the new request's own blocks hold them, so the engine's account covers the cells), never
+its own last token, whose logits it needs.
+
+An executor may keep its donors *detached*, outside the memory running sequences share (the
+llama.cpp executor parks them in host memory, where they cost no attention and no cell). The
+rules above then change where they guard the pool and not host memory:
+
+- a detached donor keeps all its KV, partial block included, and is found by its tokens (and
+  cache salt) as well as by its blocks: when the block manager reuses one of its blocks for a
+  running request, only the way to find it by blocks is cut, so a prompt survives the pool
+  filling up (before, it went with its blocks);
+- a copy from a detached donor takes new cells. It reuses the hit's cached blocks only when no
+  running sequence holds any of the donor's blocks (the cells it restores are then ones its
+  account holds and nothing uses); otherwise it goes into blocks of the request's own, or a
+  running holder of the hit's head serves it by sharing, whichever gives more positions;
+- their host memory is bounded by the pool's own size in positions, counted per donor (each
+  holds its whole KV, a head it shares with others included), the least recently used going
+  first; a donor whose tokens another one holds too goes at once (a conversation's earlier
+  turn), and one whose tokens are all another's is not kept.
 
 Every change for the executor (free a slot, or trim it to N tokens) is queued and handed out by
 :meth:`SlotPool.take_released`, which the engine applies before copies and the forward pass.
@@ -63,9 +72,10 @@ class SlotPool:
         return heapq.heappop(self._free) if self._free else None
 
     def release(self, slot: int, table: Sequence[int] = (), num_computed: int = 0,
-                token_ids: Sequence[int] = ()) -> None:
+                token_ids: Sequence[int] = (), cache_salt: str | None = None) -> None:
         """``slot``'s request ended or was preempted; ``table`` is the block table it had,
-        ``num_computed`` how many of its positions hold KV and ``token_ids`` its tokens."""
+        ``num_computed`` how many of its positions hold KV, ``token_ids`` its tokens and
+        ``cache_salt`` the salt they were computed under."""
         self._free_slot(slot)
 
     def take_released(self) -> list[tuple[int, int]]:
@@ -74,11 +84,13 @@ class SlotPool:
         out, self._released = self._released, []
         return out
 
-    def donor_for(self, hit: PrefixHit, token_ids: Sequence[int] = ()) -> tuple[int | None, PrefixHit]:
+    def donor_for(self, hit: PrefixHit, token_ids: Sequence[int] = (),
+                  cache_salt: str | None = None) -> tuple[int | None, PrefixHit]:
         """A sequence whose KV holds ``hit`` (or its longest held head) to copy it from, and
         the hit as that sequence serves it: shortened to what it holds, or run on past the last
-        whole block over the positions of ``token_ids`` (the prompt) it holds too;
-        ``(None, NO_HIT)`` when none does."""
+        whole block over the positions of ``token_ids`` (the prompt) it holds too; or a
+        detached donor that holds more of the prompt under ``cache_salt``; ``(None, NO_HIT)``
+        when none does."""
         return None, NO_HIT
 
     def end_step(self) -> None:
@@ -100,20 +112,23 @@ class DonorSlotPool(SlotPool):
         self.blocks = blocks
         #: The executor keeps donors outside the running sequences' memory (see above).
         self.detached = detached
+        #: Detached donors keep at most this many positions in all: the pool's own size.
+        self.host_tokens = blocks.num_blocks * blocks.block_size
         #: Donor slot -> the cached blocks its KV holds, in position order (least recent first).
         self._chains: OrderedDict[int, list[int]] = OrderedDict()
         #: Block -> the donor slots whose KV holds it.
         self._holders: dict[int, set[int]] = {}
-        #: Donor slot -> the tokens of the positions its KV keeps (its chain's, and a detached
-        #: donor's partial block past it).
+        #: Donor slot -> the tokens of the positions its KV keeps, and the cache salt they were
+        #: computed under.
         self._tokens: dict[int, tuple[int, ...]] = {}
+        self._salts: dict[int, str | None] = {}
 
     @property
     def num_donors(self) -> int:
         return len(self._chains)
 
     def release(self, slot: int, table: Sequence[int] = (), num_computed: int = 0,
-                token_ids: Sequence[int] = ()) -> None:
+                token_ids: Sequence[int] = (), cache_salt: str | None = None) -> None:
         self._sync_evictions()
         blocks, bs = self.blocks, self.blocks.block_size
         chain: list[int] = []
@@ -121,29 +136,65 @@ class DonorSlotPool(SlotPool):
             if not blocks.is_cached(b):
                 break
             chain.append(b)
+        # A detached donor keeps all its KV (it costs the pool nothing), found by its tokens.
+        keep = min(num_computed, len(token_ids)) if self.detached else len(chain) * bs
+        tokens = tuple(token_ids[:keep])
+        if keep < bs or (self.detached and self._covered(tokens, cache_salt)):
+            chain, keep = [], 0  # nothing worth a restore, or another donor keeps all of it
         for b in table[len(chain):]:
             # Cached, but this slot is about to lose its cells: nobody else may hold them.
             if blocks.is_cached(b) and blocks.ref_count(b) == 0 and not self._holders.get(b):
                 blocks.uncache(b)
-        if not chain:
+        if not keep:
             self._free_slot(slot)
             return
-        keep = len(chain) * bs
-        if self.detached:  # positions past the chain cost the pool nothing once parked
-            keep = max(keep, min(num_computed, len(token_ids), keep + bs - 1))
         self._chains[slot] = chain
-        self._tokens[slot] = tuple(token_ids[:keep])
+        self._tokens[slot] = tokens
+        self._salts[slot] = cache_salt
         for b in chain:
             self._holders.setdefault(b, set()).add(slot)
-        if self.detached or num_computed > keep or len(table) > len(chain):
+        if self.detached:
+            self._released.append((slot, keep))
+            self._drop_prefixes_of(slot)
+        elif num_computed > keep or len(table) > len(chain):
             self._released.append((slot, keep))
 
     def take_released(self) -> list[tuple[int, int]]:
         self._sync_evictions()
         return super().take_released()
 
-    def donor_for(self, hit: PrefixHit, token_ids: Sequence[int] = ()) -> tuple[int | None, PrefixHit]:
+    def donor_for(self, hit: PrefixHit, token_ids: Sequence[int] = (),
+                  cache_salt: str | None = None) -> tuple[int | None, PrefixHit]:
         self._sync_evictions()
+        token_ids = tuple(token_ids)
+        donor, served = self._donor_by_blocks(hit, token_ids)
+        if self.detached:
+            found = self._donor_by_tokens(token_ids, cache_salt, served.num_tokens)
+            if found is not None:
+                return found
+        return donor, served
+
+    def end_step(self) -> None:
+        self._sync_evictions()
+        if not self.detached:
+            # A donor whose every block another sequence holds too costs no memory, but a sequence id.
+            for slot in [s for s in self._chains if self._only_here(s) == 0]:
+                self._drop_donor(slot)
+        while len(self._chains) > self.max_donors or (
+                self.detached and sum(map(len, self._tokens.values())) > self.host_tokens):
+            if self.detached:  # each holds all its KV: the least recently used goes
+                self._drop_donor(next(iter(self._chains)))
+                continue
+            # The donor whose going loses the fewest cached blocks (a shared system prompt's
+            # latest user keeps the prompt; an earlier one holds only its own question), the
+            # least recently used among equals.
+            order = {s: i for i, s in enumerate(self._chains)}
+            self._drop_donor(min(self._chains, key=lambda s: (self._only_here(s), order[s])))
+
+    # ------------------------------------------------------------------ internals
+
+    def _donor_by_blocks(self, hit: PrefixHit, token_ids: Sequence[int]) -> tuple[int | None, PrefixHit]:
+        """The donor of ``hit``'s longest head some sequence holds, by the blocks' holders."""
         bs = self.blocks.block_size
         for n in range(len(hit.block_ids), 0, -1):
             last = hit.block_ids[n - 1]
@@ -164,31 +215,44 @@ class DonorSlotPool(SlotPool):
             return donor, PrefixHit(hit.block_ids[:n], n * bs + self._run_on(donor, n * bs, token_ids))
         return None, NO_HIT
 
-    def end_step(self) -> None:
-        self._sync_evictions()
-        # A donor whose every block another sequence holds too costs no memory, but a sequence id.
-        for slot in [s for s in self._chains if self._only_here(s) == 0]:
-            self._drop_donor(slot)
-        while len(self._chains) > self.max_donors:
-            # The donor whose going loses the fewest cached blocks (a shared system prompt's
-            # latest user keeps the prompt; an earlier one holds only its own question), the
-            # least recently used among equals.
-            order = {s: i for i, s in enumerate(self._chains)}
-            self._drop_donor(min(self._chains, key=lambda s: (self._only_here(s), order[s])))
-
-    # ------------------------------------------------------------------ internals
+    def _donor_by_tokens(self, token_ids: Sequence[int], cache_salt: str | None, beyond: int
+                         ) -> tuple[int, PrefixHit] | None:
+        """The detached donor that holds more of the prompt than ``beyond`` positions, at least a
+        block, under the same salt (the most recently used among equals): a donor whose blocks
+        were reused for other requests still holds its KV. Its leading blocks are shared where no
+        running sequence holds them; the rest goes in the request's own blocks."""
+        bs = self.blocks.block_size
+        best, best_len = None, max(beyond, bs - 1)
+        for d in reversed(self._chains):
+            if self._salts[d] == cache_salt:
+                n = common_prefix(self._tokens[d], token_ids, len(token_ids) - 1)
+                if n > best_len:
+                    best, best_len = d, n
+        if best is None:
+            return None
+        chain = self._chains[best][:best_len // bs]
+        if any(self.blocks.holders(b) for b in chain):
+            chain = []  # restored beside a running copy, they would be held twice in one account
+        self._chains.move_to_end(best)
+        return best, PrefixHit(tuple(chain), best_len)
 
     def _run_on(self, donor: int, start: int, token_ids: Sequence[int]) -> int:
-        """How many positions from ``start`` the donor holds with the prompt's tokens: fewer than
-        a block (the new request's first own block takes them) and never the prompt's last
-        token, whose logits the request needs. A running holder's are not counted: its
-        partial block is still being written."""
-        held = self._tokens.get(donor, ())
-        limit = min(len(held), len(token_ids) - 1, start + self.blocks.block_size - 1)
-        n = 0
-        while start + n < limit and held[start + n] == token_ids[start + n]:
-            n += 1
-        return n
+        """How many positions from ``start`` the donor holds with the prompt's tokens, never the
+        prompt's last token, whose logits the request needs (the new request's own blocks take
+        them). A running holder's are not counted: its partial block is still being written."""
+        return common_prefix(self._tokens.get(donor, ()), token_ids, len(token_ids) - 1, start) - start
+
+    def _covered(self, tokens: tuple[int, ...], salt: str | None) -> bool:
+        """Whether a donor under ``salt`` holds ``tokens`` and maybe more."""
+        return any(self._salts[d] == salt and self._tokens[d][:len(tokens)] == tokens for d in self._chains)
+
+    def _drop_prefixes_of(self, slot: int) -> None:
+        """Drop the detached donors whose tokens ``slot`` holds too (a conversation's earlier turn)."""
+        mine, salt = self._tokens[slot], self._salts[slot]
+        for d in [d for d in self._chains if d != slot and self._salts[d] == salt]:
+            theirs = self._tokens[d]
+            if len(theirs) <= len(mine) and mine[:len(theirs)] == theirs:
+                self._drop_donor(d)
 
     def _only_here(self, slot: int) -> int:
         """Blocks of ``slot``'s chain that no other sequence holds."""
@@ -196,7 +260,8 @@ class DonorSlotPool(SlotPool):
                    if self._holders[b] == {slot} and self.blocks.ref_count(b) == 0)
 
     def _sync_evictions(self) -> None:
-        """The block manager reused cached blocks: cut every donor chain at each of them."""
+        """The block manager reused cached blocks: cut every donor chain at each of them (a
+        detached donor keeps its KV, found by its tokens from then on)."""
         evicted, self.blocks.evicted = self.blocks.evicted, []
         bs = self.blocks.block_size
         for b in evicted:
@@ -205,15 +270,17 @@ class DonorSlotPool(SlotPool):
                 cut = chain.index(b)
                 self._forget(slot, chain[cut + 1:])
                 del chain[cut:]
+                if self.detached:
+                    continue
                 if chain:
                     self._tokens[slot] = self._tokens[slot][:cut * bs]
                     self._released.append((slot, cut * bs))
                 else:
-                    del self._chains[slot], self._tokens[slot]
+                    del self._chains[slot], self._tokens[slot], self._salts[slot]
                     self._free_slot(slot)
 
     def _drop_donor(self, slot: int) -> None:
-        del self._tokens[slot]
+        del self._tokens[slot], self._salts[slot]
         self._forget(slot, self._chains.pop(slot))
         self._free_slot(slot)
 
@@ -228,3 +295,15 @@ class DonorSlotPool(SlotPool):
                 del self._holders[b]
                 if self.blocks.ref_count(b) == 0:
                     self.blocks.uncache(b)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int, start: int = 0) -> int:
+    """The first position from ``start`` (at most ``limit``) where ``a`` and ``b`` differ or
+    end; compared a block of 64 at a time, since prompts share long runs."""
+    end = min(len(a), len(b), limit)
+    i = start
+    while i + 64 <= end and a[i:i + 64] == b[i:i + 64]:
+        i += 64
+    while i < end and a[i] == b[i]:
+        i += 1
+    return max(i, start)
