@@ -8,7 +8,7 @@ from engine_fakes import EOS, PagedFakeExecutor, ParkingFakeExecutor, PerSeqFake
 from ruvllm.engine.block_manager import BlockManager
 from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.scheduler import Policy, Scheduler, SchedulerConfig
-from ruvllm.engine.slots import DonorSlotPool, SlotPool
+from ruvllm.engine.slots import DonorSlotPool, ParkedDonorPool, SlotPool
 from ruvllm.executor import BatchEntry
 
 
@@ -29,9 +29,9 @@ def make(executor, *, budget=64, max_seqs=8, policy="fcfs", prefix=True, aging=5
     cfg = SchedulerConfig(max_batch_tokens=budget, max_num_seqs=max_seqs, policy=policy,
                           aging_interval=aging, max_prefill_chunk=chunk, split_prompt_tail=tail)
     per_seq = executor.kv_layout == "per_sequence" and prefix
-    slots = (DonorSlotPool(executor.max_sequences, executor.max_sequences - max_seqs, blocks,
-                           detached=getattr(executor, "detached_donors", False))
-             if per_seq else SlotPool(max_seqs))
+    pool = ParkedDonorPool if getattr(executor, "detached_donors", False) else DonorSlotPool
+    slots = (pool(executor.max_sequences, executor.max_sequences - max_seqs, blocks) if per_seq
+             else SlotPool(max_seqs))
     return Scheduler(cfg, blocks, clock=clock or Clock(), slots=slots, copy_prefixes=per_seq)
 
 

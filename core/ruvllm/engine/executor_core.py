@@ -19,7 +19,7 @@ from ruvllm.engine.metrics import EngineMetrics
 from ruvllm.engine.options import EngineOptions
 from ruvllm.engine.request import RequestState
 from ruvllm.engine.scheduler import ScheduledChunk, Scheduler
-from ruvllm.engine.slots import DonorSlotPool, SlotPool
+from ruvllm.engine.slots import DonorSlotPool, ParkedDonorPool, SlotPool
 from ruvllm.errors import BackendError, RequestTimedOut
 from ruvllm.executor import BatchEntry, BatchExecutor
 from ruvllm.guided.batch import start_step_masks
@@ -54,8 +54,8 @@ class ExecutorCore:
             log.warning("speculative decoding is off: this executor gives no logits per drafted position")
         if prefix and per_sequence:
             # KV lives per sequence id: cached prefixes are kept alive in donor sequences.
-            slots: SlotPool = DonorSlotPool(executor.max_sequences, executor.max_sequences - max_running,
-                                            self.blocks, detached=getattr(executor, "detached_donors", False))
+            pool = ParkedDonorPool if getattr(executor, "detached_donors", False) else DonorSlotPool
+            slots: SlotPool = pool(executor.max_sequences, executor.max_sequences - max_running, self.blocks)
         else:
             slots = SlotPool(max_running)
         self.scheduler = Scheduler(config, self.blocks, slots=slots, copy_prefixes=prefix and per_sequence,

@@ -27,8 +27,8 @@ too (the new request's own blocks hold them, so the engine's account covers the 
 its own last token, whose logits it needs.
 
 An executor may keep its donors *detached*, outside the memory running sequences share (the
-llama.cpp executor parks them in host memory, where they cost no attention and no cell). The
-rules above then change where they guard the pool and not host memory:
+llama.cpp executor parks them in host memory, where they cost no attention and no cell):
+:class:`ParkedDonorPool`. Such donors use no pool cells, so the rules above become:
 
 - a detached donor keeps all its KV, partial block included, and is found by its tokens (and
   cache salt) as well as by its blocks: when the block manager reuses one of its blocks for a
@@ -40,8 +40,8 @@ rules above then change where they guard the pool and not host memory:
   running holder of the hit's head serves it by sharing, whichever gives more positions;
 - their host memory is bounded by the pool's own size in positions, counted per donor (each
   holds its whole KV, a head it shares with others included), the least recently used going
-  first; a donor whose tokens another one holds too goes at once (a conversation's earlier
-  turn), and one whose tokens are all another's is not kept.
+  first; a donor whose tokens a newer one starts with goes at once (a conversation's earlier
+  turn), and a slot whose tokens a donor already holds is not kept.
 
 Every change for the executor (free a slot, or trim it to N tokens) is queued and handed out by
 :meth:`SlotPool.take_released`, which the engine applies before copies and the forward pass.
@@ -106,14 +106,13 @@ class SlotPool:
 
 
 class DonorSlotPool(SlotPool):
-    def __init__(self, num_slots: int, max_donors: int, blocks: BlockManager, *, detached: bool = False):
+    """Donors kept in the executor's own KV (MLX; llama.cpp with ``park_prefixes = false``):
+    each holds its chain alone, which the block manager accounts."""
+
+    def __init__(self, num_slots: int, max_donors: int, blocks: BlockManager):
         super().__init__(num_slots)
         self.max_donors = max_donors
         self.blocks = blocks
-        #: The executor keeps donors outside the running sequences' memory (see above).
-        self.detached = detached
-        #: Detached donors keep at most this many positions in all: the pool's own size.
-        self.host_tokens = blocks.num_blocks * blocks.block_size
         #: Donor slot -> the cached blocks its KV holds, in position order (least recent first).
         self._chains: OrderedDict[int, list[int]] = OrderedDict()
         #: Block -> the donor slots whose KV holds it.
@@ -136,11 +135,9 @@ class DonorSlotPool(SlotPool):
             if not blocks.is_cached(b):
                 break
             chain.append(b)
-        # A detached donor keeps all its KV (it costs the pool nothing), found by its tokens.
-        keep = min(num_computed, len(token_ids)) if self.detached else len(chain) * bs
-        tokens = tuple(token_ids[:keep])
-        if keep < bs or (self.detached and self._covered(tokens, cache_salt)):
-            chain, keep = [], 0  # nothing worth a restore, or another donor keeps all of it
+        keep = self._positions_to_keep(chain, num_computed, token_ids, cache_salt)
+        if not keep:
+            chain = []
         for b in table[len(chain):]:
             # Cached, but this slot is about to lose its cells: nobody else may hold them.
             if blocks.is_cached(b) and blocks.ref_count(b) == 0 and not self._holders.get(b):
@@ -149,15 +146,11 @@ class DonorSlotPool(SlotPool):
             self._free_slot(slot)
             return
         self._chains[slot] = chain
-        self._tokens[slot] = tokens
+        self._tokens[slot] = tuple(token_ids[:keep])
         self._salts[slot] = cache_salt
         for b in chain:
             self._holders.setdefault(b, set()).add(slot)
-        if self.detached:
-            self._released.append((slot, keep))
-            self._drop_prefixes_of(slot)
-        elif num_computed > keep or len(table) > len(chain):
-            self._released.append((slot, keep))
+        self._kept(slot, keep, trimmed=num_computed > keep or len(table) > len(chain))
 
     def take_released(self) -> list[tuple[int, int]]:
         self._sync_evictions()
@@ -166,45 +159,13 @@ class DonorSlotPool(SlotPool):
     def donor_for(self, hit: PrefixHit, token_ids: Sequence[int] = (),
                   cache_salt: str | None = None) -> tuple[int | None, PrefixHit]:
         self._sync_evictions()
-        token_ids = tuple(token_ids)
-        donor, served = self._donor_by_blocks(hit, token_ids)
-        if self.detached:
-            found = self._donor_by_tokens(token_ids, cache_salt, served.num_tokens)
-            if found is not None:
-                return found
-        return donor, served
-
-    def end_step(self) -> None:
-        self._sync_evictions()
-        if not self.detached:
-            # A donor whose every block another sequence holds too costs no memory, but a sequence id.
-            for slot in [s for s in self._chains if self._only_here(s) == 0]:
-                self._drop_donor(slot)
-        while len(self._chains) > self.max_donors or (
-                self.detached and sum(map(len, self._tokens.values())) > self.host_tokens):
-            if self.detached:  # each holds all its KV: the least recently used goes
-                self._drop_donor(next(iter(self._chains)))
-                continue
-            # The donor whose going loses the fewest cached blocks (a shared system prompt's
-            # latest user keeps the prompt; an earlier one holds only its own question), the
-            # least recently used among equals.
-            order = {s: i for i, s in enumerate(self._chains)}
-            self._drop_donor(min(self._chains, key=lambda s: (self._only_here(s), order[s])))
-
-    # ------------------------------------------------------------------ internals
-
-    def _donor_by_blocks(self, hit: PrefixHit, token_ids: Sequence[int]) -> tuple[int | None, PrefixHit]:
-        """The donor of ``hit``'s longest head some sequence holds, by the blocks' holders."""
         bs = self.blocks.block_size
         for n in range(len(hit.block_ids), 0, -1):
             last = hit.block_ids[n - 1]
             # A running sequence whose table holds a cached block has its KV: it computed the
             # block, or had it copied in before any step that could read it.
             running = self.blocks.holders(last)
-            donors = self._holders.get(last, set())
-            if self.detached:
-                donors = set() if running else {
-                    d for d in donors if not any(self.blocks.holders(b) for b in self._chains[d])}
+            donors = self._donors_holding(last, running)
             if donors:
                 donor = max(donors, key=list(self._chains).index)  # the most recently used
                 self._chains.move_to_end(donor)
@@ -215,44 +176,51 @@ class DonorSlotPool(SlotPool):
             return donor, PrefixHit(hit.block_ids[:n], n * bs + self._run_on(donor, n * bs, token_ids))
         return None, NO_HIT
 
-    def _donor_by_tokens(self, token_ids: Sequence[int], cache_salt: str | None, beyond: int
-                         ) -> tuple[int, PrefixHit] | None:
-        """The detached donor that holds more of the prompt than ``beyond`` positions, at least a
-        block, under the same salt (the most recently used among equals): a donor whose blocks
-        were reused for other requests still holds its KV. Its leading blocks are shared where no
-        running sequence holds them; the rest goes in the request's own blocks."""
-        bs = self.blocks.block_size
-        best, best_len = None, max(beyond, bs - 1)
-        for d in reversed(self._chains):
-            if self._salts[d] == cache_salt:
-                n = common_prefix(self._tokens[d], token_ids, len(token_ids) - 1)
-                if n > best_len:
-                    best, best_len = d, n
-        if best is None:
-            return None
-        chain = self._chains[best][:best_len // bs]
-        if any(self.blocks.holders(b) for b in chain):
-            chain = []  # restored beside a running copy, they would be held twice in one account
-        self._chains.move_to_end(best)
-        return best, PrefixHit(tuple(chain), best_len)
+    def end_step(self) -> None:
+        self._sync_evictions()
+        # A donor whose every block another sequence holds too costs no memory, but a sequence id.
+        for slot in [s for s in self._chains if self._only_here(s) == 0]:
+            self._drop_donor(slot)
+        while len(self._chains) > self.max_donors:
+            # The donor whose going loses the fewest cached blocks (a shared system prompt's
+            # latest user keeps the prompt; an earlier one holds only its own question), the
+            # least recently used among equals.
+            order = {s: i for i, s in enumerate(self._chains)}
+            self._drop_donor(min(self._chains, key=lambda s: (self._only_here(s), order[s])))
+
+    # ------------------------------------------------------------------ what the two kinds differ in
+
+    def _positions_to_keep(self, chain: Sequence[int], num_computed: int, token_ids: Sequence[int],
+                           cache_salt: str | None) -> int:
+        """How many leading positions a released slot keeps as a donor (0: none)."""
+        return len(chain) * self.blocks.block_size
+
+    def _kept(self, slot: int, keep: int, *, trimmed: bool) -> None:
+        """``slot`` became a donor of ``keep`` positions; ``trimmed``: it held more."""
+        if trimmed:
+            self._released.append((slot, keep))
+
+    def _donors_holding(self, block: int, running: Sequence[int]) -> set[int]:
+        """The donors that may serve a hit ending with ``block``, which ``running`` hold too."""
+        return self._holders.get(block, set())
+
+    def _cut(self, slot: int, cut: int) -> None:
+        """The block manager reused block ``cut`` of ``slot``'s chain, now cut before it: its
+        cells past the chain go (the engine no longer accounts them)."""
+        if self._chains[slot]:
+            self._tokens[slot] = self._tokens[slot][:cut * self.blocks.block_size]
+            self._released.append((slot, cut * self.blocks.block_size))
+        else:
+            del self._chains[slot], self._tokens[slot], self._salts[slot]
+            self._free_slot(slot)
+
+    # ------------------------------------------------------------------ internals
 
     def _run_on(self, donor: int, start: int, token_ids: Sequence[int]) -> int:
         """How many positions from ``start`` the donor holds with the prompt's tokens, never the
         prompt's last token, whose logits the request needs (the new request's own blocks take
         them). A running holder's are not counted: its partial block is still being written."""
-        return common_prefix(self._tokens.get(donor, ()), token_ids, len(token_ids) - 1, start) - start
-
-    def _covered(self, tokens: tuple[int, ...], salt: str | None) -> bool:
-        """Whether a donor under ``salt`` holds ``tokens`` and maybe more."""
-        return any(self._salts[d] == salt and self._tokens[d][:len(tokens)] == tokens for d in self._chains)
-
-    def _drop_prefixes_of(self, slot: int) -> None:
-        """Drop the detached donors whose tokens ``slot`` holds too (a conversation's earlier turn)."""
-        mine, salt = self._tokens[slot], self._salts[slot]
-        for d in [d for d in self._chains if d != slot and self._salts[d] == salt]:
-            theirs = self._tokens[d]
-            if len(theirs) <= len(mine) and mine[:len(theirs)] == theirs:
-                self._drop_donor(d)
+        return common_prefix(self._tokens.get(donor, ()), tuple(token_ids), len(token_ids) - 1, start) - start
 
     def _only_here(self, slot: int) -> int:
         """Blocks of ``slot``'s chain that no other sequence holds."""
@@ -260,24 +228,15 @@ class DonorSlotPool(SlotPool):
                    if self._holders[b] == {slot} and self.blocks.ref_count(b) == 0)
 
     def _sync_evictions(self) -> None:
-        """The block manager reused cached blocks: cut every donor chain at each of them (a
-        detached donor keeps its KV, found by its tokens from then on)."""
+        """The block manager reused cached blocks: cut every donor chain at each of them."""
         evicted, self.blocks.evicted = self.blocks.evicted, []
-        bs = self.blocks.block_size
         for b in evicted:
             for slot in self._holders.pop(b, set()):
                 chain = self._chains[slot]
                 cut = chain.index(b)
                 self._forget(slot, chain[cut + 1:])
                 del chain[cut:]
-                if self.detached:
-                    continue
-                if chain:
-                    self._tokens[slot] = self._tokens[slot][:cut * bs]
-                    self._released.append((slot, cut * bs))
-                else:
-                    del self._chains[slot], self._tokens[slot], self._salts[slot]
-                    self._free_slot(slot)
+                self._cut(slot, cut)
 
     def _drop_donor(self, slot: int) -> None:
         del self._tokens[slot], self._salts[slot]
@@ -295,6 +254,80 @@ class DonorSlotPool(SlotPool):
                 del self._holders[b]
                 if self.blocks.ref_count(b) == 0:
                     self.blocks.uncache(b)
+
+
+class ParkedDonorPool(DonorSlotPool):
+    """Donors the executor keeps *detached*, outside the running sequences' memory (llama.cpp
+    parks them in host memory): whole, found by their tokens too, bounded by positions."""
+
+    def __init__(self, num_slots: int, max_donors: int, blocks: BlockManager):
+        super().__init__(num_slots, max_donors, blocks)
+        #: The positions all donors keep together: the pool's own size.
+        self.host_tokens = blocks.num_blocks * blocks.block_size
+
+    def donor_for(self, hit: PrefixHit, token_ids: Sequence[int] = (),
+                  cache_salt: str | None = None) -> tuple[int | None, PrefixHit]:
+        donor, served = super().donor_for(hit, token_ids, cache_salt)
+        return self._donor_by_tokens(tuple(token_ids), cache_salt, served.num_tokens) or (donor, served)
+
+    def end_step(self) -> None:
+        self._sync_evictions()
+        # Each holds all its KV, a head it shares with others too: the least recently used goes.
+        while len(self._chains) > self.max_donors or sum(map(len, self._tokens.values())) > self.host_tokens:
+            self._drop_donor(next(iter(self._chains)))
+
+    def _positions_to_keep(self, chain: Sequence[int], num_computed: int, token_ids: Sequence[int],
+                           cache_salt: str | None) -> int:
+        # All its KV (it costs the pool nothing), unless too short for a restore to pay or
+        # another donor holds it all.
+        keep = min(num_computed, len(token_ids))
+        if keep < self.blocks.block_size or self._covered(tuple(token_ids[:keep]), cache_salt):
+            return 0
+        return keep
+
+    def _kept(self, slot: int, keep: int, *, trimmed: bool) -> None:
+        self._released.append((slot, keep))  # parked now: the executor copies it out
+        mine, salt = self._tokens[slot], self._salts[slot]
+        for d in [d for d in self._chains if d != slot and self._salts[d] == salt]:
+            theirs = self._tokens[d]
+            if len(theirs) <= len(mine) and mine[:len(theirs)] == theirs:
+                self._drop_donor(d)  # a conversation's earlier turn: this one holds all of it
+
+    def _donors_holding(self, block: int, running: Sequence[int]) -> set[int]:
+        # A restore onto the hit's blocks only where no running sequence holds any of the
+        # donor's blocks: the cells it fills are then ones the account holds and nothing uses.
+        if running:
+            return set()
+        return {d for d in self._holders.get(block, set())
+                if not any(self.blocks.holders(b) for b in self._chains[d])}
+
+    def _cut(self, slot: int, cut: int) -> None:
+        pass  # its KV stays parked whole: only finding it by blocks is cut
+
+    def _donor_by_tokens(self, token_ids: tuple[int, ...], cache_salt: str | None, beyond: int
+                         ) -> tuple[int, PrefixHit] | None:
+        """The donor that holds more of the prompt than ``beyond`` positions, at least a block,
+        under the same salt (the most recently used among equals): one whose blocks were reused
+        for other requests still holds its KV. Its leading blocks are shared where no running
+        sequence holds them; the rest goes in the request's own blocks."""
+        bs = self.blocks.block_size
+        best, best_len = None, max(beyond, bs - 1)
+        for d in reversed(self._chains):
+            if self._salts[d] == cache_salt:
+                n = common_prefix(self._tokens[d], token_ids, len(token_ids) - 1)
+                if n > best_len:
+                    best, best_len = d, n
+        if best is None:
+            return None
+        chain = self._chains[best][:best_len // bs]
+        if any(self.blocks.holders(b) for b in chain):
+            chain = []  # restored beside a running copy, they would be held twice in one account
+        self._chains.move_to_end(best)
+        return best, PrefixHit(tuple(chain), best_len)
+
+    def _covered(self, tokens: tuple[int, ...], salt: str | None) -> bool:
+        """Whether a donor under ``salt`` holds ``tokens`` and maybe more."""
+        return any(self._salts[d] == salt and self._tokens[d][:len(tokens)] == tokens for d in self._chains)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int, start: int = 0) -> int:
