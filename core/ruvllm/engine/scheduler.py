@@ -311,7 +311,7 @@ class Scheduler:
 
     def _preempt(self, req: SchedRequest) -> None:
         self.running.remove(req)
-        self._release(req)
+        self._release(req, resumes=True)
         if self.drafter is not None:
             self.drafter.preempted(req.request_id)
         req.num_computed = 0
@@ -320,9 +320,10 @@ class Scheduler:
         self.waiting.append(req)
         self.num_preemptions += 1
 
-    def _release(self, req: SchedRequest) -> None:
+    def _release(self, req: SchedRequest, *, resumes: bool = False) -> None:
         if req.slot is not None:
             table = self.blocks.block_table(req.slot) if self.blocks.has_seq(req.slot) else ()
             self.blocks.free(req.slot)
-            self.slots.release(req.slot, table, req.num_computed, req.token_ids, req.cache_salt)
+            self.slots.release(req.slot, table, req.num_computed, req.token_ids, req.cache_salt,
+                               resumes=resumes)
             req.slot = None

@@ -40,8 +40,9 @@ llama.cpp executor parks them in host memory, where they cost no attention and n
   running holder of the hit's head serves it by sharing, whichever gives more positions;
 - their host memory is bounded by the pool's own size in positions, counted per donor (each
   holds its whole KV, a head it shares with others included), the least recently used going
-  first; a donor whose tokens a newer one starts with goes at once (a conversation's earlier
-  turn), and a slot whose tokens a donor already holds is not kept.
+  first and a preempted request's last (it will run again, from it); a donor whose tokens a
+  newer one starts with goes at once (a conversation's earlier turn), and a slot whose tokens a
+  donor already holds is not kept.
 
 Every change for the executor (free a slot, or trim it to N tokens) is queued and handed out by
 :meth:`SlotPool.take_released`, which the engine applies before copies and the forward pass.
@@ -72,10 +73,11 @@ class SlotPool:
         return heapq.heappop(self._free) if self._free else None
 
     def release(self, slot: int, table: Sequence[int] = (), num_computed: int = 0,
-                token_ids: Sequence[int] = (), cache_salt: str | None = None) -> None:
-        """``slot``'s request ended or was preempted; ``table`` is the block table it had,
-        ``num_computed`` how many of its positions hold KV, ``token_ids`` its tokens and
-        ``cache_salt`` the salt they were computed under."""
+                token_ids: Sequence[int] = (), cache_salt: str | None = None, *,
+                resumes: bool = False) -> None:
+        """``slot``'s request ended or was preempted (``resumes``: it waits to run again);
+        ``table`` is the block table it had, ``num_computed`` how many of its positions hold
+        KV, ``token_ids`` its tokens and ``cache_salt`` the salt they were computed under."""
         self._free_slot(slot)
 
     def take_released(self) -> list[tuple[int, int]]:
@@ -127,7 +129,8 @@ class DonorSlotPool(SlotPool):
         return len(self._chains)
 
     def release(self, slot: int, table: Sequence[int] = (), num_computed: int = 0,
-                token_ids: Sequence[int] = (), cache_salt: str | None = None) -> None:
+                token_ids: Sequence[int] = (), cache_salt: str | None = None, *,
+                resumes: bool = False) -> None:
         self._sync_evictions()
         blocks, bs = self.blocks, self.blocks.block_size
         chain: list[int] = []
@@ -264,6 +267,15 @@ class ParkedDonorPool(DonorSlotPool):
         super().__init__(num_slots, max_donors, blocks)
         #: The positions all donors keep together: the pool's own size.
         self.host_tokens = blocks.num_blocks * blocks.block_size
+        #: Donors of preempted requests, which will run again: the last to go.
+        self._resuming: set[int] = set()
+
+    def release(self, slot: int, table: Sequence[int] = (), num_computed: int = 0,
+                token_ids: Sequence[int] = (), cache_salt: str | None = None, *,
+                resumes: bool = False) -> None:
+        super().release(slot, table, num_computed, token_ids, cache_salt)
+        if resumes and slot in self._chains:
+            self._resuming.add(slot)
 
     def donor_for(self, hit: PrefixHit, token_ids: Sequence[int] = (),
                   cache_salt: str | None = None) -> tuple[int | None, PrefixHit]:
@@ -272,9 +284,15 @@ class ParkedDonorPool(DonorSlotPool):
 
     def end_step(self) -> None:
         self._sync_evictions()
-        # Each holds all its KV, a head it shares with others too: the least recently used goes.
+        # Each holds all its KV, a head it shares with others too: the least recently used goes,
+        # a preempted request's last (it comes back; its next turn's donor replaces it).
         while len(self._chains) > self.max_donors or sum(map(len, self._tokens.values())) > self.host_tokens:
-            self._drop_donor(next(iter(self._chains)))
+            waiting_to_end = (s for s in self._chains if s not in self._resuming)
+            self._drop_donor(next(waiting_to_end, next(iter(self._chains))))
+
+    def _drop_donor(self, slot: int) -> None:
+        self._resuming.discard(slot)
+        super()._drop_donor(slot)
 
     def _positions_to_keep(self, chain: Sequence[int], num_computed: int, token_ids: Sequence[int],
                            cache_salt: str | None) -> int:
