@@ -239,7 +239,7 @@ class BlockManager:
             self._ref(b)
             seq.table.append(b)
             seq.hashes.append(self._blocks[b].block_hash)  # type: ignore[arg-type]
-        seq.num_tokens = whole  # positions past the blocks go in the sequence's first own block
+        seq.num_tokens = whole  # positions past the blocks go in the sequence's own blocks
         self._seqs[seq_id] = seq
         pairs = self.extend(seq_id, num_tokens)
         assert pairs is not None  # capacity was checked above

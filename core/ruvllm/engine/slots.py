@@ -287,8 +287,8 @@ class ParkedDonorPool(DonorSlotPool):
         # Each holds all its KV, a head it shares with others too: the least recently used goes,
         # a preempted request's last (it comes back; its next turn's donor replaces it).
         while len(self._chains) > self.max_donors or sum(map(len, self._tokens.values())) > self.host_tokens:
-            waiting_to_end = (s for s in self._chains if s not in self._resuming)
-            self._drop_donor(next(waiting_to_end, next(iter(self._chains))))
+            not_resuming = (s for s in self._chains if s not in self._resuming)
+            self._drop_donor(next(not_resuming, next(iter(self._chains))))
 
     def _drop_donor(self, slot: int) -> None:
         self._resuming.discard(slot)
