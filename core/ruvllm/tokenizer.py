@@ -43,6 +43,19 @@ def require_prompt_text(text: str) -> str:
     return require_encodable("prompt", text)
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None, start: int = 0) -> int:
+    """The first position from ``start`` (at most ``limit``) where the token sequences ``a`` and
+    ``b`` differ or end: how much of a cached prompt a new one reuses. Compared 64 tokens at a
+    time (one slice comparison in C), since prompts share long runs."""
+    end = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
+    i = start
+    while i + 64 <= end and a[i:i + 64] == b[i:i + 64]:
+        i += 64
+    while i < end and a[i] == b[i]:
+        i += 1
+    return max(i, start)
+
+
 @runtime_checkable
 class Tokenizer(Protocol):
     """What ruvllm needs from a model's tokenizer.

@@ -139,3 +139,16 @@ def test_real_smollm2_splits_some_emoji_across_tokens(smollm2_tokenizer):
     tok = smollm2_tokenizer
     ids = tok.encode("🤖🧠💡", add_special=False)
     assert any(REPLACEMENT in tok.decode([i]) for i in ids)
+
+
+def test_common_prefix_finds_the_first_difference_past_whole_runs_and_within_limits():
+    from ruvllm.tokenizer import common_prefix
+
+    a = list(range(200))
+    b = [*range(150), -1, *range(151, 200)]
+    assert common_prefix(a, b) == 150  # past two 64-token runs, then token by token
+    assert common_prefix(a, tuple(b)) == 150  # a list and a tuple compare by value
+    assert common_prefix(a, a) == 200 and common_prefix(a, a[:70]) == 70
+    assert common_prefix(a, b, limit=100) == 100 and common_prefix(a, b, start=120) == 150
+    assert common_prefix([1, 2], [3, 4]) == 0
+    assert common_prefix(a, b, start=160) == 200  # compared from start: the caller matched what lies before

@@ -21,9 +21,10 @@ import pytest
 from ruvllm import LLM
 from ruvllm.testing.isolation import NearTieRule, max_distance
 from ruvllm.testing.support import long_prompt
+from ruvllm.tokenizer import common_prefix
 from ruvllm.types import GenerationParams
 from ruvllm_llamacpp import _lib
-from ruvllm_llamacpp.kv import MIN_PROMPT_BATCH, SequenceKV, common_prefix_length, prompt_chunks
+from ruvllm_llamacpp.kv import MIN_PROMPT_BATCH, SequenceKV, prompt_chunks
 
 SYSTEM = [{"role": "system", "content": "You are a terse assistant. Answer in one sentence."}]
 GREEDY = GenerationParams(max_tokens=16, ignore_eos=True)
@@ -74,7 +75,7 @@ def assert_equal_up_to_near_ties(reuse: LLM, llm: LLM, prompt: Sequence[int], re
     fresh = llm.generate(list(prompt), GREEDY)
     kv = reuse.backend.sequence
     in_kv = _previous_call(kv, *previous)
-    keep = max(min(common_prefix_length(in_kv, prompt), len(prompt) - MIN_PROMPT_BATCH), 0)
+    keep = max(min(common_prefix(in_kv, prompt), len(prompt) - MIN_PROMPT_BATCH), 0)
     reused_rows = _forced_rows(kv, prompt, fresh.token_ids, keep=keep)
     fresh_rows = _forced_rows(llm.backend.sequence, prompt, fresh.token_ids, keep=0)
     divergences = RULE.compare(fresh.token_ids, fresh_rows, reused_rows)
@@ -108,7 +109,7 @@ def test_reuse_matches_a_fresh_call_up_to_near_ties(llm, reuse, label, make):
     in_kv = [*first, *produced[:-1]]
     assert reuse.backend.cached_tokens() == len(in_kv)
     reused = reuse.generate(second, GREEDY)
-    shared = common_prefix_length(in_kv, second)
+    shared = common_prefix(in_kv, second)
     assert reuse.backend.last_reused_tokens == max(min(shared, len(second) - MIN_PROMPT_BATCH), 0)
     assert_equal_up_to_near_ties(reuse, llm, second, reused.token_ids, (first, produced))
 
@@ -133,7 +134,7 @@ def test_a_kv_bug_fails_the_rule(llm, reuse):
     kv = reuse.backend.sequence
     kv.clear()
     kv.decode(first)
-    keep = common_prefix_length(first, second)
+    keep = common_prefix(first, second)
     stale = [np.array(kv.decode(second[keep:]), copy=True)]  # appended after the stale tail
     stale += [np.array(kv.decode([t]), copy=True) for t in fresh.token_ids[:-1]]
     kv.clear()

@@ -55,6 +55,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from ruvllm.engine.block_manager import NO_HIT, BlockManager, PrefixHit
+from ruvllm.tokenizer import common_prefix
 
 
 class SlotPool:
@@ -347,14 +348,3 @@ class ParkedDonorPool(DonorSlotPool):
         """Whether a donor under ``salt`` holds ``tokens`` and maybe more."""
         return any(self._salts[d] == salt and self._tokens[d][:len(tokens)] == tokens for d in self._chains)
 
-
-def common_prefix(a: Sequence[int], b: Sequence[int], limit: int, start: int = 0) -> int:
-    """The first position from ``start`` (at most ``limit``) where ``a`` and ``b`` differ or
-    end; compared a block of 64 at a time, since prompts share long runs."""
-    end = min(len(a), len(b), limit)
-    i = start
-    while i + 64 <= end and a[i:i + 64] == b[i:i + 64]:
-        i += 64
-    while i < end and a[i] == b[i]:
-        i += 1
-    return max(i, start)

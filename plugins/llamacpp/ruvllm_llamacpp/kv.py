@@ -22,18 +22,11 @@ from typing import Any
 
 import numpy as np
 from ruvllm.errors import BackendError
+from ruvllm.tokenizer import common_prefix
 
 SEQ = 0
 #: Fewest prompt tokens evaluated in one llama_decode when the prompt has that many (see above).
 MIN_PROMPT_BATCH = 2
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 def prompt_chunks(n_total: int, n_batch: int) -> list[tuple[int, int]]:
@@ -86,7 +79,7 @@ class SequenceKV:
         At least :data:`MIN_PROMPT_BATCH` prompt tokens are left to evaluate (the last position
         needs logits, and one token alone would take llama.cpp's one-token kernels, which round
         differently from the prefill a fresh call runs)."""
-        keep = min(common_prefix_length(self.tokens, prompt), len(prompt) - MIN_PROMPT_BATCH)
+        keep = min(common_prefix(self.tokens, prompt), len(prompt) - MIN_PROMPT_BATCH)
         if keep <= 0:
             return self.clear()
         if keep < len(self.tokens):
