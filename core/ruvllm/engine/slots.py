@@ -164,6 +164,7 @@ class DonorSlotPool(SlotPool):
                   cache_salt: str | None = None) -> tuple[int | None, PrefixHit]:
         self._sync_evictions()
         bs = self.blocks.block_size
+        token_ids = tuple(token_ids)  # compared with the donors' tuples, a slice at a time
         for n in range(len(hit.block_ids), 0, -1):
             last = hit.block_ids[n - 1]
             # A running sequence whose table holds a cached block has its KV: it computed the
@@ -220,11 +221,11 @@ class DonorSlotPool(SlotPool):
 
     # ------------------------------------------------------------------ internals
 
-    def _run_on(self, donor: int, start: int, token_ids: Sequence[int]) -> int:
+    def _run_on(self, donor: int, start: int, token_ids: tuple[int, ...]) -> int:
         """How many positions from ``start`` the donor holds with the prompt's tokens, never the
         prompt's last token, whose logits the request needs (the new request's own blocks take
         them). A running holder's are not counted: its partial block is still being written."""
-        return common_prefix(self._tokens.get(donor, ()), tuple(token_ids), len(token_ids) - 1, start) - start
+        return common_prefix(self._tokens.get(donor, ()), token_ids, len(token_ids) - 1, start) - start
 
     def _only_here(self, slot: int) -> int:
         """Blocks of ``slot``'s chain that no other sequence holds."""
@@ -280,8 +281,9 @@ class ParkedDonorPool(DonorSlotPool):
 
     def donor_for(self, hit: PrefixHit, token_ids: Sequence[int] = (),
                   cache_salt: str | None = None) -> tuple[int | None, PrefixHit]:
+        token_ids = tuple(token_ids)
         donor, served = super().donor_for(hit, token_ids, cache_salt)
-        return self._donor_by_tokens(tuple(token_ids), cache_salt, served.num_tokens) or (donor, served)
+        return self._donor_by_tokens(token_ids, cache_salt, served.num_tokens) or (donor, served)
 
     def end_step(self) -> None:
         self._sync_evictions()

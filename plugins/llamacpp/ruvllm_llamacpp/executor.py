@@ -170,9 +170,9 @@ class LlamaCppExecutor:
 
     @property
     def parked_bytes(self) -> int:
-        """Host memory the parked prefixes take (at most the pool's size, as the engine accounts
-        their blocks in it, plus each one's partial block past them); the engine's
-        ``prefix_cache_host_bytes`` metric."""
+        """Host memory the parked prefixes take (at most the pool's size: the engine bounds the
+        positions they keep, each counted whole, by it); the engine's ``prefix_cache_host_bytes``
+        metric."""
         return self._parked_bytes
 
     def _set_parked(self, seq_id: int, prefix: ParkedPrefix | None) -> None:
