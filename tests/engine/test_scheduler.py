@@ -415,9 +415,9 @@ def test_a_conversations_later_turn_replaces_its_earlier_one():
 
 
 def test_a_hit_stops_where_the_prompt_leaves_the_donors_tokens():
-    """A prompt that shares a parked donor's first 22 tokens, then differs: the hit takes the
-    21 a donor holds in common (five blocks and one token of the sixth), and the output is the
-    new prompt's own."""
+    """A prompt that shares its first 21 tokens with a parked donor's, then differs: the hit
+    takes those 21 (five blocks and one token of the sixth), and the output is the new prompt's
+    own."""
     p = prompts(1, seed=51, lo=23, hi=24)[0]
     q = [*p[:21], (p[21] + 1) % 38, *p[22:]]
     ex = ParkingFakeExecutor(num_blocks=40, block_size=4, max_sequences=3)
