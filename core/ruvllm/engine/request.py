@@ -52,7 +52,7 @@ class SchedRequest:
     #: Executor sequence id while the request holds KV.
     slot: int | None = None
     state: RequestState = RequestState.WAITING
-    #: Prompt tokens found in the prefix cache at (the latest) admission.
+    #: Prompt tokens found in the prefix cache at the first admission (not after a preemption).
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     first_scheduled: float | None = None

@@ -227,10 +227,12 @@ class Scheduler:
             req.slot = slot
             req.state = RequestState.RUNNING
             req.num_computed = hit.num_tokens
-            req.num_cached_tokens = hit.num_tokens
             self.prefix_queries += len(req.token_ids)
             self.prefix_hits += hit.num_tokens
             if req.first_scheduled is None:
+                # The user's cached tokens are what the first admission found (as vLLM reports
+                # them): a preempted request finding its own KV again saved no prompt work.
+                req.num_cached_tokens = hit.num_tokens
                 req.first_scheduled = now
             self.running.append(req)
             plan.copies.extend(pairs)
