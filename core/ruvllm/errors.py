@@ -261,11 +261,14 @@ class ContextLengthExceeded(InvalidRequest):
         # and how to raise it: "the model's context length" alone would be wrong there.
         limit = f"one request may use {context_length} tokens ({limit_note})" if limit_note \
             else f"the model's context length is {context_length}"
+        room = context_length - prompt_tokens
+        # No max_tokens fits a prompt that fills the window alone: only shortening it helps.
+        fix = (f"shorten the prompt or lower max_tokens to at most {room}" if room > 0 else
+               f"shorten the prompt by at least {1 - room} tokens, leaving room for one new token")
         super().__init__(
             "prompt",
             f"the prompt has {prompt_tokens} tokens and {max_tokens} more were requested, "
-            f"but {limit}; shorten the prompt or "
-            f"lower max_tokens to at most {max(context_length - prompt_tokens, 0)}",
+            f"but {limit}; {fix}",
             value=prompt_tokens,
         )
 

@@ -115,6 +115,15 @@ def test_context_length_exceeded_carries_the_numbers():
     assert "at most 20" in str(err)
 
 
+@pytest.mark.parametrize("prompt_tokens", [120, 150])
+def test_a_prompt_that_fills_the_window_alone_is_told_to_shrink_by_how_much(prompt_tokens):
+    """Lowering max_tokens cannot help a prompt of the whole window or more: the fix the error
+    names is the prompt's, with the tokens to cut (one new token must still fit)."""
+    message = str(ContextLengthExceeded(prompt_tokens=prompt_tokens, max_tokens=16, context_length=120))
+    assert "max_tokens to at most" not in message
+    assert f"shorten the prompt by at least {prompt_tokens - 119} tokens" in message
+
+
 def test_result_rates_and_totals():
     r = GenerationResult(
         text="x", token_ids=(1, 2, 3), finish_reason=FinishReason.LENGTH,
