@@ -46,10 +46,6 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
 
-    @property
-    def kv_dim(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
         """Build from a parsed ``config.json``."""

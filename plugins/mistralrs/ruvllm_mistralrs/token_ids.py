@@ -25,11 +25,6 @@ class TokenIdResolver:
             if raw:
                 self._ids[raw] = (*self._ids.get(raw, ()), token_id)
 
-    @property
-    def ambiguous(self) -> dict[bytes, tuple[int, ...]]:
-        """Byte strings shared by several ids (resolved per token through the logprobs)."""
-        return {b: ids for b, ids in self._ids.items() if len(ids) > 1}
-
     def resolve(self, raw: bytes, logprob: float, top: Sequence[tuple[int, float]]) -> int:
         candidates = self._ids.get(raw, ())
         if len(candidates) == 1:

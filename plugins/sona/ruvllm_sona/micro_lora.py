@@ -56,9 +56,6 @@ class MicroLora:
     def parameters(self) -> list[torch.Tensor]:
         return [t for k in self.a for t in (self.a[k], self.b[k])]
 
-    def named_parameters(self) -> list[tuple[str, torch.Tensor]]:
-        return [(f"{k[0]}.{k[1]}.{w}", t) for k in self.a for w, t in (("A", self.a[k]), ("B", self.b[k]))]
-
     def as_plan(self, dtype: torch.dtype) -> LoraPlan:
         """A plan over every row whose tensors stay in the autograd graph."""
         pairs = {k: LoraPair(a=self.a[k].to(dtype), b=self.b[k].to(dtype), cols=self.cols[k[1]])
