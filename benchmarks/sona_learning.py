@@ -49,7 +49,7 @@ from ruvllm_candle_like.backend import CandleLikeBackend
 from ruvllm_candle_like.lora import LoraPlan
 from ruvllm_sona import SonaOptions, attach, detach
 from ruvllm_sona.controller import Sona
-from ruvllm_sona.trainer import perplexity
+from ruvllm_sona.trainer import perplexity, training_dtype
 from sona_costs import WINDOWS, adapter_bytes, throughput
 from sona_offline import offline_adapter
 from sona_plot import plot
@@ -312,8 +312,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--targets", nargs="+", default=list(d.targets), help="modules the adapter trains")
     ap.add_argument("--max-seq-len", type=int, default=d.max_seq_len)
     ap.add_argument("--fisher-batch", type=int, default=d.fisher_batch)
-    ap.add_argument("--ewc-lambda", type=float, default=d.ewc_lambda,
-                    help="chosen on sona_dev.py's dev topics (docs/sona.md says how)")
+    ap.add_argument("--ewc-lambda", type=lambda v: v if v == "auto" else float(v), default=d.ewc_lambda,
+                    help='"auto" (per training dtype) or a number; chosen on sona_dev.py\'s dev topics '
+                         "(docs/sona.md says how)")
     ap.add_argument("--route-threshold", type=float, default=d.route_threshold)
     ap.add_argument("--background-priority", type=lambda v: v if v == "idle" else int(v),
                     default=d.background_priority,
@@ -335,8 +336,12 @@ def main() -> None:
     backend = CandleLikeBackend.load(ModelSource.from_path(embedded_model_path()),
                                      {"dtype": "auto", "kv_cache_tokens": 16384})
     print(machine_line())
+    learning = sona_options(args, 0)
+    trained_in = training_dtype(learning.dtype, backend.model)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; candle_like "
-          f"{str(backend.dtype).removeprefix('torch.')}; model {backend.info.name}")
+          f"{str(backend.dtype).removeprefix('torch.')}; model {backend.info.name}; SONA trains in "
+          f"{str(trained_in).removeprefix('torch.')}, EWC++ lambda "
+          f"{learning.ewc_strength(trained_in):g} ({args.ewc_lambda})")
     train_prompts = [chat_ids(backend, q) for q in questions(train_topics(args.train_topics))]
     general_ids = backend.tokenizer.encode(GENERAL_TEXT)
     print(f"task: short answers (end within {args.max_tokens} tokens); {args.seeds} seeds x {args.rounds} "

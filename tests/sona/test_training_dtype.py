@@ -130,3 +130,25 @@ def test_bf16_model_without_native_bf16_trains_a_float32_copy(emulated_cpu):
     # The served model is untouched: the training copy holds its own weights.
     assert backend.model.dtype == torch.bfloat16
     assert torch.equal(backend.model.layers[0].qkv.weight, served_before)
+
+
+@pytest.mark.parametrize(("info", "served", "lam"), [
+    (AVX2_ONLY, torch.bfloat16, 3e4), (NATIVE, torch.bfloat16, 5e4), (NATIVE, torch.float32, 3e4)])
+def test_auto_ewc_lambda_follows_the_training_dtype(emulated_cpu, info, served, lam):
+    """Each training dtype gets the strength its own dev run chose (docs/sona.md): the dtype SONA
+    trains in decides, not the one it serves in."""
+    emulated_cpu(info)
+    sona = Sona(InlineEngine(TinyBackend(tiny_model(served))), SonaOptions(interval=0))
+    assert sona.learner().ewc.strength == lam
+
+
+def test_an_explicit_ewc_lambda_holds_in_every_dtype(emulated_cpu):
+    emulated_cpu(AVX2_ONLY)
+    sona = Sona(InlineEngine(TinyBackend(tiny_model(torch.float32))), SonaOptions(interval=0, ewc_lambda=5e4))
+    assert sona.learner().ewc.strength == 5e4
+
+
+@pytest.mark.parametrize("value", ["strong", -1.0, True])
+def test_a_bad_ewc_lambda_is_refused_by_name(value):
+    with pytest.raises(OptionError, match=r"^sona\.ewc_lambda: must be one of auto or a number"):
+        SonaOptions.from_mapping({"ewc_lambda": value})

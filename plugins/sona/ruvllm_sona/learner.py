@@ -56,7 +56,8 @@ class Learner:
         if keep_fisher:
             self.ewc.rebase(self.micro.parameters())
         else:
-            self.ewc = EwcPlusPlus(self.micro.parameters(), strength=o.ewc_lambda, decay=o.fisher_decay)
+            self.ewc = EwcPlusPlus(self.micro.parameters(), strength=o.ewc_strength(self.model.dtype),
+                                   decay=o.fisher_decay)
 
     # ------------------------------------------------------------------ routing
 
@@ -115,7 +116,7 @@ class Learner:
         """One Fisher estimate: squared gradients of the log-likelihood of served outputs (the
         model's own samples), a micro-batch of recent trajectories whatever their rating."""
         records = [r for r in records if r.trajectory.output_ids]
-        if not records or self.options.ewc_lambda == 0:
+        if not records or self.ewc.strength == 0:
             return
         unseen = [r for r in records if not r.fisher_seen]
         pick = (unseen or records)[-self.options.fisher_batch:]

@@ -11,10 +11,23 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import attrs
-from ruvllm.options import accepts, boolean, float_range, int_range, is_int, one_of, parse_table, positive_int
+import torch
+from ruvllm.options import (
+    accepts,
+    any_of,
+    boolean,
+    float_range,
+    int_range,
+    is_int,
+    one_of,
+    parse_table,
+    positive_int,
+)
 from ruvllm_candle_like.lora import TARGETS
 
 TRAIN_DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: ``ewc_lambda = "auto"`` per training dtype (any other dtype takes the half-precision figure).
+AUTO_EWC_LAMBDA = {"float32": 3e4, "bfloat16": 5e4}
 
 _non_negative = float_range(0)
 _unit_interval = float_range(0, 1)
@@ -31,7 +44,8 @@ def _tuple(value: Any) -> Any:
 class SonaOptions:
     """The training defaults are the settings ``benchmarks/sona_learning.py`` measures (and reads
     from here): an update after every 32 new scores (2 Adam steps, batch 8, lr 2e-2, rank 2 on
-    o_proj of the last 8 layers, EWC++ lambda 5e4) and a consolidation after it. The earlier
+    o_proj of the last 8 layers, EWC++ lambda 5e4 training in bf16 and 3e4 in float32) and a
+    consolidation after it. The earlier
     defaults (lr 5e-3, 4 steps of 16 on every layer, lambda 3e4, an update every 4 scores) were
     never measured; run through the benchmark's schedule they drifted +28 % on general text
     (docs/sona.md)."""
@@ -83,8 +97,11 @@ class SonaOptions:
         default="idle", validator=accepts('"idle" or a niceness in [0, 19]',
                                           lambda v: v == "idle" or (is_int(v) and 0 <= v <= 19)))
     #: EWC++: penalty strength (0 disables it), Fisher decay, sequences per Fisher estimate.
-    #: 5e4 was chosen with o_proj on sona_dev.py's topics and texts (docs/sona.md).
-    ewc_lambda: float = attrs.field(default=5e4, validator=_non_negative)
+    #: "auto": :data:`AUTO_EWC_LAMBDA` for the training dtype, each chosen on sona_dev.py's topics
+    #: and texts in that dtype by one rule (the most learning whose forgetting stays within the
+    #: budget; docs/sona.md): float32 training forgets less at a given strength, so it affords less.
+    ewc_lambda: float | str = attrs.field(
+        default="auto", validator=any_of(one_of(("auto",)), _non_negative))
     fisher_decay: float = attrs.field(default=0.9, validator=_unit_interval)
     fisher_batch: int = attrs.field(default=2, validator=positive_int())
     #: Deep loop: run after this many feedbacks (0: only on demand), base LoRA rank, patterns.
@@ -97,6 +114,12 @@ class SonaOptions:
     #: Where ``save`` writes PEFT directories by default.
     save_dir: str | None = None
     seed: int = attrs.field(default=0, validator=accepts("an integer", is_int))
+
+    def ewc_strength(self, training_dtype: torch.dtype) -> float:
+        """The EWC++ lambda a learner training in ``training_dtype`` uses."""
+        if self.ewc_lambda != "auto":
+            return float(self.ewc_lambda)
+        return AUTO_EWC_LAMBDA.get(str(training_dtype).removeprefix("torch."), AUTO_EWC_LAMBDA["bfloat16"])
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> SonaOptions:
