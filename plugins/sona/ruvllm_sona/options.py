@@ -45,10 +45,9 @@ class SonaOptions:
     """The training defaults are the settings ``benchmarks/sona_learning.py`` measures (and reads
     from here): an update after every 32 new scores (2 Adam steps, batch 8, lr 2e-2, rank 2 on
     o_proj of the last 8 layers, EWC++ lambda 5e4 training in bf16 and 3e4 in float32) and a
-    consolidation after it. The earlier
-    defaults (lr 5e-3, 4 steps of 16 on every layer, lambda 3e4, an update every 4 scores) were
-    never measured; run through the benchmark's schedule they drifted +28 % on general text
-    (docs/sona.md)."""
+    consolidation after it. The earlier defaults (lr 5e-3, 4 steps of 16 on every layer, lambda
+    3e4, an update every 4 scores) were never measured; run through the benchmark's schedule they
+    drifted +28 % on general text (docs/sona.md)."""
 
     TABLE: ClassVar[str] = "sona"
 
