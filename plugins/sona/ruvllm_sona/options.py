@@ -98,7 +98,8 @@ class SonaOptions:
     #: EWC++: penalty strength (0 disables it), Fisher decay, sequences per Fisher estimate.
     #: "auto": :data:`AUTO_EWC_LAMBDA` for the training dtype, each chosen on sona_dev.py's topics
     #: and texts in that dtype by one rule (the most learning whose forgetting stays within the
-    #: budget; docs/sona.md): float32 training forgets less at a given strength, so it affords less.
+    #: budget; docs/sona.md): float32 training forgets less at a given strength, so it can take a
+    #: weaker penalty and learn more.
     ewc_lambda: float | str = attrs.field(
         default="auto", validator=any_of(one_of(("auto",)), _non_negative))
     fisher_decay: float = attrs.field(default=0.9, validator=_unit_interval)
