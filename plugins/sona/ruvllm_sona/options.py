@@ -27,7 +27,7 @@ from ruvllm_candle_like.lora import TARGETS
 
 TRAIN_DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: ``ewc_lambda = "auto"`` per training dtype (any other dtype takes the half-precision figure).
-AUTO_EWC_LAMBDA = {"float32": 3e4, "bfloat16": 5e4}
+AUTO_EWC_LAMBDA = {torch.float32: 3e4, torch.bfloat16: 5e4}
 
 _non_negative = float_range(0)
 _unit_interval = float_range(0, 1)
@@ -119,7 +119,7 @@ class SonaOptions:
         """The EWC++ lambda a learner training in ``training_dtype`` uses."""
         if self.ewc_lambda != "auto":
             return float(self.ewc_lambda)
-        return AUTO_EWC_LAMBDA.get(str(training_dtype).removeprefix("torch."), AUTO_EWC_LAMBDA["bfloat16"])
+        return AUTO_EWC_LAMBDA.get(training_dtype, AUTO_EWC_LAMBDA[torch.bfloat16])
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> SonaOptions:
