@@ -7,10 +7,9 @@ import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+import jsonschema
+import openai
 import pytest
-
-jsonschema = pytest.importorskip("jsonschema")
-openai = pytest.importorskip("openai")
 
 S = {"type": "string", "maxLength": 24}
 # No free "number" fields: JSON numbers have no length limit, and at temperature 0.8 a small model

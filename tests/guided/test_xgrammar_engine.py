@@ -23,26 +23,26 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import jsonschema
 import numpy as np
+import openai
 import pytest
 
 if importlib.util.find_spec("xgrammar") is None:  # not importorskip: importing it takes ~5 s
     pytest.skip("xgrammar is not installed (see docs/structured-output.md)", allow_module_level=True)
-jsonschema = pytest.importorskip("jsonschema")
-openai = pytest.importorskip("openai")
 
-from ruvllm.config import load_config  # noqa: E402
-from ruvllm.engine import ServingEngine  # noqa: E402
-from ruvllm.engine.options import EngineOptions  # noqa: E402
-from ruvllm.errors import (  # noqa: E402
+from ruvllm.config import load_config
+from ruvllm.engine import ServingEngine
+from ruvllm.engine.options import EngineOptions
+from ruvllm.errors import (
     EngineOptionError,
     InvalidRequest,
     UnsupportedByEngine,
 )
-from ruvllm.guided import GrammarCache, from_extensions, guided_processor, json_schema_grammar  # noqa: E402
-from ruvllm.guided.processor import allowed_from_bitmask  # noqa: E402
-from ruvllm.types import GenerationParams  # noqa: E402
-from server_helpers import API_KEY, _require_backend, start_server  # noqa: E402
+from ruvllm.guided import GrammarCache, from_extensions, guided_processor, json_schema_grammar
+from ruvllm.guided.processor import allowed_from_bitmask
+from ruvllm.types import GenerationParams
+from server_helpers import API_KEY, _require_backend, start_server
 
 LARK = 'start: "x=" NUM ";"\nNUM: /[0-9]{1,3}/'
 #: The same language in llama.cpp's GBNF: xgrammar compiles it itself, llguidance translated.

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import attrs
 import httpx
+import openai
 import pytest
 
-openai = pytest.importorskip("openai")
 pytest.importorskip("ray.serve")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from server_helpers import _require_backend, free_port, start_server  # noqa: E402
+from server_helpers import _require_backend, free_port, start_server
 
 SYSTEM = ("You are a careful assistant for a library. Answer in one short sentence, never more, "
           "and do not repeat the question. The library opens at nine and closes at five on "

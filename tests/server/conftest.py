@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import openai
 import pytest
 from server_helpers import API_KEY, SHORT_EMBEDDING_TOKENS, RunningServer, start_server
 
@@ -17,7 +18,6 @@ def server() -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="session")
 def client(server: RunningServer):
-    openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=60)
 
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 
+import anthropic
+import jsonschema
 import pytest
 from server_helpers import API_KEY
-
-anthropic = pytest.importorskip("anthropic")
-jsonschema = pytest.importorskip("jsonschema")
 
 GREEDY = {"temperature": 0}  # the current SDK no longer types temperature; older clients send it
 WEATHER = {

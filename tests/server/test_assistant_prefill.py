@@ -7,13 +7,12 @@ must run the same prompt: the continued message's ids, with no end-of-turn after
 
 from __future__ import annotations
 
+import anthropic
 import httpx
+import ollama
 import openai
 import pytest
 from server_helpers import API_KEY
-
-anthropic = pytest.importorskip("anthropic")
-ollama = pytest.importorskip("ollama")
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PREFILL = [{"role": "user", "content": "List three colours, one a line."},

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import base64
 
+import cohere
 import httpx
 import numpy as np
 import pytest
 from server_helpers import API_KEY, SHORT_EMBEDDING_TOKENS
-
-cohere = pytest.importorskip("cohere")
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TEXTS = ["The cat sat on the mat.", "The stock market fell sharply today."]

@@ -9,12 +9,12 @@ and what cannot be kept or run is refused by name.
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
+from openai.types import conversations as conversation_types
 from pydantic import TypeAdapter
 from server_helpers import API_KEY, start_server
 
-openai = pytest.importorskip("openai")
-conversation_types = pytest.importorskip("openai.types.conversations")
 ITEM = TypeAdapter(conversation_types.ConversationItem)
 
 

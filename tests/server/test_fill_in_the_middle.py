@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import attrs
 import httpx
+import ollama
+import openai
 import pytest
 from server_helpers import API_KEY, start_server
 from test_server_tools_auto import _tiny_module
-
-openai = pytest.importorskip("openai")
-ollama = pytest.importorskip("ollama")
 
 FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 #: Qwen2.5-Coder's repository-level pair: the project's other files go before the prefix.
@@ -29,7 +28,6 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 def _write(root, form: str):
     """The tiny model with the five tokens appended to its vocabulary; (path, their ids)."""
-    pytest.importorskip("ruvllm_candle_like")
     from ruvllm.chat import CHATML
     from ruvllm.hf_tokenizer import CONTROL, HfTokenizer
     from ruvllm_candle_like.writers import save_hf, write_gguf
@@ -51,7 +49,6 @@ def _write(root, form: str):
 @pytest.fixture(scope="module", params=["candle_like", "llamacpp"])
 def fim_server(request, tmp_path_factory):
     backend = request.param
-    pytest.importorskip(f"ruvllm_{backend}")
     path, ids = _write(tmp_path_factory.mktemp("fim"), "gguf" if backend == "llamacpp" else "hf")
     running = start_server(backend=backend, model=str(path), server={"max_tokens_limit": 64})
     yield running, ids

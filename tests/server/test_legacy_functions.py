@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 
 import httpx
+import openai
 import pytest
 from server_helpers import API_KEY
-
-openai = pytest.importorskip("openai")
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import time
 
+import anthropic
 import httpx
 import pytest
 from server_helpers import API_KEY
-
-anthropic = pytest.importorskip("anthropic")
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,11 @@ import json
 import time
 
 import httpx
+import jsonschema
 import numpy as np
+import ollama
 import pytest
 from server_helpers import API_KEY, start_server
-
-ollama = pytest.importorskip("ollama")
-jsonschema = pytest.importorskip("jsonschema")
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CONVERSATION = [

@@ -12,11 +12,10 @@ default's gain."""
 
 from __future__ import annotations
 
+import openai
 import pytest
 from ruvllm.testing.speculative import COPY_PROMPT
 from server_helpers import API_KEY, start_server
-
-openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")

@@ -21,16 +21,15 @@ from __future__ import annotations
 import re
 import uuid
 
+import anthropic
 import httpx
+import ollama
+import openai
 import pytest
 from ruvllm.chat import render_chat
 from ruvllm.reasoning import Reasoning, reasoning_for
 from server_helpers import API_KEY, RunningServer, start_server
 from test_server_tools_auto import write_tiny_chat_model
-
-openai = pytest.importorskip("openai")
-anthropic = pytest.importorskip("anthropic")
-ollama = pytest.importorskip("ollama")
 
 #: After Qwen3's template: earlier answers are rendered without their thinking, and a new turn
 #: starts on the assistant's line (the model opens the block itself), or with an empty block

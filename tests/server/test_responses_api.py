@@ -18,10 +18,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import jsonschema
+import openai
 import pytest
-
-openai = pytest.importorskip("openai")
-jsonschema = pytest.importorskip("jsonschema")
 
 WEATHER = {
     "type": "function",

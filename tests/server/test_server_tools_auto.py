@@ -34,12 +34,11 @@ import uuid
 from pathlib import Path
 
 import attrs
+import openai
 import pytest
 from ruvllm.chat import render_chat
 from ruvllm.guided.tools import detect_parser
 from server_helpers import API_KEY, RunningServer, start_server
-
-openai = pytest.importorskip("openai")
 
 #: Qwen2.5's chat template, shortened to what tool calling needs (same markup and control flow).
 QWEN_TOOLS_TEMPLATE = """{%- if tools %}
@@ -104,7 +103,6 @@ def write_tiny_chat_model(path: Path, chat_template: str, *, added_tokens: tuple
                           context: int = 1024, seed: int = 0) -> Path:
     """A random 2-layer Qwen2 HF directory with ``chat_template`` and ``added_tokens`` (added,
     non-special tokens, as Qwen2.5 has its tool-call tags)."""
-    pytest.importorskip("ruvllm_candle_like")
     from ruvllm.hf_tokenizer import USER_DEFINED, HfTokenizer
     from ruvllm_candle_like.writers import save_hf
 

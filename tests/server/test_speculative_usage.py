@@ -4,13 +4,12 @@ fields ``draft_tokens`` and ``accepted_draft_tokens``), streamed and not, throug
 
 from __future__ import annotations
 
+import openai
 import pytest
 from ruvllm.server.responses import usage
 from ruvllm.testing.speculative import COPY_PROMPT, FIXED_DRAFTS
 from ruvllm.types import FinishReason, GenerationResult, Timings, Usage
 from server_helpers import API_KEY, start_server
-
-openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,9 @@ nothing is kept."""
 
 from __future__ import annotations
 
+import openai
 import pytest
 from server_helpers import API_KEY, start_server
-
-openai = pytest.importorskip("openai")
 
 ASK = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import time
 
+import openai
 import pytest
 from server_helpers import API_KEY, start_server
-
-openai = pytest.importorskip("openai")
 
 FIRST = "Name a colour."
 SECOND = "And another one?"

@@ -23,7 +23,6 @@ from ruvllm.guided.tools import plan_tools
 from ruvllm.server.tool_responses import ToolChatFormatter
 from ruvllm.types import FinishReason, GenerationResult, Timings, TokenLogprob, TokenOutput, Usage
 
-openai = pytest.importorskip("openai")
 # The tiny tools model's server and client: those tests' fixtures (an instance per module).
 tools_server = test_server_tools_auto.tools_server
 tools_client = test_server_tools_auto.tools_client

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 
 import httpx
+import jsonschema
+import openai
 import pytest
 from ruvllm.chat import render_chat
 from ruvllm.guided.tools import plan_tools, taught_conversation
 from server_helpers import API_KEY
-
-openai = pytest.importorskip("openai")
-jsonschema = pytest.importorskip("jsonschema")
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
