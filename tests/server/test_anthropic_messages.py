@@ -178,6 +178,14 @@ def test_errors_come_in_anthropics_shape(claude, server, model_name):
     ].startswith("thinking.type")
     with pytest.raises(anthropic.BadRequestError):
         claude.messages.create(model=model_name, max_tokens=0, messages=ASK)
+    # A block that is not an object, or whose type is one (once a 500, issue 62), on both routes.
+    for content, field in (([[None, None]], "messages[0].content[0]"),
+                           ([{"type": {}, "text": "Hi"}], "messages[0].content[0].type")):
+        messages = [{"role": "user", "content": content}]
+        assert refused(max_tokens=8, messages=messages)["message"].startswith(f"{field}: must be ")
+        with pytest.raises(anthropic.BadRequestError) as err:
+            claude.messages.count_tokens(model=model_name, messages=messages)
+        assert err.value.body["error"]["message"].startswith(f"{field}: must be "), err.value.body
     with pytest.raises(anthropic.NotFoundError) as err:
         claude.messages.create(model="no-such-model", max_tokens=8, messages=ASK)
     assert err.value.body["error"]["type"] == "not_found_error"

@@ -85,6 +85,13 @@ def test_what_cannot_be_kept_or_run_is_refused_by_name(client, model_name, serve
         client.conversations.create(items=[{"role": "user", "content": [{"type": "input_image",
                                                                           "image_url": "https://x.org/a.png"}]}])
     assert err.value.body["param"] == "items[0].content[0].type"
+    # A type that is an object (once a 500, issue 62), on both routes that take items.
+    for call in (lambda: client.conversations.create(items=[{"id": "0", "type": {}}]),
+                 lambda: client.conversations.items.create(conversation.id, items=[{"id": "0", "type": {}}])):
+        with pytest.raises(openai.BadRequestError) as err:
+            call()
+        assert err.value.body["param"] == "items[0].type" and "must be one of message" in \
+            err.value.body["message"], err.value.body
     first = client.responses.create(model=model_name, input="Hi", max_output_tokens=2)
     with pytest.raises(openai.BadRequestError, match="send one of the two"):
         client.responses.create(model=model_name, input="Hi", conversation=conversation.id,

@@ -177,6 +177,10 @@ def test_a_function_call_round_trip(client, model_name, stream):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x.org/a.png"}]}]},
      "input[0].content[0].type"),
     ({"input": [{"type": "item_reference"}]}, "input[0].id"),
+    # Malformed items, each once a 500 (issue 62): a type that is an object, an item that is not one.
+    ({"input": [{"id": "0", "type": {}}]}, "input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": {}, "text": "Hi"}]}]}, "input[0].content[0].type"),
+    ({"input": [[None, None]]}, "input[0]"),
     # Earlier reasoning is dropped (test_reasoning, test_field_table): alone it leaves nothing to answer.
     ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}, "input"),
     ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),

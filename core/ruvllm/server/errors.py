@@ -118,6 +118,29 @@ def _validation_field(err: dict[str, Any]) -> str:
     return field or "body"
 
 
+#: What a JSON value other than an object is called, for a message about one.
+_JSON_KINDS = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
+               type(None): "null"}
+#: The tags of a union tagged by its members' ``type`` (``'type=text'``: the member whose type is text).
+_TYPE_TAG = re.compile(r"'type=([^']*)'")
+
+
+def _tagged_union(field: str, err: dict[str, Any]) -> tuple[str, str] | None:
+    """``(field, message)`` for a value no member of a union tagged by ``type`` takes: the
+    ``type`` named with the types it may have, rather than pydantic's "Input tag 'type={}' found
+    using type_tag()", which speaks of the server's code, not of the client's body."""
+    kinds = _TYPE_TAG.findall(str((err.get("ctx") or {}).get("expected_tags", "")))
+    if err.get("type") != "union_tag_invalid" or not kinds:
+        return None
+    allowed = ", ".join(kinds)
+    value = err.get("input")
+    if not isinstance(value, dict):
+        return field, f"must be an object whose type is one of {allowed}; got {_JSON_KINDS[type(value)]}"
+    if "type" not in value:
+        return f"{field}.type", f"is required: one of {allowed}"
+    return f"{field}.type", f"must be one of {allowed}; got {json.dumps(value['type'])}"
+
+
 def _shaped(request: Request, response: JSONResponse) -> JSONResponse:
     if not request.url.path.startswith((ANTHROPIC_PREFIX, OLLAMA_PREFIX)):
         return response
@@ -145,6 +168,7 @@ def install_error_handlers(app: FastAPI) -> None:
                     default={"loc": (), "msg": "invalid request body"})
         field = _validation_field(first)
         msg = first.get("msg", "invalid value")
+        field, msg = _tagged_union(field, first) or (field, msg)
         if first.get("type") == "json_invalid":
             return _shaped(request, error_response(400, f"the request body is not valid JSON: {msg}",
                                                    param="body", code="invalid_json"))

@@ -42,7 +42,7 @@ from ruvllm.server.completion_service import Arrival
 from ruvllm.server.errors import anthropic_error_body, ruvllm_error_body
 from ruvllm.server.model_pool import ModelPool
 from ruvllm.server.params import Limits
-from ruvllm.server.schemas import ChatCompletionRequest, RequestBody, StrictModel
+from ruvllm.server.schemas import ChatCompletionRequest, RequestBody, StrictModel, type_tag
 from ruvllm.server.sse import SSEResponse, named_sse_event
 from ruvllm.types import GenerationResult, TokenOutput
 
@@ -104,7 +104,7 @@ Block = Annotated[Annotated[TextBlock, Tag("type=text")] | Annotated[ToolUseBloc
                   | Annotated[ToolResultBlock, Tag("type=tool_result")]
                   | Annotated[ThinkingBlock, Tag("type=thinking")]
                   | Annotated[RedactedThinkingBlock, Tag("type=redacted_thinking")],
-                  Discriminator(lambda v: f"type={v.get('type') if isinstance(v, dict) else v.type}")]
+                  Discriminator(type_tag)]
 
 
 class Message(StrictModel):

@@ -14,17 +14,12 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.schemas import Metadata, RequestBody, StrictModel
+from ruvllm.server.schemas import Metadata, RequestBody, StrictModel, type_tag
 from ruvllm.types import MAX_LOGPROBS
 
 _Text = Annotated[str, Field(min_length=1)]
 #: The status an earlier output item was returned with: accepted when it is replayed as input.
 _Status = Literal["in_progress", "completed", "incomplete"]
-
-
-def _tag(value: Any, default: str | None = None) -> str:
-    kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
-    return f"type={kind}"
 
 
 class InputText(StrictModel):
@@ -51,7 +46,7 @@ class RefusalPart(StrictModel):
 
 
 Part = Annotated[Annotated[InputText, Tag("type=input_text")] | Annotated[OutputText, Tag("type=output_text")]
-                 | Annotated[RefusalPart, Tag("type=refusal")], Discriminator(_tag)]
+                 | Annotated[RefusalPart, Tag("type=refusal")], Discriminator(type_tag)]
 
 
 class _InputItem(StrictModel):
@@ -119,14 +114,14 @@ Item = Annotated[Annotated[MessageItem, Tag("type=message")]
                  | Annotated[FunctionCallItem, Tag("type=function_call")]
                  | Annotated[FunctionCallOutputItem, Tag("type=function_call_output")]
                  | Annotated[ReasoningItem, Tag("type=reasoning")],
-                 Discriminator(lambda v: _tag(v, "message"))]
+                 Discriminator(lambda v: type_tag(v, "message"))]
 #: ``input``'s items: an item, or a reference to a stored one.
 InputItem = Annotated[Annotated[MessageItem, Tag("type=message")]
                       | Annotated[FunctionCallItem, Tag("type=function_call")]
                       | Annotated[FunctionCallOutputItem, Tag("type=function_call_output")]
                       | Annotated[ReasoningItem, Tag("type=reasoning")]
                       | Annotated[ItemReference, Tag("type=item_reference")],
-                      Discriminator(lambda v: _tag(v, "message"))]
+                      Discriminator(lambda v: type_tag(v, "message"))]
 
 
 class FunctionTool(StrictModel):
@@ -148,7 +143,7 @@ class FunctionChoice(StrictModel):
 #: pydantic's label for the branch.)
 ToolChoice = Annotated[Annotated[Literal["auto", "none", "required"], Tag("type=option")]
                        | Annotated[FunctionChoice, Tag("type=function")],
-                       Discriminator(lambda v: "type=option" if isinstance(v, str) else _tag(v))]
+                       Discriminator(lambda v: "type=option" if isinstance(v, str) else type_tag(v))]
 
 
 class TextFormat(StrictModel):
@@ -171,7 +166,7 @@ class JsonSchemaFormat(StrictModel):
 
 Format = Annotated[Annotated[TextFormat, Tag("type=text")]
                    | Annotated[JsonObjectFormat, Tag("type=json_object")]
-                   | Annotated[JsonSchemaFormat, Tag("type=json_schema")], Discriminator(_tag)]
+                   | Annotated[JsonSchemaFormat, Tag("type=json_schema")], Discriminator(type_tag)]
 
 
 class TextConfig(StrictModel):
@@ -237,7 +232,8 @@ def refuse_unserved_items(items: Any, field: str, *, references: bool = False) -
             why = _ITEM_REFUSALS.get(kind, "they belong to built-in tools, which ruvllm does not run")
             raise InvalidRequest(f"{field}[{i}].type", f"{kind!r} items are not served: {why}")
         kind = item.get("type", "message") if isinstance(item, dict) else None
-        name, allowed = _PART_TYPES.get(kind, ("", set()))
+        # A type that is not a string is left to the schema, which names it (it is no key here).
+        name, allowed = _PART_TYPES.get(kind, ("", set())) if isinstance(kind, str) else ("", set())
         parts = item.get(name) if name else None
         for j, part in enumerate(parts if isinstance(parts, list) else []):
             if _other_type(part, *allowed):

@@ -56,6 +56,15 @@ class RequestBody(StrictModel):
         return refuse_unknown_fields(cls, data)
 
 
+def type_tag(value: Any, default: str | None = None) -> str:
+    """The tag (``type=text``) that picks a member of a union tagged by its ``type`` field, read
+    from a body's dict or a parsed model alike. Anything else a client sends where such an object
+    belongs (a list, a number, a ``type`` that is an object) gets a tag no member has, so that it is
+    a 400 naming the field rather than an error inside the discriminator."""
+    kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
+    return f"type={kind}"
+
+
 class _Request(RequestBody):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
