@@ -25,6 +25,7 @@ lora_adapters = {}        # LoRA adapters served by name: {name = "/path/to/peft
 allow_runtime_lora = false  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
 load_wait = 30            # seconds a request waits for its model to load, then 503 + Retry-After
 memory_budget = ""        # bytes ("8GB") the loaded models may take; LRU idle ones are unloaded
+ui = true                 # the chat page at / and /ui (--no-ui: off)
 
 [[models]]                # several models in one server (instead of the top-level `model`)
 name = "small"            # what requests send as `model`
@@ -91,6 +92,8 @@ class ServerConfig:
     allow_runtime_lora: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     load_wait: float = attrs.field(default=30.0, converter=float, validator=attrs.validators.ge(0))
     memory_budget: int | None = attrs.field(default=None, converter=lambda v: parse_bytes(v, "memory_budget"))
+    #: The chat page in the browser (``/``, ``/ui``); its files are public, its data needs the key.
+    ui: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
 
 _BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,

@@ -45,6 +45,7 @@ from ruvllm.scaleout.cli import run_scale_out, scale_out_options, scale_out_requ
               help="LoRA adapter (PEFT directory) served as model NAME (repeatable; LoRA backends only).")
 @click.option("--allow-runtime-lora", is_flag=True, default=None,
               help="Allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter (set --api-key too).")
+@click.option("--no-ui", is_flag=True, help="No chat page at / and /ui (the API alone).")
 @click.pass_context
 @scale_out_options
 def serve(ctx: click.Context, model: str | None, backend: str | None, options: tuple[str, ...],
@@ -52,7 +53,7 @@ def serve(ctx: click.Context, model: str | None, backend: str | None, options: t
           max_concurrent: int | None, max_context: int | None, max_tokens_limit: int | None,
           max_body_bytes: int | None, reasoning_format: str | None, engine_opts: tuple[str, ...],
           speculative_config: str | None, log_level: str, extra_models: tuple[str, ...],
-          lora: tuple[str, ...], allow_runtime_lora: bool | None) -> None:
+          lora: tuple[str, ...], allow_runtime_lora: bool | None, no_ui: bool) -> None:
     """Serve MODEL (default: the embedded model) over an OpenAI-compatible HTTP API."""
     from ruvllm.server.runner import serve as run_server
     from ruvllm.server.runner import with_cli_models, with_lora_flags, with_server_overrides
@@ -60,7 +61,7 @@ def serve(ctx: click.Context, model: str | None, backend: str | None, options: t
     config = config_from(ctx, backend=backend, model=model, options=options)
     config = with_server_overrides(config, host=host, port=port, api_key=api_key,
                                    max_tokens_limit=max_tokens_limit, max_body_bytes=max_body_bytes,
-                                   reasoning_format=reasoning_format)
+                                   reasoning_format=reasoning_format, ui=False if no_ui else None)
     config = with_cli_models(with_lora_flags(config, lora, allow_runtime_lora), model, extra_models)
     overrides = engine_overrides(engine_opts, speculative_config)
     if max_concurrent is not None:

@@ -79,6 +79,7 @@ from ruvllm.server.schemas import (
 from ruvllm.server.scoring import register_scoring_routes
 from ruvllm.server.strict_fields import refuse_unknown_query
 from ruvllm.server.tokenizer_info import QUERY_PARAMETERS, tokenizer_info
+from ruvllm.server.ui.page import ChatPageMiddleware
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable, require_in_vocabulary, token_piece
 
@@ -111,6 +112,8 @@ class ServerSettings:
     #: Loads the single engine again after a request's ``keep_alive`` unloaded it (Ollama's API);
     #: None: it is never unloaded (e.g. a Ray replica set, which is not this process's to reload).
     reload: Callable[[], AsyncEngine] | None = None
+    #: The chat page at ``/`` (for a browser) and ``/ui`` (``--no-ui``: off).
+    ui: bool = True
 
 
 def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> FastAPI:
@@ -161,6 +164,8 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     app.state.metrics = server_metrics
     app.add_middleware(RequestLimitsMiddleware, max_body_bytes=settings.max_body_bytes,
                        max_file_bytes=settings.max_file_bytes, api_key=settings.api_key)
+    if settings.ui:  # outside the key check: the page's files are public, its data is not
+        app.add_middleware(ChatPageMiddleware)
     app.add_middleware(JsonBodiesMiddleware)
     app.add_middleware(PathAliasesMiddleware)  # added last: outermost, so every layer sees the route
     install_error_handlers(app)

@@ -23,6 +23,7 @@ from ruvllm.errors import ConfigError
 from ruvllm.server.app import ServerSettings, create_app
 from ruvllm.server.model_pool import ModelPool, ModelSpec
 from ruvllm.server.params import Limits
+from ruvllm.server.ui.page import page_url
 from ruvllm.serving import AsyncEngine
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,8 @@ def settings_for(config: Config, engine: AsyncEngine | None, *, served_name: str
                           stored_chat_completions=srv.stored_chat_completions,
                           limits=Limits(max_tokens=srv.max_tokens_limit, max_n=srv.max_n,
                                         max_context=max_context, reasoning_format=srv.reasoning_format),
-                          lora_adapters=dict(srv.lora_adapters), allow_runtime_lora=srv.allow_runtime_lora)
+                          lora_adapters=dict(srv.lora_adapters), allow_runtime_lora=srv.allow_runtime_lora,
+                          ui=srv.ui)
 
 
 def _model_bytes(config: Config, ref: str) -> int:
@@ -169,6 +171,8 @@ def serve(config: Config, *, served_name: str | None = None, log_level: str = "i
                     "adapter files from its disk; set --api-key")
     if log_level in ("info", "debug"):
         print(banner, file=sys.stderr, flush=True)
+        if settings.ui:
+            print(f"ruvllm: chat page: {page_url(srv.host, srv.port)}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=srv.host, port=srv.port, log_level=log_level, timeout_graceful_shutdown=5)
 
 
