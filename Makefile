@@ -27,6 +27,10 @@ $(STAMP): pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject
 	# installed above): +~145 MB, ~15 s.
 	$(BIN)/pip install --quiet -c constraints.txt transformers apache-tvm-ffi
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt xgrammar
+	# The chat page's tests drive Debian's chromium through chromedriver (tests/server/test_chat_page.py);
+	# installed once, when missing (CI runs this as root on a fresh machine).
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
 	touch $(STAMP)
 
 # The main job: show the backends, print one completion through `auto`, then serve the
