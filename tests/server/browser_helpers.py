@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
+from selenium.webdriver.common.by import By
 
 #: Wraps the page's fetch once; ``window.extraChatFields`` is what :func:`add_to_chat_requests` set last.
 _WRAP_FETCH = """
@@ -28,6 +29,12 @@ if (!wrapped) {
     return original(url, init);
   };
 }
+"""
+
+#: The last assistant message's state ("streaming", "done", "stopped", "error") and its text.
+LAST_ANSWER = """
+const m = [...document.querySelectorAll("#messages .message.assistant")].at(-1);
+return m ? [m.dataset.state, m.querySelector(".content").textContent] : null;
 """
 
 
@@ -74,3 +81,34 @@ def add_to_chat_requests(driver, fields: dict[str, Any]) -> None:
 def console_errors(driver) -> list[str]:
     """The page's console errors since the last call (the log is drained by reading it)."""
     return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def open_page(driver, url: str, *, connected: bool = True) -> None:
+    """A fresh page at ``url`` with nothing stored in the browser from an earlier test."""
+    driver.get(url)
+    driver.execute_script("localStorage.clear(); sessionStorage.clear();")
+    driver.get(url)
+    if connected:
+        wait_for(lambda: driver.execute_script("return document.body.classList.contains('connected')"),
+                 "the page to connect to the server", timeout=20)
+
+
+def set_field(driver, element_id: str, value: str) -> None:
+    field = driver.find_element(By.ID, element_id)
+    field.clear()
+    field.send_keys(value)
+
+
+def ask(driver, prompt: str) -> None:
+    set_field(driver, "prompt", prompt)
+    driver.find_element(By.ID, "send").click()
+
+
+def last_answer(driver) -> tuple[str, str] | None:
+    found = driver.execute_script(LAST_ANSWER)
+    return tuple(found) if found else None
+
+
+def finished_answer(driver, timeout: float = 120.0) -> tuple[str, str]:
+    return wait_for(lambda: (a := last_answer(driver)) and a[0] != "streaming" and a,
+                    "the answer to finish", timeout=timeout)

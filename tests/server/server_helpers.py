@@ -60,7 +60,6 @@ def start_server(*, api_key: str | None = API_KEY, engine_options: dict | None =
     """A real server on a free port. ``backend_options``: the backend's table, as ``--option``
     sets it. ``reloadable``: a request's ``keep_alive`` may unload its model, as under ``ruvllm
     serve`` (off by default: tests hold the engine they started)."""
-    import uvicorn
     from ruvllm.server.runner import load_engine, settings_for
 
     _require_backend(backend)
@@ -73,7 +72,13 @@ def start_server(*, api_key: str | None = API_KEY, engine_options: dict | None =
     settings = settings_for(config, engine, max_context=max_context)
     if reloadable:
         settings = attrs.evolve(settings, reload=lambda: load_engine(config))
-    app = create_app(engine, settings)
+    return serve_app(create_app(engine, settings), engine)
+
+
+def serve_app(app, engine: object) -> RunningServer:
+    """``app`` served by uvicorn on a free port in a thread, once it accepts connections."""
+    import uvicorn
+
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                         timeout_graceful_shutdown=2))

@@ -12,16 +12,21 @@ from pathlib import Path
 
 import httpx
 import pytest
-from browser_helpers import add_to_chat_requests, chromium_driver, console_errors, wait_for
+from browser_helpers import (
+    add_to_chat_requests,
+    ask,
+    chromium_driver,
+    console_errors,
+    finished_answer,
+    last_answer,
+    open_page,
+    set_field,
+    wait_for,
+)
 from selenium.webdriver.common.by import By
 from server_helpers import API_KEY, RunningServer, start_server
 
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "chat_page.png"
-#: The last assistant message's state ("streaming", "done", "stopped", "error") and its text.
-LAST_ANSWER = """
-const m = [...document.querySelectorAll("#messages .message.assistant")].at(-1);
-return m ? [m.dataset.state, m.querySelector(".content").textContent] : null;
-"""
 #: Markup a model's answer may contain; none of it may become an element or run.
 MARKUP = '<script>window.pwned = 1</script><img src="x" onerror="window.pwned = 2">'
 
@@ -45,37 +50,6 @@ def driver():
     browser = chromium_driver()
     yield browser
     browser.quit()
-
-
-def open_page(driver, url: str, *, connected: bool = True) -> None:
-    """A fresh page at ``url`` with nothing stored in the browser from an earlier test."""
-    driver.get(url)
-    driver.execute_script("localStorage.clear(); sessionStorage.clear();")
-    driver.get(url)
-    if connected:
-        wait_for(lambda: driver.execute_script("return document.body.classList.contains('connected')"),
-                 "the page to connect to the server", timeout=20)
-
-
-def set_field(driver, element_id: str, value: str) -> None:
-    field = driver.find_element(By.ID, element_id)
-    field.clear()
-    field.send_keys(value)
-
-
-def ask(driver, prompt: str) -> None:
-    set_field(driver, "prompt", prompt)
-    driver.find_element(By.ID, "send").click()
-
-
-def last_answer(driver) -> tuple[str, str] | None:
-    found = driver.execute_script(LAST_ANSWER)
-    return tuple(found) if found else None
-
-
-def finished_answer(driver, timeout: float = 120.0) -> tuple[str, str]:
-    return wait_for(lambda: (a := last_answer(driver)) and a[0] != "streaming" and a,
-                    "the answer to finish", timeout=timeout)
 
 
 def cancelled_requests(url: str) -> float:
@@ -134,6 +108,8 @@ def test_answer_streams_token_by_token(driver, server: RunningServer):
     assert longer >= 5 and len(growing[0]) < len(text) / 2, growing
     assert driver.find_element(By.ID, "status-speed").text.startswith("96 tokens, ")
     assert driver.find_element(By.ID, "status-ttft").text.endswith(" ms")
+    # SONA is not attached: no good/bad marks.
+    assert driver.find_elements(By.CSS_SELECTOR, "#messages .thumb") == []
     # A few metrics polls draw the plot, then the picture for docs/server.md.
     time.sleep(5)
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)

@@ -3,12 +3,11 @@
 // asked, until the server has accepted the API key (when it has one).
 
 import { Unauthorized, forgetKey, getJson, getText, postJson, storeKey, storedKey, streamChat } from "./api.js";
-import { renderMarkdown } from "./markdown.js";
+import { element, messageNode as buildMessage } from "./messages.js";
 import { parseTotals } from "./prometheus.js";
+import { chatRequest, restoreSettings, showModels } from "./settings.js";
 import { StatusPanel } from "./status.js";
-import {
-  currentId, loadConversations, loadSettings, newConversation, saveConversations, saveSettings, setCurrentId,
-} from "./store.js";
+import { currentId, loadConversations, newConversation, saveConversations, setCurrentId } from "./store.js";
 
 const $ = (id) => document.getElementById(id);
 const METRICS_EVERY_MS = 2000;
@@ -23,40 +22,9 @@ const state = {
 };
 const status = new StatusPanel($("plot"));
 
-function element(tag, className, text) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
-
 function showError(message) {
   $("chat-error").textContent = message ?? "";
   $("chat-error").hidden = !message;
-}
-
-// --- settings -----------------------------------------------------------------------------------
-
-const SETTING_INPUTS = { system: "system", temperature: "temperature", top_p: "top-p", max_tokens: "max-tokens" };
-
-function restoreSettings() {
-  const saved = loadSettings();
-  for (const [name, id] of Object.entries(SETTING_INPUTS)) {
-    if (saved[name] !== undefined) $(id).value = saved[name];
-    $(id).addEventListener("change", persistSettings);
-  }
-  $("model").addEventListener("change", persistSettings);
-}
-
-function persistSettings() {
-  const settings = { model: $("model").value };
-  for (const [name, id] of Object.entries(SETTING_INPUTS)) settings[name] = $(id).value;
-  saveSettings(settings);
-}
-
-function number(id) {
-  const text = $(id).value.trim();
-  return text === "" ? undefined : Number(text);
 }
 
 // --- conversations ------------------------------------------------------------------------------
@@ -108,34 +76,8 @@ function renderConversations() {
 
 // --- messages -----------------------------------------------------------------------------------
 
-function feedbackButtons(message) {
-  const box = element("span", "feedback");
-  for (const [score, label, name] of [[1, "▲ good", "good"], [-1, "▼ bad", "bad"]]) {
-    const button = element("button", message.feedback === score ? `thumb ${name} chosen` : `thumb ${name}`, label);
-    button.type = "button";
-    button.title = score > 0 ? "Good answer: SONA learns from it" : "Bad answer: SONA learns from it";
-    button.addEventListener("click", () => sendFeedback(message, score));
-    box.append(button);
-  }
-  return box;
-}
-
 function messageNode(message) {
-  const node = element("div", `message ${message.role}`);
-  node.dataset.state = message.state ?? "done";
-  node.append(element("div", "role", message.role === "user" ? "You" : "Assistant"));
-  const content = element("div", "content");
-  if (message.role === "assistant") content.append(renderMarkdown(message.content));
-  else content.textContent = message.content;
-  node.append(content);
-  const meta = element("div", "meta");
-  if (message.state === "stopped") meta.append(element("span", "note", "stopped"));
-  if (message.error) meta.append(element("span", "note error", message.error));
-  if (message.role === "assistant" && message.id && state.sona && message.state !== "streaming") {
-    meta.append(feedbackButtons(message));
-  }
-  node.append(meta);
-  return node;
+  return buildMessage(message, state.sona ? sendFeedback : null);
 }
 
 function renderMessages() {
@@ -176,16 +118,8 @@ async function sendFeedback(message, score) {
 // --- chat ---------------------------------------------------------------------------------------
 
 function requestBody(conversation) {
-  const messages = [];
-  const system = $("system").value.trim();
-  if (system) messages.push({ role: "system", content: system });
-  for (const m of conversation.messages) {
-    if (m.content && (m.role === "user" || m.role === "assistant")) messages.push({ role: m.role, content: m.content });
-  }
-  return {
-    model: $("model").value || undefined, messages, stream: true, stream_options: { include_usage: true },
-    temperature: number("temperature"), top_p: number("top-p"), max_tokens: number("max-tokens"),
-  };
+  return chatRequest(conversation.messages.filter((m) => m.content && (m.role === "user" || m.role === "assistant"))
+    .map((m) => ({ role: m.role, content: m.content })));
 }
 
 // Streams the answer to `conversation`'s messages into a new assistant message at its end.
@@ -292,15 +226,6 @@ async function pollMetrics() {
 
 async function pollHealth() {
   status.showHealth(await getJson("/health"));
-}
-
-function showModels(cards) {
-  const picker = $("model");
-  const saved = loadSettings().model;
-  picker.replaceChildren(...cards.map((card) => element("option", "", card.id)));
-  if (cards.some((card) => card.id === saved)) picker.value = saved;
-  $("model-picker").hidden = cards.length < 2;
-  $("model-single").textContent = cards.length === 1 ? cards[0].id : "";
 }
 
 async function connect() {

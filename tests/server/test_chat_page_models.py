@@ -1,0 +1,107 @@
+"""The chat page's model picker on a server of two models, and its good/bad marks on a server
+with SONA attached: in Debian's headless chromium (Selenium), against real servers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from browser_helpers import (
+    ask,
+    chromium_driver,
+    console_errors,
+    finished_answer,
+    open_page,
+    set_field,
+    wait_for,
+)
+from ruvllm.config import load_config
+from ruvllm.server.app import create_app
+from ruvllm.server.runner import build_pool, pool_settings
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.select import Select
+from server_helpers import RunningServer, _require_backend, serve_app, start_server
+
+TWO_MODELS = """
+[[models]]
+name = "small"
+model = "default"
+backend = "llamacpp"
+preload = true
+
+[[models]]
+name = "other"
+model = "default"
+backend = "llamacpp"
+preload = true
+"""
+
+
+@pytest.fixture(scope="module")
+def driver():
+    browser = chromium_driver()
+    yield browser
+    browser.quit()
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory) -> Iterator[RunningServer]:
+    _require_backend("llamacpp")
+    path = tmp_path_factory.mktemp("cfg") / "ruvllm.toml"
+    path.write_text(TWO_MODELS)
+    config = load_config(path, env={})
+    pool = build_pool(config)
+    running = serve_app(create_app(pool, pool_settings(config, pool)), engine=None)
+    yield running
+    running.stop()
+
+
+def generated_tokens(url: str, model_name: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("ruvllm:generation_tokens_total{") and f'model_name="{model_name}"' in line)
+
+
+def test_the_picker_sends_the_chosen_model(driver, two_models: RunningServer):
+    open_page(driver, two_models.url + "/")
+    assert driver.find_element(By.ID, "model-picker").is_displayed()
+    picker = Select(driver.find_element(By.ID, "model"))
+    assert [o.text for o in picker.options] == ["small", "other"]
+    picker.select_by_visible_text("other")
+    set_field(driver, "max-tokens", "4")
+    ask(driver, "Hello!")
+    assert finished_answer(driver)[0] == "done"
+    assert generated_tokens(two_models.url, "other") > 0
+    assert generated_tokens(two_models.url, "small") == 0
+    # The choice is a setting the browser keeps.
+    driver.refresh()
+    wait_for(lambda: Select(driver.find_element(By.ID, "model")).first_selected_option.text == "other",
+             "the chosen model after a reload")
+    assert console_errors(driver) == []
+
+
+@pytest.fixture(scope="module")
+def sona_server() -> Iterator[tuple[RunningServer, object]]:
+    sona_plugin = pytest.importorskip("ruvllm_sona")
+    running = start_server(api_key=None, backend="candle_like",
+                           backend_options={"dtype": "auto", "kv_cache_tokens": 4096})
+    sona = sona_plugin.attach(running.engine, sona_plugin.SonaOptions(interval=0), start=False)
+    yield running, sona
+    sona_plugin.detach(running.engine)
+    running.stop()
+
+
+def test_good_and_bad_marks_reach_sona(driver, sona_server):
+    server, sona = sona_server
+    open_page(driver, server.url + "/")
+    wait_for(lambda: driver.find_element(By.ID, "status-feedback").text.startswith("on"),
+             "the status panel to see SONA")
+    set_field(driver, "max-tokens", "6")
+    ask(driver, "Say hi.")
+    assert finished_answer(driver)[0] == "done"
+    driver.find_element(By.CSS_SELECTOR, "#messages .assistant .thumb.good").click()
+    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "#messages .assistant .thumb.good.chosen"),
+             "the mark to be recorded")
+    assert [r.feedback for r in sona.store.snapshot()] == [1.0]
+    assert not driver.find_element(By.ID, "chat-error").is_displayed()
