@@ -1,5 +1,6 @@
-"""The chat page's model picker on a server of two models, and its good/bad marks on a server
-with SONA attached: in Debian's headless chromium (Selenium), against real servers."""
+"""The chat page on servers set up otherwise than the plain one: its model picker with two
+models, its good/bad marks with SONA attached, the speculative figures when the engine drafts.
+In Debian's headless chromium (Selenium), against real servers."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from browser_helpers import (
 from ruvllm.config import load_config
 from ruvllm.server.app import create_app
 from ruvllm.server.runner import build_pool, pool_settings
+from ruvllm.testing.speculative import COPY_PROMPT, FIXED_DRAFTS
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
 from server_helpers import RunningServer, _require_backend, serve_app, start_server
@@ -105,3 +107,25 @@ def test_good_and_bad_marks_reach_sona(driver, sona_server):
              "the mark to be recorded")
     assert [r.feedback for r in sona.store.snapshot()] == [1.0]
     assert not driver.find_element(By.ID, "chat-error").is_displayed()
+
+
+@pytest.fixture(scope="module")
+def speculative_server() -> Iterator[RunningServer]:
+    running = start_server(api_key=None, engine_options=FIXED_DRAFTS)
+    yield running
+    running.stop()
+
+
+def test_speculative_acceptance_is_shown(driver, speculative_server: RunningServer):
+    open_page(driver, speculative_server.url + "/")
+    assert not driver.find_element(By.ID, "status-spec").is_displayed()  # nothing drafted yet
+    set_field(driver, "max-tokens", "24")
+    set_field(driver, "temperature", "0")
+    ask(driver, COPY_PROMPT)
+    assert finished_answer(driver)[0] == "done"
+    # The answer's own counts (its usage), then the server's since the start (/metrics).
+    assert " drafted tokens accepted" in driver.find_element(By.ID, "status-speed").text
+    spec = wait_for(lambda: (e := driver.find_element(By.ID, "status-spec")).is_displayed() and e.text,
+                    "the speculative row")
+    assert spec.endswith("drafted tokens accepted since the start")
+

@@ -133,11 +133,11 @@ async function answer(conversation) {
   showError(null);
   const started = performance.now();
   let first = null;
-  let tokens = 0;
+  let usage = null;
   try {
     await streamChat(requestBody(conversation), controller.signal, (chunk) => {
       message.id ??= chunk.id;
-      if (chunk.usage) tokens = chunk.usage.completion_tokens;
+      usage = chunk.usage ?? usage;
       const text = chunk.choices?.[0]?.delta?.content;
       if (!text) return;
       first ??= performance.now();
@@ -159,7 +159,7 @@ async function answer(conversation) {
     updateButtons();
   }
   if (message.state === "done") {
-    status.showAnswer({ tokens, firstMs: first && first - started, decodeMs: first && performance.now() - first });
+    status.showAnswer({ usage, firstMs: first && first - started, decodeMs: first && performance.now() - first });
   }
 }
 

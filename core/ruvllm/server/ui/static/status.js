@@ -44,7 +44,10 @@ export class StatusPanel {
     const drafted = totals.get("ruvllm:spec_decode_num_draft_tokens_total") ?? 0;
     const accepted = totals.get("ruvllm:spec_decode_num_accepted_tokens_total") ?? 0;
     for (const node of document.querySelectorAll(".spec")) node.hidden = drafted === 0;
-    if (drafted) show("status-spec", `${(100 * accepted / drafted).toFixed(1)}% of ${drafted} drafted tokens accepted`);
+    if (drafted) {
+      show("status-spec", `${(100 * accepted / drafted).toFixed(1)}% of ${drafted} drafted tokens accepted ` +
+           "since the start");
+    }
     const sona = totals.has("ruvllm:sona_requests_stored");
     show("status-feedback", sona ? "on: SONA learns from good/bad marks" : "off (SONA is not attached)");
 
@@ -60,9 +63,14 @@ export class StatusPanel {
     return sona;
   }
 
-  showAnswer({ tokens, firstMs, decodeMs }) {
+  // `usage`: the stream's last usage (OpenAI's, with ruvllm's draft counts when it speculated).
+  showAnswer({ usage, firstMs, decodeMs }) {
+    const tokens = usage?.completion_tokens ?? 0;
+    // Tokens after the first over the time after it: the decode rate, apart from the prompt's.
     const rate = tokens > 1 && decodeMs > 0 ? (tokens - 1) / (decodeMs / 1000) : null;
-    show("status-speed", `${tokens} tokens` + (rate ? `, ${rate.toFixed(1)} tokens/s` : ""));
+    const drafted = usage?.draft_tokens ?? 0;
+    show("status-speed", `${tokens} tokens` + (rate ? `, ${rate.toFixed(1)} tokens/s` : "") +
+         (drafted ? `, ${usage.accepted_draft_tokens} of ${drafted} drafted tokens accepted` : ""));
     show("status-ttft", firstMs == null ? "–" : `${Math.round(firstMs)} ms`);
   }
 }
