@@ -10,15 +10,6 @@ function show(id, text) {
   document.getElementById(id).textContent = text;
 }
 
-// The vector-instruction class the project's measurements are keyed by (docs/hardware.md).
-function cpuKind(machine) {
-  const features = new Set(machine.features ?? []);
-  if (features.has("avx512f")) return "AVX-512";
-  if (features.has("avx2")) return "AVX2";
-  if (features.has("neon")) return "NEON";
-  return machine.arch ?? "unknown";
-}
-
 export class StatusPanel {
   constructor(canvas) {
     this.canvas = canvas;
@@ -30,7 +21,10 @@ export class StatusPanel {
     show("status-backend", health.backend ? `${health.backend} (${health.engine_path} path)` : "not loaded");
     show("status-reason", health.backend_choice ?? "named in the configuration, not chosen by auto");
     const m = health.machine ?? {};
-    show("status-cpu", `${cpuKind(m)} · ${m.model || m.arch} · ${m.usable_cores} cores`);
+    // ruvllm.hardware's CpuInfo.kind, the class of machine its measurements are keyed by (the
+    // architecture where /health carries no kind).
+    const kind = m.kind ? `${m.kind} kind` : m.arch;
+    show("status-cpu", `${kind} · ${m.model || m.arch} · ${m.usable_cores} cores`);
   }
 
   // Returns whether SONA is attached (its series are on /metrics only then): thumbs are shown.
