@@ -24,6 +24,7 @@ from browser_helpers import (
     wait_for,
 )
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from server_helpers import API_KEY, RunningServer, start_server
 
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "chat_page.png"
@@ -157,7 +158,8 @@ def test_markup_the_model_writes_is_shown_as_text(driver, server: RunningServer)
 
 def test_stored_answer_is_rendered_as_markdown_never_as_html(driver, server: RunningServer):
     open_page(driver, server.url + "/")
-    answer = (f"**Bold** and `code`, then {MARKUP} and [a link](javascript:alert(3)).\n\n"
+    answer = (f"## Steps\n\n**Bold** and `code`, then {MARKUP} and [a link](javascript:alert(3)), "
+              "[the docs](https://example.org/docs).\n\n- first\n- second\n\n"
               "```html\n<b onmouseover=\"window.pwned = 4\">x</b>\n```")
     conversation = {"id": "c1", "title": "markup", "created": 0, "messages": [
         {"role": "user", "content": "<i>hi</i>"}, {"role": "assistant", "content": answer, "state": "done"}]}
@@ -166,15 +168,42 @@ def test_stored_answer_is_rendered_as_markdown_never_as_html(driver, server: Run
     driver.refresh()
     wait_for(lambda: last_answer(driver), "the stored conversation")
     messages = driver.find_element(By.ID, "messages")
+    assert messages.find_element(By.CSS_SELECTOR, ".assistant h4").text == "Steps"
     assert messages.find_element(By.CSS_SELECTOR, ".assistant strong").text == "Bold"
     assert messages.find_element(By.CSS_SELECTOR, ".assistant p code").text == "code"
+    items = messages.find_elements(By.CSS_SELECTOR, ".assistant ul li")
+    assert [li.text for li in items] == ["first", "second"]
     assert messages.find_element(By.CSS_SELECTOR, ".assistant pre code").text == \
         '<b onmouseover="window.pwned = 4">x</b>'
     assert MARKUP in messages.find_element(By.CSS_SELECTOR, ".assistant p").text
+    assert "[a link](javascript:alert(3))" in messages.find_element(By.CSS_SELECTOR, ".assistant p").text
+    # Only a web link becomes a link, opened apart from the page.
+    links = messages.find_elements(By.CSS_SELECTOR, "a")
+    assert [(a.text, a.get_attribute("href"), a.get_attribute("rel")) for a in links] == \
+        [("the docs", "https://example.org/docs", "noopener noreferrer")]
     assert messages.find_element(By.CSS_SELECTOR, ".user .content").text == "<i>hi</i>"
-    assert messages.find_elements(By.CSS_SELECTOR, "script, img, a, b, i") == []
+    assert messages.find_elements(By.CSS_SELECTOR, "script, img, b, i") == []
     assert driver.execute_script("return window.pwned") is None
     assert console_errors(driver) == []
+    # Conversations are listed; a new one starts empty, and deleting it goes back to the other.
+    driver.find_element(By.ID, "new-chat").click()
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#conversation-list li")) == 2
+    assert driver.find_elements(By.CSS_SELECTOR, "#messages .message") == []
+    driver.find_element(By.CSS_SELECTOR, "#conversation-list li.active .delete").click()
+    listed = driver.find_elements(By.CSS_SELECTOR, "#conversation-list li .open")
+    assert [li.text for li in listed] == ["markup"]
+    assert last_answer(driver) is not None
+
+
+def test_a_refused_request_shows_the_servers_reason(driver, server: RunningServer):
+    open_page(driver, server.url + "/")
+    set_field(driver, "max-tokens", "100000")  # over this server's max_tokens_limit (512)
+    set_field(driver, "prompt", "Hello")
+    driver.find_element(By.ID, "prompt").send_keys(Keys.ENTER)  # Enter sends
+    state, _ = finished_answer(driver)
+    assert state == "error"
+    assert "max_tokens" in driver.find_element(By.CSS_SELECTOR, "#messages .assistant .note.error").text
+    assert driver.find_element(By.ID, "regenerate").is_enabled()
 
 
 def test_the_page_needs_the_api_key_when_the_server_has_one(driver, keyed_server: RunningServer):
