@@ -11,6 +11,7 @@ page, Ollama's CLI and libraries do not and get Ollama's ``Ollama is running`` f
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import PurePosixPath
 
 from starlette.datastructures import Headers
 from starlette.responses import Response
@@ -31,7 +32,7 @@ def _files() -> dict[str, tuple[bytes, str]]:
     static = resources.files(__package__).joinpath("static")
     files: dict[str, tuple[bytes, str]] = {}
     for item in static.iterdir():
-        suffix = item.name[item.name.rfind("."):]
+        suffix = PurePosixPath(item.name).suffix
         if item.is_file() and suffix in _TYPES:
             files[f"{PREFIX}/{item.name}"] = (item.read_bytes(), _TYPES[suffix])
     index = files[f"{PREFIX}/index.html"]
@@ -40,6 +41,7 @@ def _files() -> dict[str, tuple[bytes, str]]:
 
 
 def _wants_html(scope: Scope) -> bool:
+    """A browser navigating asks for ``text/html``; Ollama's clients send no such Accept."""
     return "text/html" in Headers(scope=scope).get("accept", "")
 
 
