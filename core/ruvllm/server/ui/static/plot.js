@@ -49,5 +49,6 @@ export function drawPlot(canvas, samples, windowMs) {
   ctx.textAlign = "left";
   ctx.fillText(`${peak.toFixed(peak < 10 ? 1 : 0)} tok/s`, 2, 10);
   ctx.textAlign = "right";
-  ctx.fillText(`100% · last ${Math.round(windowMs / 60000)} min`, width - 2, 10);
+  const span = windowMs < 90000 ? `${Math.round(windowMs / 1000)} s` : `${Math.round(windowMs / 60000)} min`;
+  ctx.fillText(`100% · last ${span}`, width - 2, 10);
 }

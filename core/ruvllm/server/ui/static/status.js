@@ -5,6 +5,7 @@
 import { drawPlot } from "./plot.js";
 
 const WINDOW_MS = 5 * 60 * 1000;
+const MIN_SPAN_MS = 20 * 1000;
 
 function show(id, text) {
   document.getElementById(id).textContent = text;
@@ -24,7 +25,7 @@ export class StatusPanel {
     // ruvllm.hardware's CpuInfo.kind, the class of machine its measurements are keyed by (the
     // architecture where /health carries no kind).
     const kind = m.kind ? `${m.kind} kind` : m.arch;
-    show("status-cpu", `${kind} · ${m.model || m.arch} · ${m.usable_cores} cores`);
+    show("status-cpu", `${kind} · ${m.model || m.arch} · ${m.usable_cores} core${m.usable_cores === 1 ? "" : "s"}`);
   }
 
   // Returns whether SONA is attached (its series are on /metrics only then): thumbs are shown.
@@ -53,7 +54,9 @@ export class StatusPanel {
     }
     this.previous = { t: now, generated };
     while (this.samples.length && this.samples[0].t < now - WINDOW_MS) this.samples.shift();
-    drawPlot(this.canvas, this.samples, WINDOW_MS);
+    // A page open for less than the window plots what it has over the whole width.
+    const span = this.samples.length ? Math.max(MIN_SPAN_MS, now - this.samples[0].t) : WINDOW_MS;
+    drawPlot(this.canvas, this.samples, span);
     return sona;
   }
 
