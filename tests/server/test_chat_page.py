@@ -156,6 +156,25 @@ def test_markup_the_model_writes_is_shown_as_text(driver, server: RunningServer)
     assert driver.execute_script("return window.pwned") is None
 
 
+def test_the_policy_stops_an_inline_script_that_got_into_the_page(driver, server: RunningServer):
+    """Defence in depth: were a bug ever to put markup from an answer into the DOM, the page's
+    Content-Security-Policy still refuses to run an inline script or handler."""
+    open_page(driver, server.url + "/")
+    console_errors(driver)
+    driver.execute_script("""
+        const script = document.createElement("script");
+        script.textContent = "window.pwned = 1";
+        document.body.append(script);
+        const img = document.createElement("img");
+        img.setAttribute("onerror", "window.pwned = 2");
+        img.src = "/no-such-image";
+        document.body.append(img);
+    """)
+    time.sleep(0.5)
+    assert driver.execute_script("return window.pwned") is None
+    assert any("Content Security Policy" in e for e in console_errors(driver))
+
+
 def test_stored_answer_is_rendered_as_markdown_never_as_html(driver, server: RunningServer):
     open_page(driver, server.url + "/")
     answer = (f"## Steps\n\n**Bold** and `code`, then {MARKUP} and [a link](javascript:alert(3)), "
