@@ -181,11 +181,14 @@ def test_stored_answer_is_rendered_as_markdown_never_as_html(driver, server: Run
               "[the docs](https://example.org/docs).\n\n- first\n- second\n\n"
               "```html\n<b onmouseover=\"window.pwned = 4\">x</b>\n```")
     conversation = {"id": "c1", "title": "markup", "created": 0, "messages": [
-        {"role": "user", "content": "<i>hi</i>"}, {"role": "assistant", "content": answer, "state": "done"}]}
+        {"role": "user", "content": "<i>hi</i>"},
+        # Saved while it streamed: the page that saved it closed before the answer ended.
+        {"role": "assistant", "content": answer, "state": "streaming"}]}
     driver.execute_script("localStorage.setItem('ruvllm-chat/conversations', arguments[0]);"
                           "localStorage.setItem('ruvllm-chat/current', 'c1');", json.dumps([conversation]))
     driver.refresh()
     wait_for(lambda: last_answer(driver), "the stored conversation")
+    assert last_answer(driver)[0] == "stopped"
     messages = driver.find_element(By.ID, "messages")
     assert messages.find_element(By.CSS_SELECTOR, ".assistant h4").text == "Steps"
     assert messages.find_element(By.CSS_SELECTOR, ".assistant strong").text == "Bold"

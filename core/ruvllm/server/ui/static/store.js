@@ -15,7 +15,13 @@ function read(name, fallback) {
 
 export function loadConversations() {
   const list = read(CONVERSATIONS, []);
-  return Array.isArray(list) ? list.filter((c) => c && typeof c.id === "string" && Array.isArray(c.messages)) : [];
+  const conversations = Array.isArray(list)
+    ? list.filter((c) => c && typeof c.id === "string" && Array.isArray(c.messages)) : [];
+  // An answer saved while it streamed (a mark given meanwhile) was cut off when the page closed.
+  for (const message of conversations.flatMap((c) => c.messages)) {
+    if (message.state === "streaming") message.state = "stopped";
+  }
+  return conversations;
 }
 
 export function saveConversations(list) {
