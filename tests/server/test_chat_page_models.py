@@ -1,6 +1,7 @@
 """The chat page on servers set up otherwise than the plain one: its model picker with two
-models, its good/bad marks with SONA attached, the speculative figures when the engine drafts.
-In Debian's headless chromium (Selenium), against real servers."""
+models, its good/bad marks with SONA attached, the speculative figures when the engine drafts,
+and a server that stops answering. In Debian's headless chromium (Selenium), against real
+servers."""
 
 from __future__ import annotations
 
@@ -128,4 +129,15 @@ def test_speculative_acceptance_is_shown(driver, speculative_server: RunningServ
     spec = wait_for(lambda: (e := driver.find_element(By.ID, "status-spec")).is_displayed() and e.text,
                     "the speculative row")
     assert spec.endswith("drafted tokens accepted since the start")
+
+
+def test_a_server_that_stops_answering_is_said_so(driver):
+    server = start_server(api_key=None)
+    try:
+        open_page(driver, server.url + "/")
+        lost = driver.find_element(By.ID, "status-lost")
+        assert not lost.is_displayed()
+    finally:
+        server.stop()
+    wait_for(lost.is_displayed, "the status panel to see the server gone", timeout=20)
 

@@ -208,11 +208,14 @@ function stopPolling() {
   state.timers = [];
 }
 
+// One poll of the status panel; a server that stopped answering is said so, not shown as it was.
 async function poll(task) {
   try {
     await task();
+    $("status-lost").hidden = true;
   } catch (error) {
     if (error instanceof Unauthorized) askKey(error.message);
+    else $("status-lost").hidden = false;
   }
 }
 
