@@ -20,10 +20,11 @@ back are accepted and dropped on every model, as thinking templates drop earlier
 What cannot be honoured is refused by name, in Anthropic's error shape (ruvllm.server.errors):
 images and documents (ruvllm serves text models), ``thinking`` enabled or with a budget on a
 model that does not think, a budget below ``max_tokens``, ``output_config.effort`` (no effort
-can be set). Accepted without effect, each for a reason: ``cache_control`` (the engine caches
-every prompt's prefix by itself), ``metadata.user_id`` (as OpenAI's ``user``), ``service_tier``
-(one tier). ``temperature``, ``top_p`` and ``top_k``, which the current ``anthropic`` SDK no
-longer types but older clients send, are honoured; ``output_config.format`` is structured output.
+can be set). ``metadata.user_id`` is the request's tenant, as OpenAI's ``user`` is (a learning
+plugin, SONA, learns per tenant). Accepted without effect, each for a reason: ``cache_control``
+(the engine caches every prompt's prefix by itself), ``service_tier`` (one tier).
+``temperature``, ``top_p`` and ``top_k``, which the current ``anthropic`` SDK no longer types but
+older clients send, are honoured; ``output_config.format`` is structured output.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ class OutputConfig(StrictModel):
 
 
 class Metadata(StrictModel):
-    #: Accepted, never used (as OpenAI's ``user``).
+    #: The end user: the request's tenant, as OpenAI's ``user`` (:func:`chat_request`).
     user_id: str | None = None
 
 
@@ -282,7 +283,8 @@ def chat_request(body: MessagesRequest | CountTokensRequest) -> ChatCompletionRe
                                      "json_schema": {"name": "output", "schema": config.format.schema_}}
     if isinstance(body, MessagesRequest):
         fields.update(max_tokens=body.max_tokens, stream=body.stream, stop=body.stop_sequences,
-                      temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
+                      temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                      user=body.metadata.user_id if body.metadata is not None else None)
     try:
         return ChatCompletionRequest(**fields)
     except ValidationError as exc:  # a value Anthropic's schema admits and the chat request does not

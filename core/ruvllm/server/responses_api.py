@@ -16,8 +16,9 @@ them; ``conversation`` continues a conversation of the Conversations API, and an
 conversation). Refused by name: built-in (hosted) tools and their items, image/file/audio parts
 (text models), a reasoning effort other than ``none`` and summaries (a thinking model thinks as
 its chat template has it, and its reasoning is returned whole, not summarised),
-``truncation: "auto"`` (a prompt that does not fit is a 400, never cut). Accepted without effect,
-each for a reason: ``user`` and ``safety_identifier`` (no per-user state), ``prompt_cache_key``
+``truncation: "auto"`` (a prompt that does not fit is a 400, never cut). ``user`` is the
+request's tenant, as chat's is (a learning plugin, SONA, learns per tenant). Accepted without
+effect, each for a reason: ``safety_identifier`` (no per-user policy), ``prompt_cache_key``
 (the prefix cache is automatic), the ids, statuses, annotations and logprobs of replayed output
 items, and replayed ``reasoning`` items (dropped on every model, as thinking templates drop
 earlier thinking). docs/server.md's Request fields table lists every field.
@@ -233,7 +234,7 @@ def translate(body: ResponsesRequest) -> Translation:
               "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed, "top_k": body.top_k,
               "min_p": body.min_p, "repetition_penalty": body.repetition_penalty, "logprobs": logprobs,
               "top_logprobs": body.top_logprobs, "response_format": _response_format(body.text),
-              **_tool_fields(body)}
+              "user": body.user, **_tool_fields(body)}
     # The ranges of ResponsesRequest are chat's, so every body that parsed is a valid chat request.
     return Translation(ChatCompletionRequest(**fields), origins)
 

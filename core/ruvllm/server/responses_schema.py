@@ -262,8 +262,9 @@ class ResponsesRequest(RequestBody):
     conversation: str | dict[str, Any] | None = None
     background: bool | None = None
     metadata: Metadata | None = None
-    #: Accepted, unused: end-user ids (as chat's ``user``); nothing here is kept per user.
+    #: The end user: the request's tenant, as chat's ``user`` (responses_api.translate).
     user: str | None = None
+    #: Accepted, unused: an id for OpenAI's abuse monitoring; ruvllm keeps no per-user policy.
     safety_identifier: str | None = None
     #: Accepted, unused: the engine's prefix cache serves every prompt's cached prefix by itself.
     prompt_cache_key: str | None = None
