@@ -1,7 +1,7 @@
 """The chat page on servers set up otherwise than the plain one: its model picker with two
 models, its good/bad marks with SONA attached, the speculative figures when the engine drafts,
-and a server that stops answering. In Debian's headless chromium (Selenium), against real
-servers."""
+a thinking model's reasoning, and a server that stops answering. In Debian's headless chromium
+(Selenium), against real servers."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from browser_helpers import (
+    add_to_chat_requests,
     ask,
     chromium_driver,
     console_errors,
@@ -140,4 +141,24 @@ def test_a_server_that_stops_answering_is_said_so(driver):
     finally:
         server.stop()
     wait_for(lost.is_displayed, "the status panel to see the server gone", timeout=20)
+
+
+@pytest.fixture(scope="module")
+def thinking_server() -> Iterator[RunningServer]:
+    # deepseek: every model's <think>...</think> is split from its answer, this one's included.
+    running = start_server(api_key=None, server={"reasoning_format": "deepseek"})
+    yield running
+    running.stop()
+
+
+def test_the_reasoning_is_shown_apart_from_the_answer(driver, thinking_server: RunningServer):
+    open_page(driver, thinking_server.url + "/")
+    forced = r"<think>\nweighing it\n</think>\n\nFour\."
+    add_to_chat_requests(driver, {"structured_outputs": {"regex": forced}})
+    ask(driver, "What is two plus two?")
+    assert finished_answer(driver) == ("done", "Four.")
+    details = driver.find_element(By.CSS_SELECTOR, "#messages .assistant details.reasoning")
+    assert details.get_attribute("open") is None  # folded once the answer came
+    details.find_element(By.TAG_NAME, "summary").click()
+    assert details.find_element(By.CSS_SELECTOR, ".thought").text == "weighing it"
 

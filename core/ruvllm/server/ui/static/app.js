@@ -138,10 +138,12 @@ async function answer(conversation) {
     await streamChat(requestBody(conversation), controller.signal, (chunk) => {
       message.id ??= chunk.id;
       usage = chunk.usage ?? usage;
-      const text = chunk.choices?.[0]?.delta?.content;
-      if (!text) return;
+      const delta = chunk.choices?.[0]?.delta ?? {};
+      if (!delta.content && !delta.reasoning_content) return;
       first ??= performance.now();
-      message.content += text;
+      // A thinking model's reasoning comes apart from its answer (the server splits <think>).
+      if (delta.reasoning_content) message.reasoning = (message.reasoning ?? "") + delta.reasoning_content;
+      message.content += delta.content ?? "";
       replaceLastMessage(message);
     });
     message.state = "done";

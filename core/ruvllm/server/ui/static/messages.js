@@ -22,11 +22,20 @@ function feedbackButtons(message, onFeedback) {
   return box;
 }
 
+// The thinking, folded away once the answer has begun; plain text, as the model wrote it.
+function reasoningNode(message) {
+  const details = element("details", "reasoning");
+  details.open = message.state === "streaming" && !message.content;
+  details.append(element("summary", "", "Thinking"), element("div", "thought", message.reasoning));
+  return details;
+}
+
 // `onFeedback(message, score)`, when given (SONA is on), puts the good/bad marks on a finished answer.
 export function messageNode(message, onFeedback) {
   const node = element("div", `message ${message.role}`);
   node.dataset.state = message.state ?? "done";
   node.append(element("div", "role", message.role === "user" ? "You" : "Assistant"));
+  if (message.reasoning) node.append(reasoningNode(message));
   const content = element("div", "content");
   if (message.role === "assistant") content.append(renderMarkdown(message.content));
   else content.textContent = message.content;
