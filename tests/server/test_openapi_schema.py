@@ -12,6 +12,7 @@ streaming are left out of the generated part.
 from __future__ import annotations
 
 import copy
+import uuid
 
 import httpx
 import jsonschema
@@ -172,10 +173,20 @@ def test_unknown_fields_are_refused_by_name(small_server, path):
     assert "guided_jsn" in err["message"] and "return_tokens_as_ids" in err["message"]
 
 
-def test_cache_salt_is_accepted(small_server):
-    r = httpx.post(small_server.url + "/v1/completions", headers=HEADERS, timeout=60,
-                   json={"prompt": "One, two,", "max_tokens": 2, "temperature": 0, "cache_salt": "tenant-a"})
-    assert r.status_code == 200, r.text
+def test_cache_salt_keeps_cached_prefixes_apart(small_server):
+    """Requests share cached prefix KV only under the same salt: the second request of a salt
+    reads the first's prompt from the prefix cache, another salt's reads none of it."""
+    prompt = f"Request {uuid.uuid4().hex}: count from one to twenty in words, one per line, and stop."
+
+    def cached(salt: str) -> int:
+        r = httpx.post(small_server.url + "/v1/completions", headers=HEADERS, timeout=60,
+                       json={"prompt": prompt, "max_tokens": 1, "temperature": 0, "cache_salt": salt})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached("tenant-a") == 0
+    assert cached("tenant-a") >= 16  # at least one whole block (16 tokens) of the prompt
+    assert cached("tenant-b") == 0
 
 
 def test_priority_keeps_vllms_meaning():
