@@ -195,6 +195,28 @@ def test_errors_come_in_anthropics_shape(claude, server, model_name):
     assert err.value.body["error"]["type"] == "authentication_error"
 
 
+_NAMED = {"name": "f", "input_schema": {"type": "object"}}
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"tools": [WEATHER, {**_NAMED, "name": "get weather"}]}, "tools[1].name"),
+    ({"tools": [WEATHER, WEATHER]}, "tools[1].name"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_time"}}, "tool_choice.name"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "frob"}}}},
+     "output_config.format.schema"),
+    ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+                   {"role": "user", "content": "word " * 12_000}]}, "messages"),
+], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_refusals_of_the_shared_chat_path_name_the_field_sent(claude, model_name, body, field, stream):
+    """The chat request every surface runs names its own fields (``tools[1].function.name``,
+    ``response_format.json_schema.schema``); an Anthropic client is told the one it sent."""
+    with pytest.raises(anthropic.BadRequestError) as err:
+        claude.messages.create(**{"model": model_name, "max_tokens": 4, "messages": ASK, "stream": stream,
+                                  **body})
+    assert err.value.body["error"]["message"].startswith(f"{field}: "), err.value.body
+
+
 def test_the_model_list_is_anthropics_as_well_as_openais(claude, client, model_name):
     """One /v1/models serves both SDKs: each reads its own fields (all required ones present)."""
     page = claude.models.list()

@@ -41,6 +41,7 @@ from ruvllm.errors import InvalidRequest
 from ruvllm.server.chat_run import ChatRun, chat_prompt, start_chat, thinks
 from ruvllm.server.completion_service import Arrival
 from ruvllm.server.errors import anthropic_error_body, ruvllm_error_body
+from ruvllm.server.field_names import FieldNames, in_terms
 from ruvllm.server.model_pool import ModelPool
 from ruvllm.server.params import Limits
 from ruvllm.server.schemas import ChatCompletionRequest, RequestBody, StrictModel, type_tag
@@ -184,15 +185,22 @@ def _text(content: str | list[TextBlock]) -> str:
     return content if isinstance(content, str) else "".join(b.text for b in content)
 
 
-def _chat_messages(body: _Conversation) -> list[dict[str, Any]]:
-    """The conversation as chat messages: ``tool_use`` blocks become the assistant's
-    ``tool_calls``, ``tool_result`` blocks ``tool`` messages (before the turn's text)."""
+def _chat_messages(body: _Conversation) -> tuple[list[dict[str, Any]], list[str]]:
+    """The conversation as chat messages, and the field each came from: ``tool_use`` blocks
+    become the assistant's ``tool_calls``, ``tool_result`` blocks ``tool`` messages (before the
+    turn's text)."""
     out: list[dict[str, Any]] = []
+    origins: list[str] = []
+
+    def add(message: dict[str, Any], origin: str) -> None:
+        out.append(message)
+        origins.append(origin)
+
     if body.system:
-        out.append({"role": "system", "content": _text(body.system)})
+        add({"role": "system", "content": _text(body.system)}, "system")
     for i, m in enumerate(body.messages):
         if isinstance(m.content, str):
-            out.append({"role": m.role, "content": m.content})
+            add({"role": m.role, "content": m.content}, f"messages[{i}]")
             continue
         texts, calls, results = [], [], []
         for j, block in enumerate(m.content):
@@ -211,14 +219,16 @@ def _chat_messages(body: _Conversation) -> list[dict[str, Any]]:
                 if m.role != "user":
                     raise InvalidRequest(f"{at}.type", "a tool_result block belongs to a user turn")
                 result = _text(block.content)
-                results.append({"role": "tool", "tool_call_id": block.tool_use_id,
-                                "content": f"Error: {result}" if block.is_error else result})
-        out.extend(results)
+                results.append(({"role": "tool", "tool_call_id": block.tool_use_id,
+                                 "content": f"Error: {result}" if block.is_error else result}, at))
+        for result, at in results:
+            add(result, at)
         if calls:
-            out.append({"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls})
+            add({"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls},
+                f"messages[{i}]")
         elif texts or not results:
-            out.append({"role": m.role, "content": "".join(texts)})
-    return out
+            add({"role": m.role, "content": "".join(texts)}, f"messages[{i}]")
+    return out, origins
 
 
 def thinking_shown(body: _Conversation, model_thinks: bool) -> bool:
@@ -271,9 +281,21 @@ def _tool_fields(body: _Conversation) -> dict[str, Any]:
     return fields
 
 
-def chat_request(body: MessagesRequest | CountTokensRequest) -> ChatCompletionRequest:
-    """The chat request that ``body`` asks for (what every surface runs)."""
-    fields: dict[str, Any] = {"model": body.model, "messages": _chat_messages(body), **_tool_fields(body)}
+#: Chat's fields -> the Messages API's, for the refusals of the shared chat path (field_names).
+_ANTHROPIC_FIELDS = {
+    "tools[*].function": "tools[*]", "tools[*].function.parameters": "tools[*].input_schema",
+    "tool_choice.function": "tool_choice", "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+    "response_format": "output_config.format", "response_format.json_schema": "output_config.format",
+    "stop": "stop_sequences", "prompt": "messages",
+}
+
+
+def chat_request(body: MessagesRequest | CountTokensRequest) -> tuple[ChatCompletionRequest, FieldNames]:
+    """The chat request that ``body`` asks for (what every surface runs), and the names of its
+    fields in ``body``'s terms."""
+    messages, origins = _chat_messages(body)
+    names = FieldNames.of(_ANTHROPIC_FIELDS, origins)
+    fields: dict[str, Any] = {"model": body.model, "messages": messages, **_tool_fields(body)}
     config = body.output_config
     if config is not None and config.effort is not None:
         raise InvalidRequest("output_config.effort", "ruvllm cannot set a model's reasoning effort (a "
@@ -286,10 +308,11 @@ def chat_request(body: MessagesRequest | CountTokensRequest) -> ChatCompletionRe
                       temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                       user=body.metadata.user_id if body.metadata is not None else None)
     try:
-        return ChatCompletionRequest(**fields)
+        return ChatCompletionRequest(**fields), names
     except ValidationError as exc:  # a value Anthropic's schema admits and the chat request does not
         first = exc.errors()[0]
-        raise InvalidRequest(".".join(str(p) for p in first["loc"]), first["msg"]) from None
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+        raise InvalidRequest(names.field(path), first["msg"]) from None
 
 
 _STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
@@ -382,7 +405,7 @@ class _Blocks:
         return out
 
 
-def _events(run: ChatRun, model: str, thinking: bool) -> AsyncIterator[str]:
+def _events(run: ChatRun, model: str, thinking: bool, names: FieldNames) -> AsyncIterator[str]:
     """The message as Anthropic's stream: thinking (when ``thinking``) and text deltas as the
     tokens come, then each tool call as a ``tool_use`` block."""
     fmt = run.formatter
@@ -403,7 +426,7 @@ def _events(run: ChatRun, model: str, thinking: bool) -> AsyncIterator[str]:
                 "usage": _usage(len(run.prompt_ids), item)}))
             events.append(named_sse_event("message_stop", {"type": "message_stop"}))
             return events
-        status, body, _ = ruvllm_error_body(item)
+        status, body, _ = ruvllm_error_body(in_terms(item, names))
         return [named_sse_event("error", anthropic_error_body(status, body["error"]["message"]))]
 
     return run.submission.writes(render, first=named_sse_event(
@@ -413,13 +436,16 @@ def _events(run: ChatRun, model: str, thinking: bool) -> AsyncIterator[str]:
 def register_messages_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> None:
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request) -> Response:
-        chat = chat_request(body)
+        chat, names = chat_request(body)
         async with pool.route(body.model) as route:
             shown = thinking_shown(body, thinks(route, limits))
-            run = await start_chat(route, chat, limits, id_prefix="msg")
+            with names.speaking():
+                run = await start_chat(route, chat, limits, id_prefix="msg")
             if body.stream:
-                return SSEResponse(_events(run, route.served_name, shown), on_close=run.submission.cancel)
-            outcomes = await run.submission.results(request.is_disconnected)
+                return SSEResponse(_events(run, route.served_name, shown, names),
+                                   on_close=run.submission.cancel)
+            with names.speaking():
+                outcomes = await run.submission.results(request.is_disconnected)
             if outcomes is None:
                 return Response(status_code=499)  # the client is gone
             whole = run.formatter.complete(outcomes, [len(run.prompt_ids)])["choices"][0]
@@ -435,7 +461,8 @@ def register_messages_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> N
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest) -> dict[str, int]:
-        chat = chat_request(body)
+        chat, names = chat_request(body)
         async with pool.route(body.model) as route:
             thinking_shown(body, thinks(route, limits))
-            return {"input_tokens": len(await chat_prompt(route, chat))}
+            with names.speaking():
+                return {"input_tokens": len(await chat_prompt(route, chat))}
