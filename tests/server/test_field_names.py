@@ -22,7 +22,7 @@ def test_a_prefix_is_renamed_at_a_field_boundary_and_the_rest_kept():
 
 
 def test_a_chat_message_is_named_by_where_it_came_from():
-    assert NAMES.field("messages[2].content") == "messages[1].content[2].content"
+    assert NAMES.field("messages[2].tool_calls[0].function.arguments") == "messages[1].content[2]"
     assert NAMES.field("messages[0]") == "system"
     assert NAMES.field("messages[7]") == "messages[7]"  # no origin known: left as it is
 

@@ -254,6 +254,7 @@ def test_response_fields_keeps_only_those_paths(server):
     ({"samplers": ["top_k", "dry_run"]}, "samplers"),
     ({"samplers": "kpz"}, "samplers"),
     ({"grammar": "root ::= ("}, "grammar"),
+    ({"json_schema": {"type": "frob"}}, "json_schema"),
     ({"n_predict": 100000}, "n_predict"),
     ({"prompt": [10**9]}, "prompt"),
     ({"logit_bias": [[1, True]]}, "logit_bias[0]"),

@@ -304,6 +304,9 @@ def test_errors_come_in_ollamas_shape_naming_ollamas_fields(server, llama, model
 
     assert refused(404, model="no-such-model").startswith("model 'no-such-model' not found")
     assert refused(options={"num_predict": 10_000}).startswith("options.num_predict: ")  # chat's max_tokens
+    assert refused(format={"type": "frob"}).startswith("format: ")  # chat's guided_json
+    long = [{"role": "user", "content": "word " * 12_000}]
+    assert refused(messages=long).startswith("messages: ")  # chat's prompt
     assert refused(options={"temprature": 0.5}).startswith("options.temprature: ")
     assert refused(options={"mirostat": 3}).startswith("options.mirostat: ")
     assert refused(think=True).startswith("think: ")

@@ -14,7 +14,6 @@ import json
 import logging
 import math
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -69,17 +68,6 @@ def surface_body(path: str, status: int, body: dict[str, Any]) -> dict[str, Any]
     if path.startswith(OLLAMA_PREFIX):
         return {"error": message}
     return anthropic_error_body(status, message)
-
-
-def in_surface_terms(exc: InvalidRequest, names: Mapping[str, str]) -> InvalidRequest | None:
-    """``exc`` naming the field the client of another API surface sent (``names``: the shared
-    core's field -> that surface's, ``max_tokens`` -> ``n_predict``), or None where the field
-    has no other name there."""
-    head = re.split(r"[.\[]", exc.field, maxsplit=1)[0]
-    field = names.get(head)
-    if field is None or field == head:
-        return None
-    return InvalidRequest(field, str(exc).removeprefix(f"{exc.field}: "), exc.value)
 
 
 def error_body(message: str, type_: str, *, param: str | None = None, code: str | None = None) -> dict:

@@ -40,7 +40,9 @@ class FieldNames:
     """A surface's names for the shared core's fields; build it with :meth:`of`."""
 
     renames: tuple[tuple[re.Pattern[str], str], ...]
-    #: The surface's field each chat message came from, by the message's index.
+    #: The surface's field each chat message came from, by the message's index: a refusal of any
+    #: part of that message names it whole (the chat message's inner fields, ``tool_calls`` and
+    #: the like, are not the surface's).
     origins: tuple[str, ...] = ()
     #: Whole words in a refusal's reason to say in the surface's terms too (``max_tokens``).
     words: tuple[tuple[re.Pattern[str], str], ...] = ()
@@ -59,7 +61,7 @@ class FieldNames:
         """The surface's field that ``core_field`` (a path in the chat request) stands for."""
         message = _MESSAGE.match(core_field)
         if message is not None and int(message[1]) < len(self.origins):
-            return self.origins[int(message[1])] + core_field[message.end():]
+            return self.origins[int(message[1])]
         for pattern, mine in self.renames:
             renamed, n = pattern.subn(mine, core_field, count=1)
             if n:

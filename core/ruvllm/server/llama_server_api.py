@@ -16,9 +16,8 @@ at once (its KV is freed) and report ``stop_type: "limit"``, as llama-server doe
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import attrs
@@ -31,7 +30,8 @@ from ruvllm.guided.request import completion_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.guided.tools import plan_tools
 from ruvllm.server.completion_service import ChoiceRequest, CompletionService, Submission
-from ruvllm.server.errors import in_surface_terms, ruvllm_error_body
+from ruvllm.server.errors import ruvllm_error_body
+from ruvllm.server.field_names import FieldNames, in_terms
 from ruvllm.server.llama_server_schemas import (
     ApplyTemplateRequest,
     LlamaCompletionRequest,
@@ -60,16 +60,9 @@ _LLAMA_FIELDS = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalt
 _POLL_SECONDS = 0.25
 
 
-@contextlib.contextmanager
-def _in_llama_terms(prompt_field: str = "prompt") -> Iterator[None]:
-    """Re-raise the shared core's refusals naming the field the llama-server client sent."""
-    try:
-        yield
-    except InvalidRequest as exc:
-        renamed = in_surface_terms(exc, {**_LLAMA_FIELDS, "prompt": prompt_field})
-        if renamed is None:
-            raise
-        raise renamed from None
+def _llama_names(prompt_field: str = "prompt") -> FieldNames:
+    """The shared core's fields as a llama-server client sent them; the prompt is ``prompt_field``."""
+    return FieldNames.of({**_LLAMA_FIELDS, "prompt": prompt_field})
 
 
 async def _prompt_ids(engine: AsyncEngine, prompt: str | list[int | str], at: str) -> list[int]:
@@ -230,6 +223,8 @@ class _Exchange:
     model: str
     body: LlamaCompletionRequest
     context: int
+    #: The shared core's fields as the client sent them, for a refusal after the answer started.
+    names: FieldNames
 
     def _probability(self, out: TokenOutput) -> dict[str, Any] | None:
         """llama-server's ``completion_probabilities`` entry of a sampled token."""
@@ -313,7 +308,7 @@ class _Exchange:
                     elif isinstance(item, GenerationResult):
                         yield True, self._final(answer, item)
                     else:
-                        status, error, _ = ruvllm_error_body(item)
+                        status, error, _ = ruvllm_error_body(in_terms(item, self.names))
                         yield True, {"error": {**error["error"], "code": status}}
                 if batch.last:
                     return
@@ -370,7 +365,8 @@ async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sam
     service = CompletionService(route, limits)
     if body.n_probs and not engine.capabilities.logprobs:
         raise InvalidRequest("n_probs", "this model's backend cannot report logprobs (see `ruvllm backends`)")
-    with _in_llama_terms("input_prefix" if isinstance(body, LlamaInfillRequest) else "prompt"):
+    names = _llama_names("input_prefix" if isinstance(body, LlamaInfillRequest) else "prompt")
+    with names.speaking():
         bias = await _bias(engine, body) or None
         completion = CompletionRequest(prompt=prompts[0], logit_bias=bias, **sampling)
         if body.n_cmpl > limits.max_n:
@@ -393,7 +389,7 @@ async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sam
         [ChoiceRequest(index=k, prompt_ids=a.prompt_ids, params=a.params, processors=procs[k])
          for k, a in answers.items()], id_prefix="llama")
     return _Exchange(submission=submission, answers=answers, engine=engine, model=route.served_name,
-                     body=body, context=service.context_length)
+                     body=body, context=service.context_length, names=names)
 
 
 def register_llama_server_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> None:

@@ -20,7 +20,7 @@ from pydantic import Field, model_validator
 from ruvllm.errors import InvalidRequest
 from ruvllm.server.completion_service import CompletionService
 from ruvllm.server.embeddings import input_ids, require_embeddings, split_inputs
-from ruvllm.server.errors import in_surface_terms
+from ruvllm.server.field_names import FieldNames
 from ruvllm.server.llama_server_api import generation_settings, llama_cpp_rules
 from ruvllm.server.llama_server_schemas import LlamaCompletionRequest, sampling_fields
 from ruvllm.server.model_pool import ModelPool
@@ -100,12 +100,9 @@ def register_llama_server_info_routes(app: FastAPI, pool: ModelPool, limits: Lim
         async with pool.route(body.model) as route:
             engine = route.engine
             require_embeddings(route, body.model, "/embedding")
-            try:
+            # The shared checks name OpenAI's ``input``; this client may have sent ``content``.
+            with FieldNames.of({"input": "content"} if body.content is not None else {}).speaking():
                 items = split_inputs(body.content if body.content is not None else body.input)
                 vectors = await engine.embed_async(await input_ids(engine, items))
-            except InvalidRequest as exc:
-                # The shared checks name OpenAI's ``input``; this client may have sent ``content``.
-                renamed = in_surface_terms(exc, {"input": "content"}) if body.content is not None else None
-                raise (renamed or exc) from None
         vectors = normalized(np.asarray(vectors, dtype=np.float64), body.embd_normalize)
         return [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)]

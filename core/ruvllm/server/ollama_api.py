@@ -35,7 +35,7 @@ from ruvllm.guided.request import processors as guided_processors
 from ruvllm.server.chat_run import prompt_reasoning, start_chat, thinks
 from ruvllm.server.completion_service import Arrival, ChoiceRequest, CompletionService, Submission
 from ruvllm.server.embeddings import check_dimensions, input_ids, require_embeddings, split_inputs
-from ruvllm.server.errors import in_surface_terms
+from ruvllm.server.field_names import FieldNames, in_terms
 from ruvllm.server.model_pool import ModelPool, Route
 from ruvllm.server.ollama_models import Catalogue, iso_time, pool_name
 from ruvllm.server.ollama_schemas import (
@@ -98,6 +98,11 @@ def _line(obj: dict[str, Any]) -> str:
     return _encode(obj) + "\n"
 
 
+def _ollama_names(prompt_field: str) -> FieldNames:
+    """The shared core's fields as an Ollama client sent them; the prompt is ``prompt_field``."""
+    return FieldNames.of({**_OLLAMA_FIELDS, "prompt": prompt_field, "input": prompt_field})
+
+
 @contextlib.contextmanager
 def _in_ollama_terms(prompt_field: str, num_ctx: int | None = None) -> Iterator[None]:
     """Re-raise the shared core's refusals naming the field the Ollama client sent; a prompt
@@ -112,10 +117,8 @@ def _in_ollama_terms(prompt_field: str, num_ctx: int | None = None) -> Iterator[
                              f"num_ctx is {num_ctx}; raise num_ctx, shorten the {prompt_field} or lower "
                              "options.num_predict", num_ctx) from None
     except InvalidRequest as exc:
-        renamed = in_surface_terms(exc, {**_OLLAMA_FIELDS, "prompt": prompt_field, "input": prompt_field})
-        if renamed is None:
-            raise
-        raise renamed from None
+        _ollama_names(prompt_field).renamed(exc)
+        raise
 
 
 def _num_ctx(options: OllamaOptions | None) -> int | None:
@@ -153,6 +156,8 @@ class _Exchange:
     #: ``time.monotonic_ns()`` when the request arrived, and the nanoseconds its model took to be ready.
     started: int
     load: int
+    #: The shared core's fields as the client sent them, for a refusal after the answer started.
+    names: FieldNames
     #: The last object carries the token context (``/api/generate`` without ``raw``).
     context: bool = False
     #: A thinking model's thinking comes back (``think`` not false), in ``thinking``.
@@ -211,13 +216,14 @@ class _Exchange:
             last = self.formatter.finish(0, item.finish_reason.value)["choices"][0]
             said = [_line(self.piece(last))] if self._says(last) else []
             return [*said, _line(self.final({"finish_reason": last["finish_reason"]}, item))]
-        return [_line({"error": str(item)})]
+        return [_line({"error": str(in_terms(item, self.names))})]
 
     async def answer(self, stream: bool, request: Request) -> Response:
         """The NDJSON stream, or the whole answer as one object (499 when the client left first)."""
         if stream:
             return NDJSONResponse(self.lines(), on_close=self.submission.cancel)
-        outcomes = await self.submission.results(request.is_disconnected)
+        with self.names.speaking():
+            outcomes = await self.submission.results(request.is_disconnected)
         if outcomes is None:
             return Response(status_code=499)  # the client is gone
         choice = self.formatter.complete(outcomes, [len(self.prompt_ids)])["choices"][0]
@@ -290,7 +296,7 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
                                                                      route.engine.capabilities.core_sampler))
             exchange = _Exchange(submission=run.submission, formatter=run.formatter,
                                  prompt_ids=run.prompt_ids, model=body.model, chat=True, started=started,
-                                 load=load, thinking=body.think is not False)
+                                 load=load, thinking=body.think is not False, names=_ollama_names("messages"))
             return await exchange.answer(body.stream is not False, request)
 
     @app.post("/api/generate")
@@ -323,7 +329,7 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
                                       reasoning=prompt_reasoning(route, limits, ids) if templated else None)
             exchange = _Exchange(submission=submission, formatter=formatter, prompt_ids=ids, model=body.model,
                                  chat=False, started=started, load=load, context=templated,
-                                 thinking=body.think is not False)
+                                 thinking=body.think is not False, names=_ollama_names("prompt"))
             return await exchange.answer(body.stream is not False, request)
 
     @app.get("/api/tags")

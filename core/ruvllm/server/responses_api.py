@@ -48,6 +48,7 @@ from ruvllm.server.chat_run import ChatRun, start_chat, thinks
 from ruvllm.server.conversations_api import Conversation, ConversationStore, conversation_id
 from ruvllm.server.cursor_page import page
 from ruvllm.server.errors import ruvllm_error_body
+from ruvllm.server.field_names import FieldNames
 from ruvllm.server.model_pool import ModelPool
 from ruvllm.server.params import Limits
 from ruvllm.server.response_store import ResponseStore, StoredResponse, dumped, with_ids
@@ -181,14 +182,12 @@ def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
     return {"type": fmt.type} if fmt is not None else None
 
 
-#: Chat's field names -> the Responses API's, for refusals the shared chat path raises.
-_RENAMES = ((re.compile(r"^max_tokens"), "max_output_tokens"),
-            (re.compile(r"^response_format(\.json_schema)?"), "text.format"),
-            (re.compile(r"^tools\[(\d+)\]\.function"), r"tools[\1]"),
-            (re.compile(r"^tool_choice\.function"), "tool_choice"),
-            (re.compile(r"^logprobs"), "include"),
-            (re.compile(r"^prompt$"), "input"))
-_MAX_TOKENS = re.compile(r"\bmax_tokens\b")
+#: Chat's fields -> the Responses API's, for the refusals of the shared chat path (field_names).
+_RESPONSES_FIELDS = {
+    "max_tokens": "max_output_tokens", "response_format": "text.format",
+    "response_format.json_schema": "text.format", "tools[*].function": "tools[*]",
+    "tool_choice.function": "tool_choice", "logprobs": "include", "prompt": "input",
+}
 
 
 @attrs.frozen
@@ -196,32 +195,8 @@ class Translation:
     """A Responses body as the chat request it asks for."""
 
     chat: ChatCompletionRequest
-    #: The Responses field each chat message came from (``instructions``, ``input[3]``).
-    origins: list[str]
-
-    def field(self, chat_field: str) -> str:
-        """The Responses field that ``chat_field`` (a chat request's) stands for."""
-        message = re.match(r"^messages\[(\d+)\]", chat_field)
-        if message:
-            return self.origins[int(message[1])]
-        for pattern, name in _RENAMES:
-            renamed, n = pattern.subn(name, chat_field)
-            if n:
-                return renamed
-        return chat_field
-
-    @contextlib.contextmanager
-    def in_responses_terms(self) -> Iterator[None]:
-        """Re-raise the chat path's refusals naming this API's fields (the error keeps its class,
-        so a context overflow is still ``context_length_exceeded``)."""
-        try:
-            yield
-        except InvalidRequest as exc:
-            field = self.field(exc.field)
-            reason = _MAX_TOKENS.sub("max_output_tokens", str(exc).removeprefix(f"{exc.field}: "))
-            exc.field = field
-            exc.args = (f"{field}: {reason}",)
-            raise
+    #: The chat request's fields in this API's names (``input[3]``, ``max_output_tokens``).
+    names: FieldNames
 
 
 def translate(body: ResponsesRequest) -> Translation:
@@ -236,7 +211,8 @@ def translate(body: ResponsesRequest) -> Translation:
               "top_logprobs": body.top_logprobs, "response_format": _response_format(body.text),
               "user": body.user, **_tool_fields(body)}
     # The ranges of ResponsesRequest are chat's, so every body that parsed is a valid chat request.
-    return Translation(ChatCompletionRequest(**fields), origins)
+    names = FieldNames.of(_RESPONSES_FIELDS, origins, words={"max_tokens": "max_output_tokens"})
+    return Translation(ChatCompletionRequest(**fields), names)
 
 
 def check_strict(body: ResponsesRequest, chat_template: str | None) -> None:
@@ -342,17 +318,18 @@ def _check_storing(body: ResponsesRequest, store: ResponseStore) -> bool:
     return storing
 
 
-async def _in_background(run: ChatRun, envelope: Envelope, stored: StoredResponse,
+async def _in_background(run: ChatRun, envelope: Envelope, names: FieldNames, stored: StoredResponse,
                          route_scope: contextlib.AsyncExitStack,
                          answered: Callable[[dict[str, Any]], None]) -> None:
     """A background response's run: its outcome becomes the stored response (and ``answered``
-    is told of an answer)."""
+    is told of an answer; a refusal names the field in this API's ``names``)."""
     async def cancelled() -> bool:
         return stored.cancelled
 
     async with route_scope:
         try:
-            outcomes = await run.submission.results(cancelled)
+            with names.speaking():
+                outcomes = await run.submission.results(cancelled)
             if not stored.cancelled:
                 stored.response = whole_response(run, envelope, outcomes)
                 answered(stored.response)
@@ -384,7 +361,7 @@ def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits, sto
             template = route.engine.info.chat_template
             check_strict(body, template)
             shown = reasoning_shown(body.reasoning, thinks(route, limits))
-            with numbered_after(len(history)), translation.in_responses_terms():
+            with numbered_after(len(history)), translation.names.speaking():
                 run = await start_chat(route, translation.chat, limits, id_prefix="resp")
         except BaseException:
             await route_scope.aclose()
@@ -407,14 +384,16 @@ def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits, sto
         if body.background:
             stored = StoredResponse(response=envelope.response("in_progress", [], None), input_items=items,
                                     cancel_run=run.submission.cancel)
-            stored.task = asyncio.ensure_future(_in_background(run, envelope, stored, route_scope, answered))
+            stored.task = asyncio.ensure_future(_in_background(run, envelope, translation.names, stored,
+                                                               route_scope, answered))
             store.put(stored)
             return JSONResponse(stored.response)
         async with route_scope:
             if body.stream:
-                return SSEResponse(response_events(run, envelope, on_final=keep),
+                return SSEResponse(response_events(run, envelope, translation.names, on_final=keep),
                                    on_close=run.submission.cancel)
-            outcomes = await run.submission.results(request.is_disconnected)
+            with translation.names.speaking():
+                outcomes = await run.submission.results(request.is_disconnected)
             if outcomes is None:
                 return Response(status_code=499)  # the client is gone
             response = whole_response(run, envelope, outcomes)

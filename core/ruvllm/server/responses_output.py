@@ -35,6 +35,7 @@ from ruvllm.reasoning import Reasoning
 from ruvllm.server.chat_run import ChatRun
 from ruvllm.server.completion_service import Arrival, Outcome
 from ruvllm.server.errors import ruvllm_error_body
+from ruvllm.server.field_names import FieldNames, in_terms
 from ruvllm.server.responses import ChatFormatter
 from ruvllm.server.responses_schema import FunctionChoice, ResponsesRequest
 from ruvllm.server.sse import named_sse_event
@@ -325,10 +326,11 @@ class _Events:
                 self.event("response.failed", response=failed)]
 
 
-def response_events(run: ChatRun, envelope: Envelope, *,
+def response_events(run: ChatRun, envelope: Envelope, names: FieldNames, *,
                     on_final: Callable[[dict[str, Any]], None] | None = None) -> AsyncIterator[str]:
-    """The SSE body of a streamed response; the events ready together share one write.
-    ``on_final`` gets the response as its last event carries it (to store it)."""
+    """The SSE body of a streamed response; the events ready together share one write, and a
+    refusal's event names the field in this API's ``names``. ``on_final`` gets the response as
+    its last event carries it (to store it)."""
     events = _Events(envelope, len(run.prompt_ids), run.formatter.reasoning, on_final)
 
     def render(item: Arrival) -> list[str]:
@@ -336,6 +338,6 @@ def response_events(run: ChatRun, envelope: Envelope, *,
             return events.token(run.formatter, item)
         if isinstance(item, GenerationResult):
             return events.finish(run.formatter, item)
-        return events.failure(item)
+        return events.failure(in_terms(item, names))
 
     return run.submission.writes(render, first=events.opening())
