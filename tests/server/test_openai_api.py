@@ -252,6 +252,16 @@ def test_context_length_exceeded(client, model_name):
     assert str(context) in err.value.body["message"], (context, err.value.body["message"])
 
 
+def test_a_chat_too_long_names_its_messages(client, model_name):
+    """A chat's prompt is its messages rendered: the field its client sent is messages."""
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model_name, max_tokens=10,
+                                       messages=[{"role": "user", "content": "word " * 8300}])
+    body = err.value.body
+    assert body["code"] == "context_length_exceeded" and body["param"] == "messages", body
+    assert body["message"].startswith("messages: the prompt has "), body
+
+
 def test_a_prompt_of_a_thousand_tokens_is_answered(client, model_name):
     """The default server answers prompts far past the 512-token slices it once gave each request
     (a 964-token prompt was a 400): one request may use the model's whole context."""

@@ -48,6 +48,7 @@ from ruvllm.server.embeddings import (
 )
 from ruvllm.server.errors import install_error_handlers
 from ruvllm.server.feedback import register_feedback
+from ruvllm.server.field_names import FieldNames
 from ruvllm.server.json_bodies import JsonBodiesMiddleware
 from ruvllm.server.limits import RequestLimitsMiddleware, authorized
 from ruvllm.server.llama_server_api import register_llama_server_routes
@@ -114,6 +115,11 @@ class ServerSettings:
     reload: Callable[[], AsyncEngine] | None = None
     #: The chat page at ``/`` (for a browser) and ``/ui`` (``--no-ui``: off).
     ui: bool = True
+
+
+#: Chat's refusals in its own body's names: the prompt a chat request is rendered into is its
+#: ``messages`` (a context overflow names the prompt), as the other surfaces' tables say too.
+_CHAT_NAMES = FieldNames.of({"prompt": "messages"})
 
 
 def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> FastAPI:
@@ -287,7 +293,8 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         refuse_storing_nowhere(body, chat_store)
         async with pool.route(body.model) as route:
-            run = await start_chat(route, body, settings.limits, id_prefix="chatcmpl")
+            with _CHAT_NAMES.speaking():
+                run = await start_chat(route, body, settings.limits, id_prefix="chatcmpl")
             keep = functools.partial(chat_store.keep, body) if body.store else None
             return await answer(run.submission, run.formatter, request, body, [len(run.prompt_ids)],
                                 on_answer=keep)
