@@ -24,8 +24,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from ruvllm.feedback import send_feedback
-from ruvllm.guided.request import completion_constraint
-from ruvllm.guided.request import processors as guided_processors
 from ruvllm.guided.tools import plan_tools
 from ruvllm.hardware import cpu_info
 from ruvllm.server.batch_file import BatchLane
@@ -33,7 +31,7 @@ from ruvllm.server.batches_api import register_batch_routes
 from ruvllm.server.chat_run import start_chat
 from ruvllm.server.chat_store import ChatCompletionStore, refuse_storing_nowhere, register_chat_store_routes
 from ruvllm.server.cohere_embed import register_cohere_embed_routes
-from ruvllm.server.completion_service import ChoiceRequest, CompletionService
+from ruvllm.server.completion_run import start_completion
 from ruvllm.server.conversations_api import ConversationStore, register_conversation_routes
 from ruvllm.server.delivery import answer
 from ruvllm.server.echo import completion_formatter
@@ -64,13 +62,12 @@ from ruvllm.server.params import (
     Limits,
     chat_prompt_ids,
     completion_prompts,
-    seeded,
     truncated,
 )
 from ruvllm.server.path_aliases import PathAliasesMiddleware
 from ruvllm.server.response_store import ResponseStore
 from ruvllm.server.responses_api import register_responses_routes
-from ruvllm.server.scheduling import priority_scheduling, submit_options
+from ruvllm.server.scheduling import priority_scheduling
 from ruvllm.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -302,27 +299,17 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         async with pool.route(body.model) as route:
-            service = CompletionService(route, settings.limits)
             engine = route.engine
             prompts = [truncated(ids, body.truncate_prompt_tokens, body.truncation_side,
                                  engine.info.context_length)
                        for ids in await completion_prompts(engine, body.prompt, body.suffix)]
-            banned = await service.bad_word_sequences(body.bad_words)
-            params = [attrs.evolve(service.choice_params(body, ids), banned_sequences=banned)
-                      for ids in prompts]
-            # Choice index -> its prompt's index: n choices per prompt, prompt after prompt.
-            prompt_of = [p for p in range(len(prompts)) for _ in range(body.n)]
-            procs = await guided_processors(engine, completion_constraint(body).spec, len(prompt_of))
-            submission = await service.submit(
-                [ChoiceRequest(index=i, prompt_ids=prompts[p], params=seeded(params[p], i % body.n),
-                               processors=procs[i]) for i, p in enumerate(prompt_of)],
-                id_prefix="cmpl", **submit_options(body.priority, body.cache_salt, engine))
+            run = await start_completion(route, body, prompts, settings.limits, id_prefix="cmpl")
             echoes = [engine.tokenizer.decode(ids) for ids in prompts] if body.echo else None
-            echo = {i: echoes[p] for i, p in enumerate(prompt_of)} if echoes is not None else None
-            of_choice = {i: prompts[p] for i, p in enumerate(prompt_of)}
-            fmt = completion_formatter(submission.id, route.served_name, engine.tokenizer, params[0].logprobs,
-                                       echo=echo, prompts=of_choice, stream=body.stream)
+            echo = {i: echoes[p] for i, p in enumerate(run.prompt_of)} if echoes is not None else None
+            of_choice = run.choice_prompts()
+            fmt = completion_formatter(run.submission.id, route.served_name, engine.tokenizer,
+                                       run.params.logprobs, echo=echo, prompts=of_choice, stream=body.stream)
             fmt.answer_as_asked(body, of_choice)
-            return await answer(submission, fmt, request, body, [len(ids) for ids in prompts])
+            return await answer(run.submission, fmt, request, body, [len(ids) for ids in prompts])
 
     return app

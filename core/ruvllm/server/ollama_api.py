@@ -30,10 +30,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ruvllm.errors import ContextLengthExceeded, InvalidRequest, ModelStoreReadOnly
-from ruvllm.guided.request import completion_constraint
-from ruvllm.guided.request import processors as guided_processors
 from ruvllm.server.chat_run import prompt_reasoning, start_chat, thinks
-from ruvllm.server.completion_service import Arrival, ChoiceRequest, CompletionService, Submission
+from ruvllm.server.completion_run import start_completion
+from ruvllm.server.completion_service import Arrival, Submission
 from ruvllm.server.embeddings import check_dimensions, input_ids, require_embeddings, split_inputs
 from ruvllm.server.field_names import FieldNames, in_terms
 from ruvllm.server.model_pool import ModelPool, Route
@@ -315,16 +314,14 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
                 raise InvalidRequest("logprobs", "this model's backend cannot report logprobs (see "
                                      "`ruvllm backends`)")
             num_ctx = _num_ctx(body.options)
-            service = CompletionService(route, _request_limits(limits, num_ctx))
             with _in_ollama_terms("prompt", num_ctx):
                 ids = await _generate_ids(route, body)
-                completion = CompletionRequest(prompt=ids, **sampling)
-                params = attrs.evolve(service.choice_params(completion, ids), logprobs=logprobs,
-                                      **llama_cpp_params(body.options, engine.capabilities.core_sampler))
-                procs = await guided_processors(engine, completion_constraint(completion).spec, 1)
-                submission = await service.submit(
-                    [ChoiceRequest(index=0, prompt_ids=ids, params=params, processors=procs[0])],
-                    id_prefix="ollama")
+                extra = {"logprobs": logprobs,
+                         **llama_cpp_params(body.options, engine.capabilities.core_sampler)}
+                run = await start_completion(route, CompletionRequest(prompt=ids, **sampling), [ids],
+                                             _request_limits(limits, num_ctx), id_prefix="ollama",
+                                             extra_params=extra)
+            submission = run.submission
             formatter = ChatFormatter(submission.id, route.served_name, engine.tokenizer, logprobs,
                                       reasoning=prompt_reasoning(route, limits, ids) if templated else None)
             exchange = _Exchange(submission=submission, formatter=formatter, prompt_ids=ids, model=body.model,
