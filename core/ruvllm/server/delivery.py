@@ -15,11 +15,12 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ruvllm.server.completion_service import Submission
+from ruvllm.server import answering
+from ruvllm.server.completion_service import Outcome, Submission
 from ruvllm.server.errors import ruvllm_error_body
 from ruvllm.server.responses import ChunkFormatter
 from ruvllm.server.schemas import ChatCompletionRequest, CompletionRequest
-from ruvllm.server.sse import DONE, SSEResponse, sse_event
+from ruvllm.server.sse import DONE, sse_event
 from ruvllm.types import GenerationResult, TokenOutput
 
 
@@ -77,15 +78,17 @@ async def answer(submission: Submission, fmt: ChunkFormatter, request: Request,
     """The response to a submitted completion: streamed when the body asks, else the whole
     answer once every choice finished (status 499, nothing else, when the client left first).
     ``on_answer`` is given the whole answer (a stream's once it has added up)."""
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return SSEResponse(sse_chunks(submission, fmt, include_usage=include_usage,
-                                      prompt_lengths=prompt_lengths, on_answer=on_answer),
-                           on_close=submission.cancel)
-    outcomes = await submission.results(request.is_disconnected)
-    if outcomes is None:
-        return Response(status_code=499)  # the client is gone
-    whole = fmt.with_vllm_fields(fmt.complete(outcomes, prompt_lengths), [r for _, r in outcomes])
-    if on_answer is not None:
-        on_answer(whole)
-    return JSONResponse(whole)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def streamed() -> AsyncIterator[str]:
+        return sse_chunks(submission, fmt, include_usage=include_usage, prompt_lengths=prompt_lengths,
+                          on_answer=on_answer)
+
+    def whole(outcomes: list[Outcome]) -> Response:
+        answered = fmt.with_vllm_fields(fmt.complete(outcomes, prompt_lengths), [r for _, r in outcomes])
+        if on_answer is not None:
+            on_answer(answered)
+        return JSONResponse(answered)
+
+    return await answering.answer(submission, request, streamed=streamed if body.stream else None,
+                                  whole=whole)

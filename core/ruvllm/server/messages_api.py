@@ -29,6 +29,7 @@ older clients send, are honoured; ``output_config.format`` is structured output.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
@@ -38,14 +39,15 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Discriminator, Field, Tag, ValidationError
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.server.answering import answer
 from ruvllm.server.chat_run import ChatRun, chat_prompt, start_chat, thinks
-from ruvllm.server.completion_service import Arrival
+from ruvllm.server.completion_service import Arrival, Outcome
 from ruvllm.server.errors import anthropic_error_body, ruvllm_error_body
 from ruvllm.server.field_names import FieldNames, in_terms
 from ruvllm.server.model_pool import ModelPool
 from ruvllm.server.params import Limits
 from ruvllm.server.schemas import ChatCompletionRequest, RequestBody, StrictModel, type_tag
-from ruvllm.server.sse import SSEResponse, named_sse_event
+from ruvllm.server.sse import named_sse_event
 from ruvllm.types import GenerationResult, TokenOutput
 
 _Text = Annotated[str, Field(min_length=1)]
@@ -433,6 +435,19 @@ def _events(run: ChatRun, model: str, thinking: bool, names: FieldNames) -> Asyn
         "message_start", {"type": "message_start", "message": _message(run, model, [], (None, None), None)}))
 
 
+def _whole_message(run: ChatRun, model: str, thinking: bool, outcomes: list[Outcome]) -> dict[str, Any]:
+    """The whole message: thinking (when ``thinking``), text, then each tool call as a block."""
+    whole = run.formatter.complete(outcomes, [len(run.prompt_ids)])["choices"][0]
+    message = whole["message"]
+    thought = message.get("reasoning_content") if thinking else None
+    content = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
+    if message["content"]:
+        content.append({"type": "text", "text": message["content"]})
+    content += [_tool_use(c) for c in message.get("tool_calls") or []]
+    result = outcomes[0][1]
+    return _message(run, model, content, _stop(whole["finish_reason"], result), result)
+
+
 def register_messages_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> None:
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request) -> Response:
@@ -441,23 +456,11 @@ def register_messages_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> N
             shown = thinking_shown(body, thinks(route, limits))
             with names.speaking():
                 run = await start_chat(route, chat, limits, id_prefix="msg")
-            if body.stream:
-                return SSEResponse(_events(run, route.served_name, shown, names),
-                                   on_close=run.submission.cancel)
-            with names.speaking():
-                outcomes = await run.submission.results(request.is_disconnected)
-            if outcomes is None:
-                return Response(status_code=499)  # the client is gone
-            whole = run.formatter.complete(outcomes, [len(run.prompt_ids)])["choices"][0]
-            message = whole["message"]
-            thought = message.get("reasoning_content") if shown else None
-            content = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
-            if message["content"]:
-                content.append({"type": "text", "text": message["content"]})
-            content += [_tool_use(c) for c in message.get("tool_calls") or []]
-            result = outcomes[0][1]
-            stop = _stop(whole["finish_reason"], result)
-            return JSONResponse(_message(run, route.served_name, content, stop, result))
+                model = route.served_name
+                return await answer(
+                    run.submission, request,
+                    streamed=functools.partial(_events, run, model, shown, names) if body.stream else None,
+                    whole=lambda outcomes: JSONResponse(_whole_message(run, model, shown, outcomes)))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest) -> dict[str, int]:

@@ -30,9 +30,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ruvllm.errors import ContextLengthExceeded, InvalidRequest, ModelStoreReadOnly
+from ruvllm.server.answering import answer
 from ruvllm.server.chat_run import prompt_reasoning, start_chat, thinks
 from ruvllm.server.completion_run import start_completion
-from ruvllm.server.completion_service import Arrival, Submission
+from ruvllm.server.completion_service import Arrival, Outcome, Submission
 from ruvllm.server.embeddings import check_dimensions, input_ids, require_embeddings, split_inputs
 from ruvllm.server.field_names import FieldNames, in_terms
 from ruvllm.server.model_pool import ModelPool, Route
@@ -219,14 +220,13 @@ class _Exchange:
 
     async def answer(self, stream: bool, request: Request) -> Response:
         """The NDJSON stream, or the whole answer as one object (499 when the client left first)."""
-        if stream:
-            return NDJSONResponse(self.lines(), on_close=self.submission.cancel)
+        def whole(outcomes: list[Outcome]) -> Response:
+            choice = self.formatter.complete(outcomes, [len(self.prompt_ids)])["choices"][0]
+            return JSONResponse(self.final(choice, outcomes[0][1]))
+
         with self.names.speaking():
-            outcomes = await self.submission.results(request.is_disconnected)
-        if outcomes is None:
-            return Response(status_code=499)  # the client is gone
-        choice = self.formatter.complete(outcomes, [len(self.prompt_ids)])["choices"][0]
-        return JSONResponse(self.final(choice, outcomes[0][1]))
+            return await answer(self.submission, request, streamed=self.lines if stream else None,
+                                whole=whole, stream_class=NDJSONResponse)
 
 
 async def _generate_ids(route: Route, body: OllamaGenerateRequest) -> list[int]:

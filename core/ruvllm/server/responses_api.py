@@ -35,7 +35,7 @@ import contextlib
 import copy
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Literal
 
 import attrs
@@ -44,7 +44,9 @@ from fastapi.responses import JSONResponse, Response
 
 from ruvllm.errors import InvalidRequest, RuvllmError, StoredObjectNotFound
 from ruvllm.guided.tools import REPLY_OR_CALL, tool_format
+from ruvllm.server.answering import answer
 from ruvllm.server.chat_run import ChatRun, start_chat, thinks
+from ruvllm.server.completion_service import Outcome
 from ruvllm.server.conversations_api import Conversation, ConversationStore, conversation_id
 from ruvllm.server.cursor_page import page
 from ruvllm.server.errors import ruvllm_error_body
@@ -67,7 +69,6 @@ from ruvllm.server.responses_schema import (
     TextConfig,
 )
 from ruvllm.server.schemas import ChatCompletionRequest
-from ruvllm.server.sse import SSEResponse
 from ruvllm.server.strict_fields import refuse_unknown_query
 
 
@@ -388,17 +389,19 @@ def register_responses_routes(app: FastAPI, pool: ModelPool, limits: Limits, sto
                                                                route_scope, answered))
             store.put(stored)
             return JSONResponse(stored.response)
-        async with route_scope:
-            if body.stream:
-                return SSEResponse(response_events(run, envelope, translation.names, on_final=keep),
-                                   on_close=run.submission.cancel)
-            with translation.names.speaking():
-                outcomes = await run.submission.results(request.is_disconnected)
-            if outcomes is None:
-                return Response(status_code=499)  # the client is gone
+
+        def whole(outcomes: list[Outcome]) -> Response:
             response = whole_response(run, envelope, outcomes)
             keep(response)
             return JSONResponse(response)
+
+        def streamed() -> AsyncIterator[str]:
+            return response_events(run, envelope, translation.names, on_final=keep)
+
+        async with route_scope:
+            with translation.names.speaking():
+                return await answer(run.submission, request, streamed=streamed if body.stream else None,
+                                    whole=whole)
 
     @app.post("/v1/responses/input_tokens")
     async def input_tokens() -> None:
