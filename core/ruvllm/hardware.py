@@ -36,6 +36,15 @@ _ARM_ALIASES = {"asimd": "neon", "asimddp": "dotprod"}
 _MACOS_KEYS = {"dotprod": "hw.optional.arm.FEAT_DotProd", "i8mm": "hw.optional.arm.FEAT_I8MM",
                "bf16": "hw.optional.arm.FEAT_BF16", "avx2": "hw.optional.avx2_0",
                "avx512f": "hw.optional.avx512f"}
+#: The machine kinds ruvllm tells apart (:attr:`CpuInfo.kind`), each with what it is.
+CPU_KINDS = {
+    "amx": "x86-64 with AVX-512 and AMX tiles, e.g. Intel Xeon Sapphire Rapids and later",
+    "avx512": "x86-64 with AVX-512 and no AMX, e.g. AMD EPYC Zen 4/5",
+    "avx2": "x86-64 with AVX2 and no AVX-512, e.g. AMD EPYC Zen 2/3",
+    "x86-64": "x86-64 without AVX2",
+    "arm": "Arm with NEON, e.g. Raspberry Pi, Graviton, Apple Silicon",
+    "other": "neither x86-64 nor Arm",
+}
 #: oneDNN ISA levels (``ONEDNN_MAX_CPU_ISA``) below which it dispatches no native bf16 kernel.
 _ONEDNN_NO_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
                              "AVX512_CORE_VNNI"})
@@ -58,6 +67,28 @@ class CpuInfo:
     memory_bytes: int | None
     #: ``ONEDNN_MAX_CPU_ISA`` when set (an emulated, lower ISA for torch's kernels).
     onednn_isa_limit: str | None = None
+    #: Every ISA flag the OS reports (``features`` is the reported subset): what a native build
+    #: (llama.cpp's cmake flags) is derived from. Defaults to ``features``.
+    flags: frozenset[str] = attrs.field(
+        default=attrs.Factory(lambda self: self.features, takes_self=True))
+
+    @property
+    def kind(self) -> str:
+        """Which of :data:`CPU_KINDS` this CPU is: the classes of machine that differ in what
+        runs, how fast, and with which numerics (see docs/hardware.md)."""
+        if self.arch in ("aarch64", "arm64") or "neon" in self.features:
+            return "arm"
+        if self.arch not in ("x86_64", "amd64", "i686", "x86"):
+            return "other"
+        if self.has("amx_tile") and self.features & {"amx_int8", "amx_bf16"}:
+            return "amx"
+        if self.has("avx512f"):
+            return "avx512"
+        return "avx2" if self.has("avx2") else "x86-64"
+
+    def kind_summary(self) -> str:
+        """The kind and what it means, for ``ruvllm backends`` and benchmark headers."""
+        return f"{self.kind} ({CPU_KINDS[self.kind]})"
 
     def has(self, feature: str) -> bool:
         return feature in self.features
@@ -87,17 +118,17 @@ class CpuInfo:
         return "bfloat16" if self.native_bf16 else "float32"
 
     def summary(self) -> str:
-        """One line for logs and benchmark headers."""
+        """One line for logs and benchmark headers (the kind first: see :meth:`kind_summary`)."""
         shown = [f for f in FEATURES if f in self.features] or ["none of " + "/".join(FEATURES[:3])]
         mem = f"{self.memory_bytes / 2**30:.1f} GiB" if self.memory_bytes else "memory unknown"
         limit = f", ONEDNN_MAX_CPU_ISA={self.onednn_isa_limit}" if self.onednn_isa_limit else ""
         bf16 = "native bf16" if self.native_bf16 else "no native bf16"
-        return (f"{self.model} ({self.arch}), {self.usable_cores}/{self.logical_cores} cores, {mem}; "
-                f"{' '.join(shown)}; {bf16}{limit}")
+        return (f"{self.kind} kind: {self.model} ({self.arch}), {self.usable_cores}/{self.logical_cores} "
+                f"cores, {mem}; {' '.join(shown)}; {bf16}{limit}")
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "arch": self.arch, "model": self.model,
+            "arch": self.arch, "model": self.model, "kind": self.kind,
             "features": [f for f in FEATURES if f in self.features],
             "usable_cores": self.usable_cores, "logical_cores": self.logical_cores,
             "memory_bytes": self.memory_bytes, "native_bf16": self.native_bf16,
@@ -106,8 +137,15 @@ class CpuInfo:
 
 
 def parse_cpuinfo(text: str) -> tuple[str, frozenset[str]]:
-    """Model name and reported features from ``/proc/cpuinfo`` text (x86 ``flags`` or Arm
-    ``Features``); only the first CPU's lines are read, the others repeat them."""
+    """Model name and reported features (:data:`FEATURES`) from ``/proc/cpuinfo`` text."""
+    model, flags = parse_cpuinfo_flags(text)
+    return model, flags & frozenset(FEATURES)
+
+
+def parse_cpuinfo_flags(text: str) -> tuple[str, frozenset[str]]:
+    """Model name and every ISA flag from ``/proc/cpuinfo`` text (x86 ``flags`` or Arm
+    ``Features``, Arm's under their common names); only the first CPU's lines are read, the
+    others repeat them."""
     model = ""
     raw: set[str] = set()
     for line in text.splitlines():
@@ -117,8 +155,15 @@ def parse_cpuinfo(text: str) -> tuple[str, frozenset[str]]:
             model = value.strip()
         elif key in ("flags", "features") and not raw:
             raw = set(value.split())
-    names = {_ARM_ALIASES.get(f, f) for f in raw}
-    return model, frozenset(names & set(FEATURES))
+    return model, frozenset(_ARM_ALIASES.get(f, f) for f in raw)
+
+
+def cpu_from_cpuinfo(text: str, *, arch: str = "x86_64", cores: int = 2) -> CpuInfo:
+    """A :class:`CpuInfo` from recorded ``/proc/cpuinfo`` text: how tests see every machine kind
+    on any host (tests/core/data/cpuinfo_*.txt)."""
+    model, flags = parse_cpuinfo_flags(text)
+    return CpuInfo(arch=arch, model=model or arch, features=flags & frozenset(FEATURES), flags=flags,
+                   usable_cores=cores, logical_cores=cores, memory_bytes=None)
 
 
 def _macos_features() -> frozenset[str]:
@@ -176,20 +221,20 @@ def _with_isa_limit(limit: str | None) -> CpuInfo:
 def _detected() -> CpuInfo:
     """The hardware as the operating system reports it, without the oneDNN limit."""
     arch = platform.machine().lower() or "unknown"
-    model, features = "", frozenset()
+    model, flags = "", frozenset()
     if sys.platform.startswith("linux"):
         try:
             with open("/proc/cpuinfo") as fh:
-                model, features = parse_cpuinfo(fh.read())
+                model, flags = parse_cpuinfo_flags(fh.read())
         except OSError:
             pass
     elif sys.platform == "darwin":
-        features = _macos_features()
+        flags = _macos_features()
         try:
             model = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
                                    text=True, timeout=5).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             model = ""
-    return CpuInfo(arch=arch, model=model or platform.processor() or arch, features=features,
-                   usable_cores=usable_cpus(), logical_cores=os.cpu_count() or 1,
-                   memory_bytes=_memory_bytes())
+    return CpuInfo(arch=arch, model=model or platform.processor() or arch,
+                   features=flags & frozenset(FEATURES), flags=flags, usable_cores=usable_cpus(),
+                   logical_cores=os.cpu_count() or 1, memory_bytes=_memory_bytes())

@@ -151,7 +151,7 @@ def test_cli_shows_the_machine(monkeypatch):
     assert out.exit_code == 0, out.output
     assert json.loads(out.output)["machine"] == {
         "arch": "x86_64", "model": "Shown Test CPU 9000", "features": ["avx2", "fma"],
-        "usable_cores": 3, "logical_cores": 7, "memory_bytes": 24 << 30, "native_bf16": False,
+        "usable_cores": 3, "logical_cores": 7, "memory_bytes": 24 << 30, "native_bf16": False, "kind": "avx2",
         "fast_float_dtype": "float32", "onednn_isa_limit": None}
     text = CliRunner().invoke(main, ["backends"]).output
     assert SHOWN.summary() in " ".join(text.split())  # rich may wrap the line
