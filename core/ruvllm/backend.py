@@ -25,6 +25,7 @@ from ruvllm.errors import BackendUnavailable
 from ruvllm.executor import BatchExecutor, KvLayout
 from ruvllm.generation import ending_ids
 from ruvllm.models import ModelSource
+from ruvllm.native_probe import NativeProbe
 from ruvllm.sampling import LogitsProcessor, Sampler
 from ruvllm.tokenizer import Tokenizer, text_bytes
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
@@ -50,6 +51,13 @@ class LlmBackend(abc.ABC):
     @classmethod
     def version(cls) -> str | None:
         """Version of the engine library underneath, when it can be found."""
+        return None
+
+    @classmethod
+    def native_probe(cls) -> NativeProbe | None:
+        """How to check, in a throwaway child process, that this engine's native code runs on
+        this CPU (:mod:`ruvllm.native_probe`); None for an engine that cannot kill the process.
+        Asked only once :meth:`unavailable_reason` is None."""
         return None
 
     @classmethod

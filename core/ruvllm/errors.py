@@ -120,6 +120,11 @@ class BackendUnavailable(PluginError):
         super().__init__(f"backend {name!r} is unavailable: {reason}")
 
 
+class NativeProbeSkipped(PluginError):
+    """A backend's native probe (:mod:`ruvllm.native_probe`) cannot run here, e.g. no model to
+    probe with: no verdict on the native code, which is then neither trusted nor held back."""
+
+
 class BatchFileError(RuvllmError):
     """A batch input file (OpenAI's batch format, ``ruvllm run-batch``) is malformed or cannot be
     read or written; names the lines and what a line must be."""

@@ -28,6 +28,7 @@ from ruvllm.backend import LlmBackend
 from ruvllm.errors import BackendUnavailable, UnknownBackend
 from ruvllm.lazy_backend import LazyBackend
 from ruvllm.models import ModelSource
+from ruvllm.native_probe import crash_reason
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,16 @@ BackendEntry = type[LlmBackend] | LazyBackend
 
 def _class_of(entry: BackendEntry) -> type[LlmBackend]:
     return entry.resolve() if isinstance(entry, LazyBackend) else entry
+
+
+def why_unavailable(entry: BackendEntry) -> str | None:
+    """Why this backend cannot run here: its own reason (a missing library), else its native
+    code dying in a child process on this CPU (:mod:`ruvllm.native_probe`), else None."""
+    reason = entry.unavailable_reason()
+    if reason is not None:
+        return reason
+    cls = _class_of(entry)
+    return crash_reason(cls.name, cls.native_probe())
 
 
 @attrs.frozen
@@ -117,7 +128,7 @@ class BackendRegistry:
             if name not in self.backends:
                 raise UnknownBackend(name, list(self.backends))
             cls = self.backends[name]
-            reason = cls.unavailable_reason()
+            reason = why_unavailable(cls)
             if reason:
                 raise BackendUnavailable(name, reason)
             if model is not None and model.format not in cls.formats:
@@ -149,7 +160,7 @@ class BackendRegistry:
             if cls is None:
                 skipped.append(f"{candidate}: not installed")
                 continue
-            reason = cls.unavailable_reason()
+            reason = why_unavailable(cls)
             if reason:
                 skipped.append(f"{candidate}: {reason}")
                 continue

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ruvllm.cli.app import main
 from ruvllm.hardware import cpu_info
-from ruvllm.plugins import AUTO_PREFERENCE, get_registry, platform_key
+from ruvllm.plugins import AUTO_PREFERENCE, get_registry, platform_key, why_unavailable
 
 
 def _report() -> dict:
@@ -18,7 +18,7 @@ def _report() -> dict:
     rows = []
     for name in sorted(reg.backends):
         cls = reg.backends[name]
-        reason = cls.unavailable_reason()
+        reason = why_unavailable(cls)
         caps = cls.capabilities().as_dict() if reason is None else None
         rows.append({
             "name": name,
@@ -51,6 +51,7 @@ def backends(as_json: bool) -> None:
         return
     console = Console()
     console.print(f"[bold]CPU[/]: {cpu_info().summary()}")
+    console.print(f"[bold]CPU kind[/]: {cpu_info().kind_summary()} (docs/hardware.md says what runs where)")
     table = Table(title="ruvllm backends", show_lines=True)
     for col in ("backend", "version", "status", "formats", "capabilities"):
         table.add_column(col)

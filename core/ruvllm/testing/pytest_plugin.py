@@ -103,7 +103,7 @@ def load_backend_class(spec: str) -> type[LlmBackend]:
 def resolve_backend_specs(specs: list[str]) -> list[tuple[str, str | None]]:
     """(backend name, reason to skip it or None) for each selected backend, in order."""
     from ruvllm.errors import UnknownBackend
-    from ruvllm.plugins import get_registry
+    from ruvllm.plugins import get_registry, why_unavailable
 
     registry = get_registry()
     plan: dict[str, str | None] = {}
@@ -112,7 +112,7 @@ def resolve_backend_specs(specs: list[str]) -> list[tuple[str, str | None]]:
             if not registry.backends:
                 plan.setdefault("none-installed", "no ruvllm backend is installed in this environment")
             for name in sorted(registry.backends):
-                reason = registry.backends[name].unavailable_reason()
+                reason = why_unavailable(registry.backends[name])
                 plan.setdefault(name, None if reason is None else f"{name} is unavailable here: {reason}")
         elif ":" in spec:
             plan.setdefault(load_backend_class(spec).name, None)

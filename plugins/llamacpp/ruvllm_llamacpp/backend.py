@@ -26,10 +26,11 @@ from ruvllm.errors import BackendError, ModelLoadError
 from ruvllm.executor import KvLayout
 from ruvllm.generation import check_prompt
 from ruvllm.models import ModelSource
+from ruvllm.native_probe import NativeProbe
 from ruvllm.options import parse_options
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
 
-from ruvllm_llamacpp import _lib
+from ruvllm_llamacpp import _lib, probe
 from ruvllm_llamacpp.embeddings import LlamaCppEmbedder
 from ruvllm_llamacpp.kv import SequenceKV
 from ruvllm_llamacpp.kv_pool import (
@@ -122,6 +123,10 @@ class LlamaCppBackend(LlmBackend):
     @classmethod
     def version(cls) -> str | None:
         return _lib.version()
+
+    @classmethod
+    def native_probe(cls) -> NativeProbe | None:
+        return probe.native_probe()
 
     @classmethod
     def capabilities(cls) -> Capabilities:
