@@ -29,6 +29,12 @@ class BatchContext:
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
         cparams.n_seq_max = n_seq_max
+        # llama.cpp reserves a logits row for every sequence (output_reserve: max(outputs,
+        # n_seq_max)) but caps the rows at n_outputs_max, n_batch by default: more sequences than
+        # batch tokens (`-o n_batch=32` beside 64 sequences) tripped GGML_ASSERT(n_outputs_max <=
+        # cparams.n_outputs_max) and aborted the process. A step never has more outputs than
+        # tokens, so room for one row a sequence costs only the rows' reservation.
+        cparams.n_outputs_max = max(min(n_batch, n_ctx), n_seq_max)
         cparams.kv_unified = kv_unified
         if type_k is not None:
             cparams.type_k = type_k
