@@ -8,6 +8,9 @@ import pytest
 from ruvllm.hardware import cpu_info
 from ruvllm.testing.isolation import BOUNDS_ENV
 
+#: A test that kills its xdist worker is one failed test naming the signal (crashed_workers.py).
+pytest_plugins = ["crashed_workers"]
+
 #: Isolation-rule bounds on a CPU without AVX-512, where llama.cpp's batched and solo kernels
 #: differ (rows move by up to 1.60 there, docs/conformance.md). Measured on the 2-core AVX2 kind:
 #: TestKvPool's demand test (six requests preempted in a 320-token pool) moved rows by 0.3-0.9 at
