@@ -156,7 +156,7 @@ MAX_TOKENS = 100  # as _chat: the regex's longest answer fits, so every surface 
 @pytest.fixture
 def steered(monkeypatch):
     """Every surface's request steered as ``_chat`` steers chat completions."""
-    from ruvllm.server import chat_run, messages_api, ollama_api, responses_api
+    from ruvllm.server import chat_run, completion_run, messages_api, ollama_api, responses_api
     from ruvllm.server.completion_service import CompletionService
 
     start_chat = chat_run.start_chat
@@ -167,9 +167,9 @@ def steered(monkeypatch):
 
     for module in (messages_api, responses_api, ollama_api):
         monkeypatch.setattr(module, "start_chat", steered_start)
-    # /api/generate runs a completion: the regex on it, and a salt on its submission.
-    constraint = ollama_api.completion_constraint
-    monkeypatch.setattr(ollama_api, "completion_constraint",
+    # /api/generate runs a completion (completion_run's): the regex on it, and a salt on its submission.
+    constraint = completion_run.completion_constraint
+    monkeypatch.setattr(completion_run, "completion_constraint",
                         lambda body: constraint(body.model_copy(update={"guided_regex": THINK_THEN_ANSWER})))
     submit = CompletionService.submit
 
