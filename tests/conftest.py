@@ -5,21 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from cpu_tolerances import isolation_bounds
 from ruvllm.hardware import cpu_info
 from ruvllm.testing.isolation import BOUNDS_ENV
 
 #: A test that kills its xdist worker is one failed test naming the signal (crashed_workers.py).
 pytest_plugins = ["crashed_workers"]
-
-#: Isolation-rule bounds on a CPU without AVX-512, where llama.cpp's batched and solo kernels
-#: differ (rows move by up to 1.60 there, docs/conformance.md). Measured on the 2-core AVX2 kind:
-#: TestKvPool's demand test (six requests preempted in a 320-token pool) moved rows by 0.3-0.9 at
-#: every position and flipped one top token with a solo lead of 0.563 (lead dropped by 0.64), at
-#: the commit before prefix donors were parked and after alike; a speculative verify chunk flipped
-#: one with a lead of 0.551 (distance 0.85). A margin bound of 1.0 covers that with room; the
-#: distance bound stays the default 3.0, under the 4.9-9.1 a stale-KV leak moves rows by, so the
-#: mutation proof's leaks still fail.
-AVX2_BOUNDS = {"llamacpp": "1.0,3.0"}
 
 
 @pytest.fixture
@@ -27,8 +18,9 @@ def cpu_isolation_bounds(monkeypatch: pytest.MonkeyPatch):
     """``apply(backend)`` sets the isolation rule's bounds for ``backend`` on this CPU (for this
     test and the child processes it starts); the defaults stand where nothing is measured."""
     def apply(backend: str) -> None:
-        if backend in AVX2_BOUNDS and not cpu_info().has("avx512f"):
-            monkeypatch.setenv(BOUNDS_ENV, AVX2_BOUNDS[backend])
+        bounds = isolation_bounds(cpu_info()).get(backend)
+        if bounds is not None:
+            monkeypatch.setenv(BOUNDS_ENV, bounds)
     return apply
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cpu_tolerances import AVX2_BOUNDS, isolation_bounds
 from ruvllm.hardware import CPU_KINDS, cpu_from_cpuinfo
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -46,3 +47,9 @@ def test_every_flag_is_kept_for_native_builds():
 def test_arm():
     pi = cpu_from_cpuinfo(RASPBERRY_PI_5, arch="aarch64")
     assert pi.kind == "arm" and {"neon", "dotprod"} <= pi.features and pi.fast_float_dtype() == "float32"
+
+
+@pytest.mark.parametrize(("kind", "bounds"), [("avx2", AVX2_BOUNDS), ("avx512", {}), ("amx", {})])
+def test_isolation_bounds_by_kind(kind, bounds):
+    assert isolation_bounds(recorded(kind)) == bounds
+    assert isolation_bounds(cpu_from_cpuinfo(RASPBERRY_PI_5, arch="aarch64")) == AVX2_BOUNDS
