@@ -308,7 +308,8 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
             echo = {i: echoes[p] for i, p in enumerate(run.prompt_of)} if echoes is not None else None
             of_choice = run.choice_prompts()
             fmt = completion_formatter(run.submission.id, route.served_name, engine.tokenizer,
-                                       run.params.logprobs, echo=echo, prompts=of_choice, stream=body.stream)
+                                       run.choices[0].params.logprobs, echo=echo, prompts=of_choice,
+                                       stream=body.stream)
             fmt.answer_as_asked(body, of_choice)
             return await answer(run.submission, fmt, request, body, [len(ids) for ids in prompts])
 

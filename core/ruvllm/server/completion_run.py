@@ -1,8 +1,9 @@
 """One text completion from its prompts to a running submission: the part the completion surfaces
 share, beside :func:`ruvllm.server.chat_run.start_chat`.
 
-OpenAI's ``/v1/completions`` and Ollama's ``/api/generate`` differ in how they build the prompt
-(token ids, a fill-in-the-middle prompt, a chat turn) and in how they write the answer, not in
+OpenAI's ``/v1/completions``, Ollama's ``/api/generate`` and llama-server's ``/completion`` and
+``/infill`` differ in how they build the prompt (token ids, a fill-in-the-middle prompt, a chat
+turn), in the rules they add to the parameters and in how they write the answer, not in
 what happens between: each prompt's parameters checked against the server's limits and the
 model's context, ``bad_words`` tokenized, the grammar (``guided_*``) compiled, and ``n`` choices
 per prompt submitted at once through the
@@ -11,8 +12,7 @@ per prompt submitted at once through the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable
 
 import attrs
 
@@ -25,6 +25,9 @@ from ruvllm.server.scheduling import submit_options
 from ruvllm.server.schemas import CompletionRequest
 from ruvllm.types import GenerationParams
 
+#: What a surface makes of a prompt's parameters beyond a completion request's fields.
+Adjust = Callable[[GenerationParams], GenerationParams]
+
 
 @attrs.frozen
 class CompletionRun:
@@ -33,8 +36,10 @@ class CompletionRun:
     prompts: list[list[int]]
     #: The prompt each choice answers, by choice index: ``n`` choices per prompt, prompt after prompt.
     prompt_of: list[int]
-    #: The first prompt's parameters (its ``logprobs`` are what the formatter shows).
-    params: GenerationParams
+    #: The choices as submitted, by choice index (their parameters are what the answer reports).
+    choices: list[ChoiceRequest]
+    #: Tokens one request may use on the route: the model's context, capped by ``--max-context``.
+    context_length: int
 
     def choice_prompts(self) -> dict[int, list[int]]:
         """Each choice's prompt ids, by choice index."""
@@ -42,20 +47,22 @@ class CompletionRun:
 
 
 async def start_completion(route: Route, body: CompletionRequest, prompts: list[list[int]], limits: Limits, *,
-                           id_prefix: str, extra_params: Mapping[str, Any] | None = None) -> CompletionRun:
+                           id_prefix: str, adjust: Adjust | None = None) -> CompletionRun:
     """Check ``body`` for each of ``prompts`` (its token ids), submit ``body.n`` choices per prompt
-    on ``route`` and return them running (a refusal raises before anything runs). ``extra_params``:
-    GenerationParams a surface sets beyond a completion request's fields (Ollama's logprobs,
-    llama.cpp's penalty window and Mirostat)."""
+    on ``route`` and return them running (a refusal raises before anything runs). ``adjust``: what
+    a surface makes of each prompt's parameters beyond a completion request's fields (Ollama's
+    logprobs, llama.cpp's rules: penalty window, Mirostat, ``n_predict: 0``)."""
     service = CompletionService(route, limits)
     engine = route.engine
     banned = await service.bad_word_sequences(body.bad_words)
-    params = [attrs.evolve(service.choice_params(body, ids), **(extra_params or {}), banned_sequences=banned)
-              for ids in prompts]
+    params = [attrs.evolve(service.choice_params(body, ids), banned_sequences=banned) for ids in prompts]
+    if adjust is not None:
+        params = [adjust(p) for p in params]
     prompt_of = [p for p in range(len(prompts)) for _ in range(body.n)]
     procs = await guided_processors(engine, completion_constraint(body).spec, len(prompt_of))
-    submission = await service.submit(
-        [ChoiceRequest(index=i, prompt_ids=prompts[p], params=seeded(params[p], i % body.n),
-                       processors=procs[i]) for i, p in enumerate(prompt_of)],
-        id_prefix=id_prefix, **submit_options(body.priority, body.cache_salt, engine))
-    return CompletionRun(submission=submission, prompts=prompts, prompt_of=prompt_of, params=params[0])
+    choices = [ChoiceRequest(index=i, prompt_ids=prompts[p], params=seeded(params[p], i % body.n),
+                             processors=procs[i]) for i, p in enumerate(prompt_of)]
+    submission = await service.submit(choices, id_prefix=id_prefix,
+                                      **submit_options(body.priority, body.cache_salt, engine))
+    return CompletionRun(submission=submission, prompts=prompts, prompt_of=prompt_of, choices=choices,
+                         context_length=service.context_length)

@@ -26,10 +26,9 @@ from fastapi.responses import JSONResponse, Response
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.fim import extra_pieces, fit_infill, infill_ids
-from ruvllm.guided.request import completion_constraint
-from ruvllm.guided.request import processors as guided_processors
 from ruvllm.guided.tools import plan_tools
-from ruvllm.server.completion_service import ChoiceRequest, CompletionService, Submission
+from ruvllm.server.completion_run import start_completion
+from ruvllm.server.completion_service import CompletionService, Submission
 from ruvllm.server.errors import ruvllm_error_body
 from ruvllm.server.field_names import FieldNames, in_terms
 from ruvllm.server.llama_server_schemas import (
@@ -44,7 +43,7 @@ from ruvllm.server.llama_server_schemas import (
     temperature_last,
 )
 from ruvllm.server.model_pool import ModelPool, Route
-from ruvllm.server.params import Limits, chat_prompt_text, penalty_window, piece_ids, prompt_head, seeded
+from ruvllm.server.params import Limits, chat_prompt_text, penalty_window, piece_ids, prompt_head
 from ruvllm.server.schemas import CompletionRequest
 from ruvllm.server.sse import SSEResponse, sse_event
 from ruvllm.serving import AsyncEngine
@@ -362,34 +361,30 @@ async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sam
     """Submit one answer per prompt with ``sampling`` (:func:`sampling_fields`): the shared core's
     checks, with the fields llama-server's."""
     engine = route.engine
-    service = CompletionService(route, limits)
     if body.n_probs and not engine.capabilities.logprobs:
         raise InvalidRequest("n_probs", "this model's backend cannot report logprobs (see `ruvllm backends`)")
     names = _llama_names("input_prefix" if isinstance(body, LlamaInfillRequest) else "prompt")
     with names.speaking():
         bias = await _bias(engine, body) or None
-        completion = CompletionRequest(prompt=prompts[0], logit_bias=bias, **sampling)
         if body.n_cmpl > limits.max_n:
             raise InvalidRequest("n_cmpl", f"must be at most {limits.max_n} on this server (max_n); got "
                                  f"{body.n_cmpl}", body.n_cmpl)
-        answers = {}
-        for p, ids in enumerate(prompts):
-            params = service.choice_params(completion, ids)
+
+        def rules(params: GenerationParams) -> GenerationParams:
+            """llama.cpp's: ``n_predict: 0`` evaluates the prompt only, its sampler rules, n_probs."""
             if body.n_predict == 0:
                 params = attrs.evolve(params, max_tokens=1)
-            params = attrs.evolve(llama_cpp_rules(params, body, engine), logprobs=body.n_probs or None,
-                                  infill_sampling=infill_sampling(body))
-            for c in range(body.n_cmpl):  # n_cmpl answers per prompt, prompt after prompt
-                k = p * body.n_cmpl + c
-                answers[k] = _Answer(index=k, prompt_ids=ids, n_indent=body.n_indent,
-                                     max_predict_ms=body.t_max_predict_ms, evaluate_only=body.n_predict == 0,
-                                     params=seeded(params, c))
-        procs = await guided_processors(engine, completion_constraint(completion).spec, len(answers))
-    submission = await service.submit(
-        [ChoiceRequest(index=k, prompt_ids=a.prompt_ids, params=a.params, processors=procs[k])
-         for k, a in answers.items()], id_prefix="llama")
-    return _Exchange(submission=submission, answers=answers, engine=engine, model=route.served_name,
-                     body=body, context=service.context_length, names=names)
+            return attrs.evolve(llama_cpp_rules(params, body, engine), logprobs=body.n_probs or None,
+                                infill_sampling=infill_sampling(body))
+
+        # n_cmpl answers per prompt, prompt after prompt: the completion's n choices.
+        completion = CompletionRequest(prompt=prompts[0], logit_bias=bias, n=body.n_cmpl, **sampling)
+        run = await start_completion(route, completion, prompts, limits, id_prefix="llama", adjust=rules)
+    answers = {c.index: _Answer(index=c.index, prompt_ids=c.prompt_ids, n_indent=body.n_indent,
+                                max_predict_ms=body.t_max_predict_ms, evaluate_only=body.n_predict == 0,
+                                params=c.params) for c in run.choices}
+    return _Exchange(submission=run.submission, answers=answers, engine=engine, model=route.served_name,
+                     body=body, context=run.context_length, names=names)
 
 
 def register_llama_server_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> None:

@@ -320,7 +320,7 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
                          **llama_cpp_params(body.options, engine.capabilities.core_sampler)}
                 run = await start_completion(route, CompletionRequest(prompt=ids, **sampling), [ids],
                                              _request_limits(limits, num_ctx), id_prefix="ollama",
-                                             extra_params=extra)
+                                             adjust=lambda params: attrs.evolve(params, **extra))
             submission = run.submission
             formatter = ChatFormatter(submission.id, route.served_name, engine.tokenizer, logprobs,
                                       reasoning=prompt_reasoning(route, limits, ids) if templated else None)
