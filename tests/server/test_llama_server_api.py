@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import uuid
 from typing import Any
 
@@ -360,3 +361,22 @@ def test_a_bad_token_id_is_named_by_its_place(server):
     for prompt, param in (([[-5]], "prompt[0][0]"), ([["x", 3.5]], "prompt[0][1]")):
         r = post(server, "/completion", {"prompt": prompt, "n_predict": 1})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_client_that_leaves_a_whole_answer_cancels_it(server):
+    """/completion without stream watches its client as every surface does (Submission.unless_gone):
+    one that gives up is answered nothing, and its request is cancelled, not run to the end."""
+    from test_serving_behaviour import scrape
+
+    def cancelled() -> float:
+        series = ("ruvllm:request_success_total", (("finished_reason", "cancelled"),))
+        return scrape(server.url).get(series, 0.0)
+
+    before = cancelled()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/completion", headers=AUTH, timeout=1.0,
+                   json={"prompt": PROMPT, "n_predict": 512, "ignore_eos": True})
+    deadline = time.monotonic() + 30
+    while cancelled() < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert cancelled() == before + 1

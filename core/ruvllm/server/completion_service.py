@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -34,6 +34,7 @@ from ruvllm.serving import AsyncEngine, RequestHandle
 from ruvllm.tokenizer import require_encodable
 from ruvllm.types import FinishReason, GenerationParams, GenerationResult, TokenOutput
 
+T = TypeVar("T")
 #: One choice's streamed outputs and its result.
 Outcome = tuple[list[TokenOutput], GenerationResult]
 
@@ -116,7 +117,15 @@ class Submission:
         turned true first (every choice is then cancelled). A choice that failed in the engine
         raises (:class:`~ruvllm.errors.BackendError` unless the engine raised its own error) and
         cancels the others."""
-        work = asyncio.ensure_future(asyncio.gather(*(self._collect(r) for r in self._running)))
+        return await self.unless_gone(asyncio.gather(*(self._collect(r) for r in self._running)), client_gone,
+                                      poll_seconds=poll_seconds)
+
+    async def unless_gone(self, work: Awaitable[T], client_gone: Callable[[], Awaitable[bool]], *,
+                          poll_seconds: float = 0.25) -> T | None:
+        """``work``'s result (what a surface makes of this submission's outputs: every choice's
+        outcome, or llama-server's final objects), or None when ``client_gone`` turned true first,
+        polled every ``poll_seconds`` meanwhile; either way every unfinished choice is cancelled."""
+        work = asyncio.ensure_future(work)
 
         async def watch() -> None:
             while not await client_gone():

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from ruvllm.errors import InvalidRequest
 from ruvllm.fim import extra_pieces, fit_infill, infill_ids
 from ruvllm.guided.tools import plan_tools
+from ruvllm.server.answering import CLIENT_GONE
 from ruvllm.server.completion_run import start_completion
 from ruvllm.server.completion_service import CompletionService, Submission
 from ruvllm.server.errors import ruvllm_error_body
@@ -54,9 +55,6 @@ from ruvllm.types import FinishReason, GenerationParams, GenerationResult, Token
 _LLAMA_FIELDS = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty", "logprobs": "n_probs",
                  "guided_json": "json_schema", "guided_grammar": "grammar", "infill_sampling": "samplers",
                  "temperature_last": "samplers"}
-
-#: How often a whole answer being written checks that its client is still there.
-_POLL_SECONDS = 0.25
 
 
 def _llama_names(prompt_field: str = "prompt") -> FieldNames:
@@ -319,20 +317,20 @@ class _Exchange:
         if self.body.stream:
             events = (sse_event(obj) async for _, obj in self.objects())
             return SSEResponse(events, on_close=self.submission.cancel)
+        answered = await self.submission.unless_gone(self._whole(), request.is_disconnected)
+        return Response(status_code=CLIENT_GONE) if answered is None else answered
+
+    async def _whole(self) -> Response:
+        """The final objects (one, or a list for several prompts) once every answer ended, or the
+        first error."""
         finals: list[dict[str, Any]] = []
-        checked = time.monotonic()
         objects = self.objects()
         try:
             async for last, obj in objects:
                 if "error" in obj:
-                    code = obj["error"]["code"]
-                    return JSONResponse({"error": obj["error"]}, status_code=code)
+                    return JSONResponse({"error": obj["error"]}, status_code=obj["error"]["code"])
                 if last:
                     finals.append(obj)
-                if time.monotonic() - checked > _POLL_SECONDS:
-                    if await request.is_disconnected():
-                        return Response(status_code=499)  # the client is gone
-                    checked = time.monotonic()
         finally:
             await objects.aclose()
         finals.sort(key=lambda o: o.get("index", 0))
