@@ -84,6 +84,17 @@ class EngineOptionError(OptionError):
         super().__init__(self.TABLE, option, reason, value, fix=fix)
 
 
+class BatchInvariantUnsupported(EngineOptionError):
+    """``[engine] batch_invariant`` was asked of a backend, a configuration or a machine where a
+    request's logits cannot be kept independent of what shares its batch (docs/engine.md,
+    "Batch-invariant mode")."""
+
+    def __init__(self, backend: str, reason: str):
+        self.backend = backend
+        super().__init__("batch_invariant", f"backend {backend!r} cannot hold it: {reason}", True,
+                         fix="serve without batch_invariant, or on a backend that offers it (candle_like)")
+
+
 class PluginError(RuvllmError):
     """A plugin could not be found or loaded."""
 

@@ -424,6 +424,10 @@ class Capabilities:
     #: blocking or reduction orders by batch size and flip near-ties: those backends leave this
     #: False and the conformance suite checks isolation with its near-tie rule instead.
     batch_invariant: bool = False
+    #: The executor can be made batch-invariant on request (``[engine] batch_invariant``,
+    #: ``create_executor(..., batch_invariant=True)``); an engine built so reports
+    #: ``batch_invariant`` in its own capabilities.
+    batch_invariant_mode: bool = False
     device: str = "cpu"
     #: Why a capability is absent where a user might expect it.
     notes: tuple[str, ...] = ()

@@ -26,6 +26,9 @@ from ruvllm.scaleout.cli import run_scale_out, scale_out_options, scale_out_requ
               help="Require 'Authorization: Bearer KEY' (or $RUVLLM_API_KEY).")
 @click.option("--served-model-name", help="Model id clients use (default: the model's name).")
 @click.option("--max-concurrent", type=int, help="Most requests running at once (engine max_num_seqs).")
+@click.option("--batch-invariant", is_flag=True, default=False,
+              help="A greedy or seeded request gives the same tokens and logprobs whatever runs beside it "
+                   "(engine batch_invariant; candle_like; docs/engine.md).")
 @click.option("--max-context", type=int,
               help="Cap on prompt + max_tokens of one request (default: the model's).")
 @click.option("--max-tokens-limit", type=int, help="Largest max_tokens a request may ask for (default 4096).")
@@ -50,8 +53,9 @@ from ruvllm.scaleout.cli import run_scale_out, scale_out_options, scale_out_requ
 @scale_out_options
 def serve(ctx: click.Context, model: str | None, backend: str | None, options: tuple[str, ...],
           host: str | None, port: int | None, api_key: str | None, served_model_name: str | None,
-          max_concurrent: int | None, max_context: int | None, max_tokens_limit: int | None,
-          max_body_bytes: int | None, reasoning_format: str | None, engine_opts: tuple[str, ...],
+          max_concurrent: int | None, batch_invariant: bool, max_context: int | None,
+          max_tokens_limit: int | None, max_body_bytes: int | None, reasoning_format: str | None,
+          engine_opts: tuple[str, ...],
           speculative_config: str | None, log_level: str, extra_models: tuple[str, ...],
           lora: tuple[str, ...], allow_runtime_lora: bool | None, no_ui: bool) -> None:
     """Serve MODEL (default: the embedded model) over an OpenAI-compatible HTTP API."""
@@ -66,6 +70,8 @@ def serve(ctx: click.Context, model: str | None, backend: str | None, options: t
     overrides = engine_overrides(engine_opts, speculative_config)
     if max_concurrent is not None:
         overrides["max_num_seqs"] = max_concurrent
+    if batch_invariant:
+        overrides["batch_invariant"] = True
     config = config.with_engine(overrides)
     if scale_out_requested(ctx):
         run_scale_out(ctx, config, served_name=served_model_name, max_context=max_context)

@@ -36,7 +36,14 @@ from ruvllm.engine.prompt_logprobs import PromptLogprobsCollector, check_logits_
 from ruvllm.engine.published_adapters import PublishedAdapters
 from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.request_level import RequestLevelCore
-from ruvllm.errors import BackendError, EngineClosed, EngineOptionError, InvalidRequest, Overloaded
+from ruvllm.errors import (
+    BackendError,
+    BatchInvariantUnsupported,
+    EngineClosed,
+    EngineOptionError,
+    InvalidRequest,
+    Overloaded,
+)
 from ruvllm.generation import RequestOutputBuilder, check_prompt, require_core_sampler
 from ruvllm.sampling import LogitsProcessor
 from ruvllm.serving import MetricsSnapshot, PluginMetric
@@ -461,7 +468,7 @@ class ServingEngine:
             from ruvllm.plugins import get_registry
 
             self._hooks = get_registry().pm.hook
-        caps = backend.capabilities()
+        caps = self._invariance(backend, backend.capabilities())
         want = self.options.path
         if want == "executor" and not caps.executor:
             raise EngineOptionError("path", f"backend {backend.name!r} has no executor; use auto or request")
@@ -471,8 +478,10 @@ class ServingEngine:
             donors = (opts.donor_slots(getattr(backend, "prefix_donor_slots", LlmBackend.prefix_donor_slots),
                                        getattr(backend, "max_executor_sequences", None))
                       if opts.enable_prefix_caching and per_sequence else 0)
+            # Only a backend offering the mode is asked for it: others keep their signature.
+            mode = {"batch_invariant": True} if opts.batch_invariant and caps.batch_invariant_mode else {}
             executor = backend.create_executor(max_sequences=opts.max_num_seqs + donors,
-                                               block_size=opts.block_size)
+                                               block_size=opts.block_size, **mode)
             if executor.kv_layout == "per_sequence" and not per_sequence and opts.prefix_donor_slots != 0:
                 log.warning("backend %r returned a per_sequence executor but declares executor_kv_layout "
                             "%r: no prefix donor sequences were reserved, so cached prefixes die with "
@@ -499,6 +508,18 @@ class ServingEngine:
             f"this engine's KV capacity gives one request {room} of the model's {info.context_length} "
             f"tokens; raise the backend's KV budget ({backend.memory_summary() or 'see its options'})")
         log.info("serving %s on %s through the %s path", info.name, backend.name, self.path)
+
+    def _invariance(self, backend: LlmBackend, caps: Capabilities) -> Capabilities:
+        """``caps`` as this engine serves them: ``batch_invariant`` when the option asks for it
+        and the backend is invariant or offers the mode; a backend that cannot hold it is
+        refused by name (served request by request, nothing shares a forward, so it holds)."""
+        if not self.options.batch_invariant:
+            return caps
+        one_at_a_time = not caps.concurrent_requests and (self.options.path == "request" or not caps.executor)
+        if not (caps.batch_invariant or caps.batch_invariant_mode or one_at_a_time):
+            raise BatchInvariantUnsupported(backend.name, "its batched numerics depend on the batch and "
+                                            "it offers no batch-invariant mode")
+        return attrs.evolve(caps, batch_invariant=True)
 
     def _loop(self) -> None:
         core = self._core

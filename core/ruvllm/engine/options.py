@@ -140,6 +140,10 @@ class EngineOptions:
     #: Draft length per request from its acceptance rate and what a drafted token costs (false:
     #: always ``num_speculative_tokens``, as vLLM).
     speculative_adaptive: bool = attrs.field(default=True, validator=boolean())
+    #: A greedy or seeded request's tokens and logprobs do not depend on what runs beside it
+    #: (batch size, order, prefix-cache hits, prefill chunks, preemption); docs/engine.md,
+    #: "Batch-invariant mode". Backends that cannot hold it refuse it by name.
+    batch_invariant: bool = attrs.field(default=False, validator=boolean())
 
     def __attrs_post_init__(self) -> None:
         if self.prompt_lookup_min > self.prompt_lookup_max:

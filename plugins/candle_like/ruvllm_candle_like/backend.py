@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from ruvllm.backend import LlmBackend, sample_stream
 from ruvllm.embeddings import check_embedding_inputs, normalise_rows
-from ruvllm.errors import BackendError, InvalidRequest, ModelLoadError, RuvllmError
+from ruvllm.errors import BackendError, BatchInvariantUnsupported, InvalidRequest, ModelLoadError, RuvllmError
 from ruvllm.executor import BatchExecutor
 from ruvllm.hf_tokenizer import HfTokenizer
 from ruvllm.models import ModelSource
@@ -108,6 +108,7 @@ class CandleLikeBackend(LlmBackend):
         return Capabilities(
             streaming=True, executor=True, logprobs=True, core_sampler=True,
             concurrent_requests=False, paged_attention=True, lora=True, embeddings=True, device=device,
+            batch_invariant_mode=True,
             notes=cpu_notes() if device == "cpu" else (),
         )
 
@@ -240,9 +241,14 @@ class CandleLikeBackend(LlmBackend):
 
     # -- iteration level -----------------------------------------------------------------
 
-    def create_executor(self, *, max_sequences: int, block_size: int) -> BatchExecutor:
+    def create_executor(self, *, max_sequences: int, block_size: int,
+                        batch_invariant: bool = False) -> BatchExecutor:
+        """``batch_invariant``: every row computed independently of the step it shares
+        (:mod:`ruvllm_candle_like.invariant`), after checking this machine's kernels allow it."""
         from ruvllm_candle_like.executor import PagedExecutor
 
+        if batch_invariant:
+            self._check_invariance()
         two_tier = None
         if self.options.kv_cache == "two_tier":
             cfg = self._loaded.config
@@ -253,10 +259,23 @@ class CandleLikeBackend(LlmBackend):
                                  num_tokens=self.options.kv_cache_tokens,
                                  max_batch_tokens=self.options.max_batch_tokens, kv_dtype=self.kv_dtype,
                                  adapters=self.adapters, two_tier=two_tier,
-                                 max_seq_len=two_tier.max_tokens if two_tier else None)
+                                 max_seq_len=two_tier.max_tokens if two_tier else None,
+                                 batch_invariant=batch_invariant)
         self._executor_kv = executor.describe()
         log.info("candle_like executor: %s", self._executor_kv)
         return executor
+
+    def _check_invariance(self) -> None:
+        from ruvllm_candle_like.invariant import check_kernels
+
+        if self.options.kv_cache == "two_tier":
+            # What a cold position reads depends on when its block migrated.
+            raise BatchInvariantUnsupported(self.name, "kv_cache=two_tier quantises a position's K/V "
+                                            "depending on when its block left the hot window")
+        reason = check_kernels(self.model)
+        if reason is not None:
+            raise BatchInvariantUnsupported(self.name, f"{reason} on this machine "
+                                            f"({str(self.dtype).removeprefix('torch.')})")
 
     def memory_summary(self) -> str | None:
         """The KV of the last executor (printed by ``ruvllm serve`` at start-up)."""

@@ -28,7 +28,7 @@ forward (the two-tier cache migrates blocks that left their window there).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
@@ -37,10 +37,20 @@ from ruvllm.errors import BackendError, InvalidRequest
 from ruvllm.executor import BatchEntry
 
 from ruvllm_candle_like.attention_ops import attend_decode_batch, attend_sequence
+from ruvllm_candle_like.invariant import (
+    attend_tiled,
+    invariant_twin,
+    pad_rows,
+    tiled_length,
+    visible_keys,
+    whole_blocks,
+)
 from ruvllm_candle_like.kv_paged_two_tier import MIB, PagedTwoTier, TwoTierStep
 from ruvllm_candle_like.kv_two_tier import TwoTierSettings
 from ruvllm_candle_like.lora import AdapterRegistry, LoraAdapter, LoraPlan
 from ruvllm_candle_like.model import Transformer
+
+KeysValues = tuple[torch.Tensor, torch.Tensor]
 
 
 @attrs.frozen
@@ -99,18 +109,23 @@ class _StepAttention:
         out = pool.index_select(0, index)
         return out if out.dtype == self.ex.compute_dtype else out.to(self.ex.compute_dtype)
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _reader(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> Callable[[torch.Tensor], KeysValues]:
+        """Store the layer's new K/V; return what reads K and V of pool positions."""
         if getattr(self.kv, "paired", False):
             pool = self.kv.sources(layer, k, v)
 
-            def read(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            def read(index: torch.Tensor) -> KeysValues:
                 keys, values = self._read(pool, index).unbind(1)
                 return keys, values
         else:
             k_pool, v_pool = self.kv.sources(layer, k, v)
 
-            def read(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            def read(index: torch.Tensor) -> KeysValues:
                 return self._read(k_pool, index), self._read(v_pool, index)
+        return read
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        read = self._reader(layer, k, v)
         t, h, d = q.shape
         h_kv = k.shape[1]
         if self.decode_gather is not None:
@@ -131,6 +146,73 @@ class _StepAttention:
         return out
 
 
+class _InvariantAttention(_StepAttention):
+    """The batch-invariant plan (:mod:`ruvllm_candle_like.invariant`): the decode entries of a
+    step attend together, each over its own keys padded to whole tiles, and each prefill chunk
+    alone; every query meets the same kernels whatever shares the step."""
+
+    def __init__(self, ex: PagedExecutor, kv: _PoolStep | TwoTierStep, batch: Sequence[BatchEntry]):
+        super().__init__(ex, kv, None, None, None, [], all_decode_in_order=False)
+        dev = ex.device
+        cfg = ex.model.cfg
+        self.group = g = cfg.num_heads // cfg.num_kv_heads
+        rows = whole_blocks(g)
+        decode_rows: list[int] = []
+        decode_gathers: list[np.ndarray] = []
+        self.chunks: list[tuple[slice, torch.Tensor, torch.Tensor]] = []
+        row = 0
+        for i, e in enumerate(batch):
+            n = len(e.tokens)
+            gather = kv.gather(i)
+            if n == 1:
+                decode_rows.append(row)
+                decode_gathers.append(gather)
+            else:
+                # Rows in (head, token) order, as the GQA view lays them out.
+                pos = (torch.arange(e.start_pos, e.start_pos + n, device=dev)).repeat(g)
+                pos = torch.cat([pos, pos.new_zeros(whole_blocks(len(pos)) - len(pos))])
+                length = tiled_length(len(gather))
+                self.chunks.append((slice(row, row + n), self._padded(gather, length),
+                                    visible_keys(pos, length)[None, None]))
+            row += n
+        self.decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        if decode_rows:
+            length = tiled_length(max(len(x) for x in decode_gathers))
+            gathers = torch.stack([self._padded(x, length) for x in decode_gathers])
+            pos = torch.zeros((len(decode_rows), rows), dtype=torch.long, device=dev)
+            pos[:, :g] = torch.tensor([len(x) - 1 for x in decode_gathers], device=dev)[:, None]
+            visible = torch.arange(length, device=dev)[None, None, :] <= pos[:, :, None]
+            self.decode = (torch.tensor(decode_rows, device=dev), gathers, visible[:, None])
+
+    def _padded(self, gather: np.ndarray, length: int) -> torch.Tensor:
+        """The slots of ``gather``, then its first slot again up to ``length`` (masked keys)."""
+        out = np.full(length, gather[0], dtype=np.int64)
+        out[: len(gather)] = gather
+        return torch.from_numpy(out).to(self.ex.device)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        read = self._reader(layer, k, v)
+        t, h, d = q.shape
+        h_kv, g = k.shape[1], self.group
+        out = q.new_empty((t, h * d))
+        if self.decode is not None:
+            rows, gathers, visible = self.decode
+            b, length = gathers.shape
+            keys, values = read(gathers.reshape(-1))
+            qd = pad_rows(q[rows].view(b, h_kv, g, d).permute(2, 0, 1, 3)).permute(1, 2, 0, 3)
+            att = attend_tiled(qd, keys.view(b, length, h_kv, d).transpose(1, 2),
+                               values.view(b, length, h_kv, d).transpose(1, 2), visible)
+            out[rows] = att[:, :, :g].reshape(b, h * d)
+        for span, gather, visible in self.chunks:
+            keys, values = read(gather)
+            n = span.stop - span.start
+            qp = pad_rows(q[span].view(n, h_kv, g, d).permute(2, 0, 1, 3).reshape(g * n, h_kv, d))
+            att = attend_tiled(qp.transpose(0, 1)[None], keys.transpose(0, 1)[None],
+                               values.transpose(0, 1)[None], visible)
+            out[span] = att[0, :, : g * n].reshape(h_kv, g, n, d).permute(2, 0, 1, 3).reshape(n, h * d)
+        return out
+
+
 class PagedExecutor:
     """:class:`ruvllm.executor.BatchExecutor` over a :class:`Transformer` with a paged KV pool."""
 
@@ -140,16 +222,19 @@ class PagedExecutor:
 
     def __init__(self, model: Transformer, *, max_sequences: int, block_size: int, num_tokens: int,
                  max_batch_tokens: int, kv_dtype: torch.dtype, adapters: AdapterRegistry | None = None,
-                 two_tier: TwoTierSettings | None = None, max_seq_len: int | None = None):
+                 two_tier: TwoTierSettings | None = None, max_seq_len: int | None = None,
+                 batch_invariant: bool = False):
         """``two_tier``: keep KV in the two-tier cache (packed cold store + 16-bit hot window)
         instead of the 16-bit pool. ``max_seq_len``: the most positions one sequence may hold
         (default and at most the model's context; the two-tier cache's ``max_kv_tokens``); the
-        engine reads it as the context one request may use."""
+        engine reads it as the context one request may use. ``batch_invariant``: compute every
+        row as :mod:`ruvllm_candle_like.invariant` does (the caller has checked the kernels)."""
         if block_size < 1:
             raise InvalidRequest("block_size", f"must be >= 1; got {block_size}")
         if max_sequences < 1:
             raise InvalidRequest("max_sequences", f"must be >= 1; got {max_sequences}")
-        self.model = model
+        self.model = invariant_twin(model) if batch_invariant else model
+        self.batch_invariant = batch_invariant
         #: LoRA adapters by name; rows of one step are grouped per adapter (base rows: none).
         self.adapters = adapters or AdapterRegistry()
         self.block_size = block_size
@@ -281,8 +366,9 @@ class PagedExecutor:
             if min(decode_lengths) < longest:
                 decode_valid = torch.arange(longest, device=dev)[None, :] < lengths[:, None]
             decode_rows_t = torch.tensor(decode_rows, device=dev)
-        plan = _StepAttention(self, kv, decode_rows_t, decode_gather, decode_valid, prefills,
-                              all_decode_in_order=not prefills)
+        plan = (_InvariantAttention(self, kv, batch) if self.batch_invariant else
+                _StepAttention(self, kv, decode_rows_t, decode_gather, decode_valid, prefills,
+                               all_decode_in_order=not prefills))
         lora = LoraPlan.for_rows(spans, dev)
         if not logit_rows:
             # Nothing to sample (e.g. only non-final prefill chunks): run for the KV only.

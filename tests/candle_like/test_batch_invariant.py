@@ -1,0 +1,115 @@
+"""candle_like's batch-invariant executor: a sequence's logits rows are the same bits alone, in
+batches of 2 and 5, and with its prompt prefilled in chunks beside others; the default executor's
+are not (so the comparison can fail), and the mode is refused where it cannot hold."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from ruvllm.engine import EngineOptions, ServingEngine
+from ruvllm.errors import BatchInvariantUnsupported
+from ruvllm.executor import BatchEntry
+from ruvllm.models import ModelSource
+from ruvllm_candle_like import invariant
+from ruvllm_candle_like.backend import CandleLikeBackend
+from ruvllm_candle_like.executor import PagedExecutor
+
+PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time", "Dear Sir or Madam,",
+           "The quick brown fox")
+BLOCK = 16
+BLOCKS_PER_SEQ = 4
+DECODE_STEPS = 3
+
+
+def _executor(backend: CandleLikeBackend, batch_invariant: bool) -> PagedExecutor:
+    return PagedExecutor(backend.model, max_sequences=8, block_size=BLOCK,
+                         num_tokens=8 * BLOCKS_PER_SEQ * BLOCK, max_batch_tokens=512,
+                         kv_dtype=backend.kv_dtype, batch_invariant=batch_invariant)
+
+
+def _rows_of_first(ex: PagedExecutor, prompts: Sequence[list[int]],
+                   chunk: int | None = None) -> list[np.ndarray]:
+    """Greedy-run ``prompts`` together (prefill in ``chunk``-token pieces when given, then
+    DECODE_STEPS decode steps); the logits rows of the first prompt, step by step."""
+    tables = [tuple(range(i * BLOCKS_PER_SEQ, (i + 1) * BLOCKS_PER_SEQ)) for i in range(len(prompts))]
+    seqs = [list(p) for p in prompts]
+    done = [0] * len(prompts)
+    rows: list[np.ndarray] = []
+
+    def run(entries: list[BatchEntry]) -> None:
+        out = ex.execute(entries)
+        for row, e in zip(out, [e for e in entries if e.sample], strict=True):
+            if e.seq_id == 0:
+                rows.append(row.copy())
+            seqs[e.seq_id].append(int(row.argmax()))
+
+    while any(d < len(p) for d, p in zip(done, prompts, strict=True)):
+        entries = []
+        for i, p in enumerate(prompts):
+            if done[i] < len(p):
+                n = len(p) - done[i] if chunk is None else min(chunk, len(p) - done[i])
+                entries.append(BatchEntry(seq_id=i, tokens=tuple(p[done[i]:done[i] + n]), start_pos=done[i],
+                                          block_table=tables[i], sample=done[i] + n == len(p)))
+                done[i] += n
+        run(entries)
+    for _ in range(DECODE_STEPS):
+        run([BatchEntry(seq_id=i, tokens=(s[-1],), start_pos=len(s) - 1, block_table=tables[i])
+             for i, s in enumerate(seqs)])
+    return rows
+
+
+def _identical(a: list[np.ndarray], b: list[np.ndarray]) -> list[bool]:
+    return [bool(np.array_equal(x, y)) for x, y in zip(a, b, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def prompts(backend_fp32) -> list[list[int]]:
+    return [backend_fp32.tokenizer.encode(p) for p in PROMPTS]
+
+
+def test_rows_are_the_same_bits_whatever_the_batch(backend_fp32, prompts) -> None:
+    ex = _executor(backend_fp32, batch_invariant=True)
+    alone = _rows_of_first(ex, prompts[:1])
+    for batch in (prompts[:2], prompts):
+        assert all(_identical(alone, _rows_of_first(ex, batch))), f"batch of {len(batch)}"
+    assert all(_identical(alone, _rows_of_first(ex, prompts, chunk=3))), "prefilled in chunks of 3"
+    # The prompt recomputed as one chunk with its decoded tokens (preemption's recompute).
+    tokens = [*prompts[0], *(int(r.argmax()) for r in alone[:-1])]
+    recomputed = ex.execute([BatchEntry(seq_id=0, tokens=tuple(tokens), start_pos=0,
+                                        block_table=tuple(range(BLOCKS_PER_SEQ)), all_logits=True)])
+    assert all(_identical(alone, list(recomputed[len(prompts[0]) - 1:])))
+
+
+def test_the_default_executor_is_not_batch_invariant(backend_fp32, prompts) -> None:
+    """What the mode fixes: the same comparison on the default path finds other bits."""
+    ex = _executor(backend_fp32, batch_invariant=False)
+    assert not all(_identical(_rows_of_first(ex, prompts[:1]), _rows_of_first(ex, prompts)))
+
+
+def test_the_kernel_check_passes_here_and_catches_an_unpadded_row(backend_fp32, monkeypatch) -> None:
+    assert invariant.check_kernels(backend_fp32.model) is None
+    monkeypatch.setattr(invariant, "ROW_BLOCK", 1)  # lone rows meet the GEMV kernel again
+    assert "projection computes a row with other bits" in str(invariant.check_kernels(backend_fp32.model))
+
+
+def test_two_tier_cache_refuses_the_mode(embedded_source: ModelSource) -> None:
+    backend = CandleLikeBackend.load(embedded_source, {"dtype": "float32", "kv_cache": "two_tier",
+                                                       "prepack_weights": False})
+    try:
+        with pytest.raises(BatchInvariantUnsupported, match="two_tier"):
+            ServingEngine(backend, EngineOptions(batch_invariant=True, max_num_seqs=2), owns_backend=False)
+    finally:
+        backend.close()
+
+
+def test_engine_serves_the_mode_and_says_so(backend_fp32) -> None:
+    options = EngineOptions(batch_invariant=True, max_num_seqs=4)
+    engine = ServingEngine(backend_fp32, options, owns_backend=False)
+    try:
+        assert engine.capabilities.batch_invariant
+        assert engine._core.executor.batch_invariant
+        assert engine.generate_sync(["Hello"])[0].token_ids
+    finally:
+        engine.close()
