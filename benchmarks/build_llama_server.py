@@ -47,7 +47,8 @@ def peers_dir() -> Path:
 def binary_path(llama_cpp_python_version: str) -> Path:
     """Where the binary for this version, built for this CPU as the backend's library is, lives."""
     cpu = cpu_info()
-    key = build_key(build_for(cpu), llama_cpp_python_version, "", compiler_id(), cpu)
+    build = build_for(cpu)
+    key = build_key(build, llama_cpp_python_version, "", compiler_id(build), cpu)
     return peers_dir() / f"llama-server-{llama_cpp_python_version}-{key}" / "llama-server"
 
 
@@ -68,9 +69,9 @@ def fetch_source(pkg_version: str, into: Path) -> Path:
 
 def build(source: Path, build_dir: Path, jobs: int) -> Path:
     """cmake configure + build of the ``llama-server`` target, with a progress bar."""
-    subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_FLAGS,
-                    *build_for(cpu_info()).cmake_args],
-                   check=True, stdout=subprocess.DEVNULL)
+    options = build_for(cpu_info())
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_FLAGS, *options.cmake_args],
+                   check=True, stdout=subprocess.DEVNULL, env={**os.environ, **dict(options.env)})
     log_path = build_dir / "build.log"
     with Progress(TextColumn("building llama-server"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn()) as progress, open(log_path, "w") as log:

@@ -39,6 +39,25 @@ def test_amx_kind_names_its_features_and_leaves_amx_out():
                   "GGML_AVX_VNNI", "GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16"}
 
 
+def test_amx_on_is_asked_for_and_built_by_clang():
+    """``--amx``: the AMX kernels, by the compiler that keeps their tile set-up; AMX kind only."""
+    build = build_for(recorded("amx"), amx=True)
+    args = dict(a.removeprefix("-D").split("=") for a in build.cmake_args)
+    assert args["GGML_NATIVE"] == "OFF"
+    assert all(args[f"GGML_AMX_{t}"] == "ON" for t in ("TILE", "INT8", "BF16"))
+    # The macros ggml's AMX files test, which clang does not define (it names them __AMXINT8__...).
+    env = dict(build.env)
+    assert env["CC"] == "clang" and env["CXX"] == "clang++"
+    macros = ["-D__AMX_INT8__", "-D__AMX_TILE__", "-D__AMX_BF16__"]
+    assert env["CXXFLAGS"].split() == env["CFLAGS"].split() == macros
+    assert build_for(recorded("amx")).env == ()
+    amx = recorded("amx")
+    default = build_key(build_for(amx), "0.3.36", "", "gcc 12", amx)
+    assert build_key(build, "0.3.36", "", "clang 14", amx) != default
+    with pytest.raises(ValueError, match="avx2 kind"):
+        build_for(recorded("avx2"), amx=True)
+
+
 def test_the_key_changes_with_whatever_the_binary_depends_on():
     avx2, avx512, amx = recorded("avx2"), recorded("avx512"), recorded("amx")
     base = build_key(build_for(avx2), "0.3.36", "", "gcc 12", avx2)
@@ -65,7 +84,7 @@ def test_the_set_up_installed_the_build_for_this_cpu():
     build = build_for(cpu)
     assert record["cmake_args"] == list(build.cmake_args)
     assert record["key"] == build_key(build, native_build._version_installed(), record["extra_cmake_args"],
-                                      native_build.compiler_id(), cpu)
+                                      native_build.compiler_id(build), cpu)
 
 
 def test_the_installed_library_has_no_amx_tile_code():

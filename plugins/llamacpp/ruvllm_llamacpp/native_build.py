@@ -12,7 +12,9 @@ That is right on most CPUs and wrong on one kind: on an Intel Xeon with AMX (the
 moves the configuration off the stack.
 
 So on the AMX kind the build names the CPU's other features explicitly (``GGML_NATIVE=OFF``:
-AVX-512 with VBMI, VNNI and BF16, AVX-VNNI, ...) and leaves the AMX kernels out. Appending
+AVX-512 with VBMI, VNNI and BF16, AVX-VNNI, ...) and leaves the AMX kernels out. ``--amx`` builds
+them with clang instead, which compiles the tile set-up correctly, so that an AMX host can
+measure them against this default before they could become it. Appending
 ``-mno-amx-*`` to ``CMAKE_C(XX)_FLAGS`` would not do: GCC expands ``-march=native`` into explicit
 ``-mamx-tile -mamx-int8 ...`` options, and ggml adds ``-march=native`` after the cmake flags, so
 the later, explicit ``-mamx-*`` would win. Every other kind keeps today's native build.
@@ -24,6 +26,7 @@ by everything the binary depends on (:func:`build_key`), and installs that file.
 
     python -m ruvllm_llamacpp.native_build            # what the Makefile runs
     python -m ruvllm_llamacpp.native_build --show     # the flags and key for this CPU, no build
+    python -m ruvllm_llamacpp.native_build --amx      # AMX kind: AMX kernels on, built by clang
 """
 
 from __future__ import annotations
@@ -59,8 +62,17 @@ _X86_OPTIONS = (
     ("GGML_AVX512_VNNI", ("avx512_vnni",)),
     ("GGML_AVX512_BF16", ("avx512_bf16",)),
 )
-#: Off on every CPU: see the module docstring.
+#: Off unless asked for (``--amx``): see the module docstring.
 _AMX_OPTIONS = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+#: ``--amx`` builds with clang: clang 14 keeps the tile configuration's stores (its object code
+#: stores the rows and column bytes before ``ldtilecfg``), where GCC 12 drops them. clang names
+#: its AMX macros ``__AMXINT8__``, not the ``__AMX_INT8__`` ggml tests (and ggml defines only
+#: ``GGML_AMX_INT8`` outside MSVC), so without these defines clang compiles ggml's AMX files
+#: empty: ``GGML_AMX_INT8=ON`` alone gave a 664-byte ``mmq.cpp.o`` with no tile instruction.
+_AMX_MACROS = "-D__AMX_INT8__ -D__AMX_TILE__ -D__AMX_BF16__"
+#: Through the environment (cmake reads CFLAGS/CXXFLAGS at configure), not CMAKE_ARGS, whose
+#: values cannot hold a space.
+AMX_ENV = (("CC", "clang"), ("CXX", "clang++"), ("CFLAGS", _AMX_MACROS), ("CXXFLAGS", _AMX_MACROS))
 
 
 @attrs.frozen
@@ -69,28 +81,37 @@ class LlamaCppBuild:
 
     cmake_args: tuple[str, ...]
     why: str
+    #: Environment the build needs (compilers, their flags); empty: cmake's defaults.
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def native(self) -> bool:
         return "-DGGML_NATIVE=ON" in self.cmake_args
 
 
-def build_for(cpu: CpuInfo) -> LlamaCppBuild:
-    """The cmake options for ``cpu``: the native build, except on the AMX kind."""
+def build_for(cpu: CpuInfo, *, amx: bool = False) -> LlamaCppBuild:
+    """The cmake options for ``cpu``: the native build, except on the AMX kind. ``amx`` asks for
+    ggml's AMX kernels, compiled by clang (to measure them against the default; AMX kind only)."""
+    if amx and cpu.kind != "amx":
+        raise ValueError(f"--amx needs a CPU with AMX tiles; this one is of the {cpu.kind} kind")
     if cpu.kind != "amx":
         return LlamaCppBuild(("-DGGML_NATIVE=ON",),
                              f"{cpu.kind} kind: llama.cpp's native build (-march=native)")
     named = [f"-D{option}={'ON' if all(f in cpu.flags for f in needs) else 'OFF'}"
              for option, needs in _X86_OPTIONS]
+    if amx:
+        return LlamaCppBuild(
+            ("-DGGML_NATIVE=OFF", *named, *(f"-D{option}=ON" for option in _AMX_OPTIONS)),
+            "amx kind, AMX kernels on (--amx), compiled by clang", env=AMX_ENV)
     return LlamaCppBuild(
         ("-DGGML_NATIVE=OFF", *named, *(f"-D{option}=OFF" for option in _AMX_OPTIONS)),
         "amx kind: this CPU's features named, AMX left out (GCC 12 miscompiles ggml's AMX tile "
         "set-up: every tile gets 0 rows and the first tile instruction dies with SIGILL)")
 
 
-def compiler_id() -> str:
-    """The C++ compiler cmake will pick, as ``--version`` names it."""
-    compiler = os.environ.get("CXX", "c++")
+def compiler_id(build: LlamaCppBuild | None = None) -> str:
+    """The C++ compiler cmake will pick for ``build``, as ``--version`` names it."""
+    compiler = dict(build.env if build else ()).get("CXX") or os.environ.get("CXX", "c++")
     try:
         out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
@@ -102,7 +123,7 @@ def build_key(build: LlamaCppBuild, version: str, extra_args: str, compiler: str
     """What the binary depends on, hashed: the package version, every cmake option, the compiler
     and, for a native build, the CPU's flags (``-march=native`` compiles for the building CPU: a
     wheel built on an AVX-512 host dies on an AVX2 one)."""
-    parts = [version, *build.cmake_args, extra_args, compiler, cpu.arch]
+    parts = [version, *build.cmake_args, *(f"{k}={v}" for k, v in build.env), extra_args, compiler, cpu.arch]
     if build.native:
         parts += sorted(cpu.flags)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
@@ -120,13 +141,13 @@ def _installed(venv_marker: Path) -> dict | None:
         return None
 
 
-def ensure_installed(version: str, *, pip: list[str], marker: Path) -> str:
+def ensure_installed(version: str, *, pip: list[str], marker: Path, amx: bool = False) -> str:
     """Install llama-cpp-python ``version`` built for this CPU; a no-op when the build installed
     is already the right one. Returns a line saying what was done."""
     cpu = cpu_info()
-    build = build_for(cpu)
+    build = build_for(cpu, amx=amx)
     extra = os.environ.get("CMAKE_ARGS", "")
-    key = build_key(build, version, extra, compiler_id(), cpu)
+    key = build_key(build, version, extra, compiler_id(build), cpu)
     if (_installed(marker) or {}).get("key") == key and _version_installed() == version:
         return f"{PACKAGE} {version} already built for this CPU ({build.why}; key {key})"
     wheels = wheel_cache() / key
@@ -149,7 +170,7 @@ def _version_installed() -> str | None:
 def _build_wheel(version: str, build: LlamaCppBuild, extra: str, into: Path) -> Path:
     """Compile the sdist into ``into`` with pip's cache off (so no wheel built another way is
     reused, and this one is kept only here, under its key)."""
-    cmake_args = " ".join([*build.cmake_args, *shlex.split(extra)])
+    cmake_args = shlex.join([*build.cmake_args, *shlex.split(extra)])  # split again by shlex
     print(f"building {PACKAGE} {version} for this CPU: {build.why}\n  CMAKE_ARGS={cmake_args}\n"
           f"  about 5 minutes on 2 cores; kept in {into}", flush=True)
     staging = into.with_name(into.name + ".partial")
@@ -157,7 +178,8 @@ def _build_wheel(version: str, build: LlamaCppBuild, extra: str, into: Path) -> 
     started = time.monotonic()
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-cache-dir",
                     "--no-binary", PACKAGE, "-w", str(staging), f"{PACKAGE}=={version}"],
-                   check=True, env={**os.environ, "CMAKE_ARGS": cmake_args, "FORCE_CMAKE": "1"})
+                   check=True,
+                   env={**os.environ, "CMAKE_ARGS": cmake_args, "FORCE_CMAKE": "1", **dict(build.env)})
     staging.replace(into)
     print(f"built in {time.monotonic() - started:.0f} s", flush=True)
     return next(iter(sorted(into.glob("*.whl"))))
@@ -177,17 +199,25 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--constraints", type=Path, default=Path("constraints.txt"))
     parser.add_argument("--show", action="store_true", help="print the flags and key; build nothing")
+    parser.add_argument("--amx", action="store_true",
+                        help="AMX kind only: build ggml's AMX kernels with clang (apt-get install clang "
+                             "libomp-dev), to measure them against the default build")
     args = parser.parse_args(argv)
     version = pinned_version(args.constraints)
     marker = Path(sys.prefix) / "llama-cpp-python-build.json"
+    try:
+        build_for(cpu_info(), amx=args.amx)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.show:
         cpu = cpu_info()
-        build = build_for(cpu)
-        key = build_key(build, version, os.environ.get("CMAKE_ARGS", ""), compiler_id(), cpu)
+        build = build_for(cpu, amx=args.amx)
+        key = build_key(build, version, os.environ.get("CMAKE_ARGS", ""), compiler_id(build), cpu)
         print(json.dumps({"cpu_kind": cpu.kind, "cmake_args": list(build.cmake_args), "why": build.why,
                           "key": key, "installed": _installed(marker)}, indent=2))
         return
-    print(ensure_installed(version, pip=[sys.executable, "-m", "pip"], marker=marker), flush=True)
+    done = ensure_installed(version, pip=[sys.executable, "-m", "pip"], marker=marker, amx=args.amx)
+    print(done, flush=True)
 
 
 if __name__ == "__main__":
