@@ -69,7 +69,8 @@ def _run(suite_runner, backend: str, *args: str, kv_reset: bool = True, probe: b
 #: runs the whole suite in both. The classes left to ``make test-all`` test code every backend
 #: shares (core's sampler, stop handling, streaming and detokenisation behind ``generate()``),
 #: so ``make test`` proves them once, on llamacpp; the classes kept are those about a backend's
-#: own state: KV reset between calls, isolation under concurrency, the KV pool, bad input.
+#: own state: KV reset between calls, isolation under concurrency, the KV pool, bad input, and
+#: for candle_like its batch-invariant mode (about 40 s here).
 #: Measured pinned to one CPU of the 2-core AVX2 kind: candle_like's whole suite 230 s (its
 #: TestOutputs and TestSampling about a third of it), mistral.rs's 428 s (before it requantized
 #: the embedded Q4_1 to Q8_0), mlx's (a CPU fallback on Linux) over 300 s; mlx leaves out the
@@ -77,7 +78,8 @@ def _run(suite_runner, backend: str, *args: str, kv_reset: bool = True, probe: b
 #: so TestKvPool checks its outward promises only: 36 s of a 2026-12-02 AVX2 run, 200 s before
 #: isq = "auto" made its prefill fast enough for a 256-token context (it ran at 128 then).
 SUBSET_IN_MAKE_TEST = {
-    "candle_like": "TestKvReset or TestBadInput or TestKvPool or TestEngine or TestTokenizer",
+    "candle_like": ("TestKvReset or TestBadInput or TestKvPool or TestEngine or TestTokenizer "
+                    "or TestBatchInvariance"),
     "mistralrs": "TestKvReset or TestBadInput or TestKvPool",
     "mlx": "TestKvReset or TestBadInput or TestKvPool or (TestEngine and not priority)",
 }

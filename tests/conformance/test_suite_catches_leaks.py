@@ -29,7 +29,7 @@ LEAK_TESTS = (
 )
 #: The ServingEngine tests in the same package (test_engine.py) belong to the engine's area;
 #: the runs below assert the exact outcomes of the request-level tests, so they leave them out.
-NOT_ENGINE = ("-k", "not TestEngine")
+NOT_ENGINE = ("-k", "not TestEngine and not TestBatchInvariance")
 
 
 def test_kv_reset_tests_fail_on_leaky_backend(suite_runner) -> None:
@@ -184,3 +184,26 @@ def test_isolation_rule_fails_real_llamacpp_executor_keeping_stale_kv(suite_runn
     run = suite_runner("--ruvllm-backend", "llamacpp_mutants:StaleKvLlamaCppBackend",
                        "-k", "test_isolation", toys=False)
     assert run.outcome(f"{ISOLATION}[llamacpp-stale-kv]") == "failed", run.tail()
+
+
+INVARIANCE = "TestBatchInvariance::test_every_answer_is_the_one_given_alone"
+
+
+def test_batch_invariance_passes_a_mode_that_holds(suite_runner) -> None:
+    """The toy executor without its batch-size perturbation in the mode: every answer, batched
+    beside cancellations, shared prefixes and preemption, is its solo one."""
+    run = suite_runner("--ruvllm-backend", "toy-invariant-mode", "-k", "TestBatchInvariance")
+    assert run.outcome(f"{INVARIANCE}[toy-invariant-mode]") == "passed", run.tail()
+
+
+def test_batch_invariance_fails_a_mode_whose_reduction_moves_with_the_batch(suite_runner) -> None:
+    """The mode claimed, the perturbation kept: logprobs (and near-tie tokens) differ."""
+    run = suite_runner("--ruvllm-backend", "toy-invariant-mode-broken", "-k", "TestBatchInvariance")
+    assert run.outcome(f"{INVARIANCE}[toy-invariant-mode-broken]") == "failed", run.tail()
+    assert "batch_invariant does not hold" in run.result.stdout.str()
+
+
+def test_batch_invariance_skips_a_backend_without_the_mode(suite_runner) -> None:
+    run = suite_runner("--ruvllm-backend", "toy-batched", "-k", "TestBatchInvariance")
+    outcome = run.outcomes[f"{INVARIANCE}[toy-batched]"]
+    assert outcome.outcome == "skipped" and "lacks batch_invariant_mode" in outcome.message, run.tail()

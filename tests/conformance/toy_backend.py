@@ -302,8 +302,37 @@ class StaleKvToyBackend(BatchedToyBackend):
     keep_stale: ClassVar[bool] = True
 
 
+class InvariantModeToyBackend(BatchedToyBackend):
+    """Offers the batch-invariant mode (``[engine] batch_invariant``): with it, its executor
+    computes a row without the batch-size perturbation, as a real backend fixes its reductions."""
+
+    name: ClassVar[str] = "toy-invariant-mode"
+    #: The perturbation the executor keeps in the mode (0: the mode holds).
+    mode_noise: ClassVar[float] = 0.0
+
+    @classmethod
+    def capabilities(cls) -> Capabilities:
+        return Capabilities(streaming=True, logprobs=True, core_sampler=True, executor=True,
+                            batch_invariant_mode=True)
+
+    def create_executor(self, *, max_sequences: int, block_size: int,
+                        batch_invariant: bool = False) -> ToyExecutor:
+        return ToyExecutor(self, max_sequences=max_sequences, block_size=block_size,
+                           batch_noise=self.mode_noise if batch_invariant else self.batch_noise,
+                           keep_stale=self.keep_stale)
+
+
+class VariantInModeToyBackend(InvariantModeToyBackend):
+    """Claims the mode but still changes its reduction with the batch size: what the suite's
+    batch-invariance class must fail."""
+
+    name: ClassVar[str] = "toy-invariant-mode-broken"
+    mode_noise: ClassVar[float] = 0.05
+
+
 TOY_BACKENDS = (ToyBackend, LeakyToyBackend, KvHoardingToyBackend, NoLogprobsToyBackend, BatchedToyBackend,
-                ClaimsInvariantToyBackend, StaleKvToyBackend)
+                ClaimsInvariantToyBackend, StaleKvToyBackend, InvariantModeToyBackend,
+                VariantInModeToyBackend)
 
 
 def register_toy_backends() -> None:
