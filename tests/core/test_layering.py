@@ -4,8 +4,9 @@
 those above core's shared modules), no cycle between siblings at any depth, core importing no
 plugin, backend plugins independent. The second test runs the same contracts over a copy of core
 with a deliberate upward import and a deliberate cycle (the two the code used to have:
-``guided/`` importing the server, and ``server/lora.py`` <-> ``server/model_pool.py``) and expects
-each to be reported: a check that cannot fail would prove nothing.
+``guided/`` importing the server, and ``server/extensions/lora.py`` <->
+``server/lifecycle/model_pool.py``) and expects each to be reported: a check that cannot fail would
+prove nothing.
 """
 
 from __future__ import annotations
@@ -44,13 +45,14 @@ def test_an_upward_import_and_a_cycle_break_the_contracts(tmp_path):
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     copy = tmp_path / "core" / "ruvllm"
     # Function-level imports count too: a cycle hidden in a function is still a cycle.
-    _append(copy / "guided" / "grammar.py", "\n\ndef _probe():\n    import ruvllm.server.sse  # noqa\n")
-    _append(copy / "server" / "model_pool.py", "\n\ndef _probe():\n    import ruvllm.server.lora  # noqa\n")
+    _append(copy / "guided" / "grammar.py", "\n\ndef _probe():\n    import ruvllm.server.http.sse  # noqa\n")
+    _append(copy / "server" / "lifecycle" / "model_pool.py",
+            "\n\ndef _probe():\n    import ruvllm.server.extensions.lora  # noqa\n")
     result = lint_imports(tmp_path, pythonpath=tmp_path / "core")
     out = result.stdout
     assert result.returncode != 0, out
     assert "Contracts: 2 kept, 2 broken." in out, out
     assert "ruvllm.guided is not allowed to import ruvllm.server" in out, out  # the layers
-    assert "- ruvllm.guided.grammar -> ruvllm.server.sse" in out, out
+    assert "- ruvllm.guided.grammar -> ruvllm.server.http.sse" in out, out
     assert "No cycles are allowed in ruvllm.server." in out, out  # the cycle, found one level down
-    assert "- .model_pool -> .lora" in out, out
+    assert "- .lifecycle -> .extensions" in out, out

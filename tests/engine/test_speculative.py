@@ -25,7 +25,7 @@ from ruvllm.engine.request import SchedRequest
 from ruvllm.engine.speculative import PROBE_INTERVAL, Speculator
 from ruvllm.engine.step_cost import PRIOR_COST, StepCostModel
 from ruvllm.errors import EngineOptionError
-from ruvllm.server.metrics import ServerMetrics
+from ruvllm.server.extensions.metrics import ServerMetrics
 from ruvllm.types import GenerationParams
 from scipy.stats import chi2_contingency
 

@@ -17,7 +17,7 @@ from ruvllm.guided.tools import (
     streamable,
     taught_conversation,
 )
-from ruvllm.server.tool_responses import ToolChatFormatter
+from ruvllm.server.lifecycle.tool_responses import ToolChatFormatter
 from ruvllm.types import TokenOutput
 
 ADD = {"type": "function", "function": {"name": "add", "parameters": {

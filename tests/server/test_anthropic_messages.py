@@ -1,6 +1,6 @@
 """Anthropic's Messages API through the official ``anthropic`` client, on the embedded model.
 
-The surface is thin (server/messages_api.py): what it must show is that a client written for
+The surface is thin (server/anthropic/messages_api.py): what it must show is that a client written for
 Anthropic gets the same answers as an OpenAI client does from the same core, in Anthropic's
 shapes: the same greedy text as ``/v1/chat/completions`` for the same conversation, a stream of
 Anthropic's events that adds up to the whole message, ``tool_use`` / ``tool_result`` round

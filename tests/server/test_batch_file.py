@@ -20,7 +20,7 @@ import openai.types.chat
 import openai.types.responses
 import pytest
 from ruvllm.errors import BatchFileError
-from ruvllm.server.batch_file import parse_batch
+from ruvllm.server.batches.batch_file import parse_batch
 from server_helpers import _require_backend, start_server
 
 RUVLLM = Path(sys.executable).parent / "ruvllm"

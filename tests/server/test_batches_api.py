@@ -18,7 +18,7 @@ import openai
 import openai.types
 import pytest
 from ruvllm.errors import StoredObjectNotFound
-from ruvllm.server.file_store import FileStore
+from ruvllm.server.batches.file_store import FileStore
 from server_helpers import API_KEY, start_server
 
 

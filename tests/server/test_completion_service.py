@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest
-from ruvllm.server.completion_service import ChoiceRequest, CompletionService, Submission
-from ruvllm.server.delivery import sse_chunks
-from ruvllm.server.model_pool import Route
-from ruvllm.server.params import Limits
-from ruvllm.server.responses import ChatFormatter
-from ruvllm.server.sse import SSEResponse
+from ruvllm.server.http.sse import SSEResponse
+from ruvllm.server.lifecycle.completion_service import ChoiceRequest, CompletionService, Submission
+from ruvllm.server.lifecycle.formatters import ChatFormatter
+from ruvllm.server.lifecycle.model_pool import Route
+from ruvllm.server.lifecycle.params import Limits
+from ruvllm.server.openai.delivery import sse_chunks
 from ruvllm.types import FinishReason, GenerationParams, GenerationResult, Timings, TokenOutput, Usage
 from starlette.requests import ClientDisconnect
 

@@ -1,10 +1,10 @@
 """A surface's table renames the shared core's fields into the ones its client sent, keeping the
-rest of the path and the error itself (server/field_names.py)."""
+rest of the path and the error itself (server/http/field_names.py)."""
 
 from __future__ import annotations
 
 from ruvllm.errors import ContextLengthExceeded, InvalidRequest
-from ruvllm.server.field_names import FieldNames, in_terms
+from ruvllm.server.http.field_names import FieldNames, in_terms
 
 NAMES = FieldNames.of({"tools[*].function": "tools[*]", "stop": "stop_sequences", "prompt": "messages",
                        "tools[*].function.parameters": "tools[*].input_schema",

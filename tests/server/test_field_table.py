@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
-from ruvllm.server.schemas import RequestBody
+from ruvllm.server.lifecycle.schemas import RequestBody
 from server_helpers import API_KEY, RunningServer
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "server.md"
@@ -691,8 +691,8 @@ def test_name_reaches_the_chat_template():
     """Honoured as vLLM honours it: handed to the template, which renders it where it has a place
     for it (``tool_call_id`` and ``tool_calls``: tests/server/test_tool_call_turns.py)."""
     from ruvllm.chat import render_chat
-    from ruvllm.server.params import message_dicts
-    from ruvllm.server.schemas import ChatMessage
+    from ruvllm.server.lifecycle.params import message_dicts
+    from ruvllm.server.lifecycle.schemas import ChatMessage
 
     messages = message_dicts([ChatMessage(role="user", content="Say hello.", name="ada")])
     assert render_chat("{% for m in messages %}{{ m.name }}: {{ m.content }}{% endfor %}", messages) == \
@@ -713,7 +713,7 @@ def test_add_special_tokens_with_messages_only_false(server):
 
 def test_refuse_unknown_query_names_the_parameter():
     from ruvllm.errors import InvalidRequest
-    from ruvllm.server.strict_fields import refuse_unknown_query
+    from ruvllm.server.http.strict_fields import refuse_unknown_query
 
     refuse_unknown_query({"model": "x"}, {"model"}, "/tokenizer_info")
     with pytest.raises(InvalidRequest) as err:
@@ -723,8 +723,8 @@ def test_refuse_unknown_query_names_the_parameter():
 
 def test_request_bodies_share_one_base():
     """The bodies this server's own modules declare refuse unknown fields through one base."""
-    from ruvllm.server.embeddings import EmbeddingRequest
-    from ruvllm.server.schemas import (
+    from ruvllm.server.lifecycle.embeddings import EmbeddingRequest
+    from ruvllm.server.lifecycle.schemas import (
         ChatCompletionRequest,
         CompletionRequest,
         DetokenizeRequest,

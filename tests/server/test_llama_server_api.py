@@ -280,7 +280,7 @@ def test_infill_on_a_model_without_the_tokens_is_a_400_naming_the_suffix(server)
     ("no new line yet", None),
 ])
 def test_the_first_line_indented_less_is_found_after_its_indentation(text, cut):
-    from ruvllm.server.llama_server_api import _under_indented
+    from ruvllm.server.llama_server.llama_server_api import _under_indented
     assert _under_indented(text, 4) == cut
 
 

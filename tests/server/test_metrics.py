@@ -14,7 +14,7 @@ import attrs
 import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from ruvllm.server.metrics import ServerMetrics
+from ruvllm.server.extensions.metrics import ServerMetrics
 from ruvllm.serving import Histogram, MetricsSnapshot, PluginMetric
 
 BUCKETS = (0.01, 0.1, 1.0)
@@ -155,7 +155,7 @@ WORKER = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_metrics import LABELS, scrape, snapshot
     from prometheus_client import multiprocess
-    from ruvllm.server.metrics import ServerMetrics
+    from ruvllm.server.extensions.metrics import ServerMetrics
 
     ttft, running, tokens, dead = json.loads(sys.argv[1])
     for pid in dead:

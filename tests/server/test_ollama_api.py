@@ -1,6 +1,6 @@
 """Ollama's own API through the official ``ollama`` client, on the embedded model.
 
-The surface is thin (server/ollama_api.py): what it must show is that a client written for
+The surface is thin (server/ollama/ollama_api.py): what it must show is that a client written for
 Ollama gets the same answers as an OpenAI client does from the same core, in Ollama's shapes:
 the same greedy text and token counts as ``/v1/chat/completions`` and ``/v1/completions``, a
 newline-delimited stream that adds up to the whole answer and ends with the engine's counts,

@@ -193,7 +193,7 @@ def test_priority_keeps_vllms_meaning():
     from types import SimpleNamespace
 
     from ruvllm.errors import InvalidRequest
-    from ruvllm.server.scheduling import submit_options
+    from ruvllm.server.lifecycle.scheduling import submit_options
 
     engine = SimpleNamespace(scheduling_policy="priority")
     # vLLM: a lower priority is served earlier; the engine's scale is the opposite.

@@ -156,8 +156,11 @@ MAX_TOKENS = 100  # as _chat: the regex's longest answer fits, so every surface 
 @pytest.fixture
 def steered(monkeypatch):
     """Every surface's request steered as ``_chat`` steers chat completions."""
-    from ruvllm.server import chat_run, completion_run, messages_api, ollama_api, responses_api
-    from ruvllm.server.completion_service import CompletionService
+    from ruvllm.server.anthropic import messages_api
+    from ruvllm.server.lifecycle import chat_run, completion_run
+    from ruvllm.server.lifecycle.completion_service import CompletionService
+    from ruvllm.server.ollama import ollama_api
+    from ruvllm.server.openai import responses_api
 
     start_chat = chat_run.start_chat
 

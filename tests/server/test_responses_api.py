@@ -1,6 +1,6 @@
 """OpenAI's Responses API through the official ``openai`` client, on the embedded model.
 
-The surface is thin (server/responses_api.py, responses_output.py): what it must show is that a
+The surface is thin (server/openai/responses_api.py, responses_output.py): what it must show is that a
 client written for the Responses API gets the same answers as a chat client does from the same
 core, in the Responses API's shapes: the same greedy text and token counts as
 ``/v1/chat/completions``, a stream of the documented events that adds up to the whole response
@@ -222,8 +222,8 @@ def test_strict_is_refused_where_the_calls_are_not_constrained():
     """Under auto a model whose template renders tools (Hermes here) writes its own call format,
     parsed but not constrained: ``strict: true`` is refused there, served everywhere else."""
     from ruvllm.errors import InvalidRequest
-    from ruvllm.server.responses_api import check_strict
-    from ruvllm.server.responses_schema import ResponsesRequest
+    from ruvllm.server.openai.responses_api import check_strict
+    from ruvllm.server.openai.responses_schema import ResponsesRequest
 
     hermes = "{% for tool in tools %}{{ tool }}{% endfor %}<tool_call>"
     body = ResponsesRequest(input="Hi", tools=[WEATHER])

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from ruvllm.config import ModelConfig, load_config
 from ruvllm.errors import ConfigError, ModelNotFound, Overloaded
 from ruvllm.server.app import create_app
-from ruvllm.server.model_pool import ModelPool, ModelSpec, ModelState
+from ruvllm.server.lifecycle.model_pool import ModelPool, ModelSpec, ModelState
 from ruvllm.server.runner import build_pool, pool_settings, with_cli_models
 from server_helpers import _require_backend
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from ruvllm.engine import EngineOptions, ServingEngine
-from ruvllm.server.model_pool import ModelPool
+from ruvllm.server.lifecycle.model_pool import ModelPool
 
 FAKES = Path(__file__).resolve().parents[1] / "engine"
 sys.path.insert(0, str(FAKES))
@@ -29,7 +29,7 @@ STUCK_SERVER = textwrap.dedent("""
     sys.path.insert(0, {fakes!r})
     from engine_fakes import FakeBackend
     from ruvllm.engine import EngineOptions, ServingEngine
-    from ruvllm.server.model_pool import ModelPool
+    from ruvllm.server.lifecycle.model_pool import ModelPool
     from ruvllm.types import GenerationParams
 
     class StuckBackend(FakeBackend):

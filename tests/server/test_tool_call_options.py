@@ -20,7 +20,7 @@ import uuid
 import pytest
 import test_server_tools_auto
 from ruvllm.guided.tools import plan_tools
-from ruvllm.server.tool_responses import ToolChatFormatter
+from ruvllm.server.lifecycle.tool_responses import ToolChatFormatter
 from ruvllm.types import FinishReason, GenerationResult, Timings, TokenLogprob, TokenOutput, Usage
 
 # The tiny tools model's server and client: those tests' fixtures (an instance per module).

@@ -7,8 +7,8 @@ import json
 import pytest
 from ruvllm.chat import render_chat
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.params import message_dicts
-from ruvllm.server.schemas import ChatMessage
+from ruvllm.server.lifecycle.params import message_dicts
+from ruvllm.server.lifecycle.schemas import ChatMessage
 
 #: The way Qwen2.5's and Hermes' templates render a previous call.
 TEMPLATE = (

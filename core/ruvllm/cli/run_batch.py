@@ -42,7 +42,7 @@ def run_batch(ctx: click.Context, input_file: str, output_file: str, backend: st
     """Answer a file of OpenAI batch requests (as vLLM's run-batch) and write OpenAI's batch output."""
     from ruvllm.cli.benchmark import progress_bar
     from ruvllm.engine import EngineOptions
-    from ruvllm.server.batch_file import check_output, parse_batch, read_text, run_lines, write_output
+    from ruvllm.server.batches.batch_file import check_output, parse_batch, read_text, run_lines, write_output
     from ruvllm.server.runner import build_app
 
     # The whole file is checked before a model loads: a malformed line costs no load time.

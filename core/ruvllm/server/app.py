@@ -3,11 +3,11 @@
 Routes only: each handler parses its body, asks the module that owns the work, and formats.
 OpenAI JSON -> prompt ids and GenerationParams is ``params``; a completion's lifecycle (submit
 every choice, cancel on refusal or disconnect, stream in batches) is
-:mod:`~ruvllm.server.completion_service`; engine outputs -> OpenAI JSON are the formatters
+:mod:`~ruvllm.server.lifecycle.completion_service`; engine outputs -> OpenAI JSON are the formatters
 (``responses``, ``tool_responses``, ``echo``), sent whole or streamed by ``delivery``.
 
 Which engine serves a request (and with which LoRA adapter) is decided in one place, the
-:class:`~ruvllm.server.model_pool.ModelPool`, from the request's ``model``; a single engine is a
+:class:`~ruvllm.server.lifecycle.model_pool.ModelPool`, from the request's ``model``; a single engine is a
 pool of one.
 """
 
@@ -26,16 +26,23 @@ from fastapi.responses import Response
 from ruvllm.feedback import send_feedback
 from ruvllm.guided.tools import plan_tools
 from ruvllm.hardware import cpu_info
-from ruvllm.server.batch_file import BatchLane
-from ruvllm.server.batches_api import register_batch_routes
-from ruvllm.server.chat_run import start_chat
-from ruvllm.server.chat_store import ChatCompletionStore, refuse_storing_nowhere, register_chat_store_routes
-from ruvllm.server.cohere_embed import register_cohere_embed_routes
-from ruvllm.server.completion_run import start_completion
-from ruvllm.server.conversations_api import ConversationStore, register_conversation_routes
-from ruvllm.server.delivery import answer
-from ruvllm.server.echo import completion_formatter
-from ruvllm.server.embeddings import (
+from ruvllm.server.anthropic.message_batches_api import register_message_batch_routes
+from ruvllm.server.anthropic.messages_api import register_messages_routes
+from ruvllm.server.batches.batch_file import BatchLane
+from ruvllm.server.batches.batches_api import register_batch_routes
+from ruvllm.server.extensions.feedback import register_feedback
+from ruvllm.server.extensions.lora import register_lora_routes
+from ruvllm.server.extensions.metrics import CONTENT_TYPE, ServerMetrics
+from ruvllm.server.extensions.tokenizer_info import QUERY_PARAMETERS, tokenizer_info
+from ruvllm.server.http.errors import install_error_handlers
+from ruvllm.server.http.field_names import FieldNames
+from ruvllm.server.http.json_bodies import JsonBodiesMiddleware
+from ruvllm.server.http.limits import RequestLimitsMiddleware, authorized
+from ruvllm.server.http.path_aliases import PathAliasesMiddleware
+from ruvllm.server.http.strict_fields import refuse_unknown_query
+from ruvllm.server.lifecycle.chat_run import start_chat
+from ruvllm.server.lifecycle.completion_run import start_completion
+from ruvllm.server.lifecycle.embeddings import (
     EmbeddingRequest,
     check_dimensions,
     embedding_limit,
@@ -44,39 +51,36 @@ from ruvllm.server.embeddings import (
     require_embeddings,
     split_inputs,
 )
-from ruvllm.server.errors import install_error_handlers
-from ruvllm.server.feedback import register_feedback
-from ruvllm.server.field_names import FieldNames
-from ruvllm.server.json_bodies import JsonBodiesMiddleware
-from ruvllm.server.limits import RequestLimitsMiddleware, authorized
-from ruvllm.server.llama_server_api import register_llama_server_routes
-from ruvllm.server.llama_server_info import register_llama_server_info_routes
-from ruvllm.server.lora import register_lora_routes
-from ruvllm.server.message_batches_api import register_message_batch_routes
-from ruvllm.server.messages_api import register_messages_routes
-from ruvllm.server.metrics import CONTENT_TYPE, ServerMetrics
-from ruvllm.server.model_pool import ModelEntry, ModelPool
-from ruvllm.server.ollama_api import register_ollama_routes
-from ruvllm.server.openapi import install_openapi_limits
-from ruvllm.server.params import (
+from ruvllm.server.lifecycle.model_pool import ModelEntry, ModelPool
+from ruvllm.server.lifecycle.params import (
     Limits,
     chat_prompt_ids,
     completion_prompts,
     truncated,
 )
-from ruvllm.server.path_aliases import PathAliasesMiddleware
-from ruvllm.server.response_store import ResponseStore
-from ruvllm.server.responses_api import register_responses_routes
-from ruvllm.server.scheduling import priority_scheduling
-from ruvllm.server.schemas import (
+from ruvllm.server.lifecycle.scheduling import priority_scheduling
+from ruvllm.server.lifecycle.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from ruvllm.server.scoring import register_scoring_routes
-from ruvllm.server.strict_fields import refuse_unknown_query
-from ruvllm.server.tokenizer_info import QUERY_PARAMETERS, tokenizer_info
+from ruvllm.server.llama_server.llama_server_api import register_llama_server_routes
+from ruvllm.server.llama_server.llama_server_info import register_llama_server_info_routes
+from ruvllm.server.ollama.ollama_api import register_ollama_routes
+from ruvllm.server.openai.chat_store import (
+    ChatCompletionStore,
+    refuse_storing_nowhere,
+    register_chat_store_routes,
+)
+from ruvllm.server.openai.conversations_api import ConversationStore, register_conversation_routes
+from ruvllm.server.openai.delivery import answer
+from ruvllm.server.openai.echo import completion_formatter
+from ruvllm.server.openai.response_store import ResponseStore
+from ruvllm.server.openai.responses_api import register_responses_routes
+from ruvllm.server.openapi import install_openapi_limits
+from ruvllm.server.scoring.cohere_embed import register_cohere_embed_routes
+from ruvllm.server.scoring.scoring import register_scoring_routes
 from ruvllm.server.ui.page import ChatPageMiddleware
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable, require_in_vocabulary, token_piece

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from ruvllm.server.params import Limits
+from ruvllm.server.lifecycle.params import Limits
 
 
 def _int_branch(prop: dict[str, Any]) -> dict[str, Any]:

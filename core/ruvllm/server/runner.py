@@ -2,7 +2,7 @@
 
 The model is loaded *before* the socket is bound, so a model that cannot load makes the command
 fail with the reason; nothing is ever served in its place. With ``[[models]]`` (or several
-``--model``) the models go into a :class:`~ruvllm.server.model_pool.ModelPool` instead and load on
+``--model``) the models go into a :class:`~ruvllm.server.lifecycle.model_pool.ModelPool` instead and load on
 first use, or at start with ``preload``; a preloaded model that fails stops the server's start.
 """
 
@@ -21,8 +21,8 @@ from fastapi import FastAPI
 from ruvllm.config import Config, ModelConfig
 from ruvllm.errors import ConfigError
 from ruvllm.server.app import ServerSettings, create_app
-from ruvllm.server.model_pool import ModelPool, ModelSpec
-from ruvllm.server.params import Limits
+from ruvllm.server.lifecycle.model_pool import ModelPool, ModelSpec
+from ruvllm.server.lifecycle.params import Limits
 from ruvllm.server.ui.page import page_url
 from ruvllm.serving import AsyncEngine
 

@@ -1,0 +1,1 @@
+"""Anthropic's API surface: the Messages API, count_tokens and Message Batches."""

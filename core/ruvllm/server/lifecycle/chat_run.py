@@ -1,0 +1,107 @@
+"""One chat request from its body to a running submission: the part every API surface shares.
+
+OpenAI's ``/v1/chat/completions`` and Anthropic's ``/v1/messages`` differ in their JSON, not in
+what happens to a conversation: the prompt is the model's chat template over the messages (tools
+taught where the template cannot render them), the parameters are checked against the server's
+limits and the model's context, the grammar (tools, structured output) is compiled, and every
+choice is submitted through the :class:`~ruvllm.server.lifecycle.completion_service.CompletionService`.
+A surface translates its body into a :class:`~ruvllm.server.lifecycle.schemas.ChatCompletionRequest` and
+formats what comes back; everything in between is here, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from ruvllm.errors import InvalidRequest
+from ruvllm.guided.request import RequestConstraint, chat_constraint
+from ruvllm.guided.request import processors as guided_processors
+from ruvllm.reasoning import Reasoning, reasoning_for
+from ruvllm.server.lifecycle.completion_service import ChoiceRequest, CompletionService, Submission
+from ruvllm.server.lifecycle.formatters import ChatFormatter
+from ruvllm.server.lifecycle.model_pool import Route
+from ruvllm.server.lifecycle.params import (
+    Limits,
+    chat_prompt_ids,
+    message_dicts,
+    prediction_ids,
+    seeded,
+    truncated,
+)
+from ruvllm.server.lifecycle.scheduling import submit_options
+from ruvllm.server.lifecycle.schemas import ChatCompletionRequest
+from ruvllm.server.lifecycle.tool_responses import chat_formatter
+
+
+@attrs.frozen
+class ChatRun:
+    submission: Submission
+    #: OpenAI's chat shapes of the outputs (tool calls parsed out where the plan expects them).
+    formatter: ChatFormatter
+    prompt_ids: list[int]
+
+
+async def chat_prompt(route: Route, body: ChatCompletionRequest) -> list[int]:
+    """The prompt's token ids, as :func:`start_chat` would run them (count_tokens, tokenize)."""
+    return (await _constrained_prompt(route, body))[1]
+
+
+async def _constrained_prompt(route: Route,
+                              body: ChatCompletionRequest) -> tuple[RequestConstraint, list[int]]:
+    constraint = chat_constraint(body, route.engine.info.chat_template)
+    options = body.template_options()
+    ids = truncated(await chat_prompt_ids(route.engine, body.messages, constraint.tools, options),
+                    body.truncate_prompt_tokens, body.truncation_side, route.engine.info.context_length)
+    if constraint.spec is not None and options.continues(message_dicts(body.messages)):
+        raise InvalidRequest(constraint.spec.field, "cannot constrain a continued final message (assistant "
+                             "prefill): the grammar starts at the answer's first token, and this answer "
+                             "starts inside the final message; drop one (continue_final_message: false "
+                             "starts a new answer)")
+    return constraint, ids
+
+
+async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, *, id_prefix: str,
+                     extra_params: Mapping[str, Any] | None = None) -> ChatRun:
+    """Check ``body``, submit its choices on ``route`` and return them running (a refusal raises
+    before anything runs). ``extra_params``: GenerationParams a surface sets beyond a chat
+    request's fields (Ollama's llama.cpp penalty window and Mirostat)."""
+    service = CompletionService(route, limits)
+    engine = route.engine
+    constraint, ids = await _constrained_prompt(route, body)
+    params = attrs.evolve(service.choice_params(body, ids), **(extra_params or {}),
+                          banned_sequences=await service.bad_word_sequences(body.bad_words))
+    procs = await guided_processors(engine, constraint.spec, body.n)
+    predicted = await prediction_ids(engine, body.prediction)
+    submission = await service.submit(
+        [ChoiceRequest(index=i, prompt_ids=ids, params=seeded(params, i), processors=procs[i])
+         for i in range(body.n)],
+        id_prefix=id_prefix, prediction=predicted, **submit_options(body.priority, body.cache_salt, engine))
+    fmt = chat_formatter(submission.id, route.served_name, engine.tokenizer, params.logprobs,
+                         constraint.tools, prompt_reasoning(route, limits, ids), predicted=bool(predicted),
+                         legacy_functions=body.legacy_functions)
+    fmt.answer_as_asked(body, dict.fromkeys(range(body.n), ids))
+    return ChatRun(submission, fmt, ids)
+
+
+#: Prompt tokens read back to see whether the template left a thinking block open: the tag and
+#: the newline around it, with room to spare.
+_PROMPT_TAIL_TOKENS = 16
+
+
+def thinks(route: Route, limits: Limits) -> bool:
+    """Whether the route's model thinks: its answers are split into thinking and answer (the
+    server's ``reasoning_format`` and the model's chat template decide, not the request). The
+    surfaces ask it before anything runs, to refuse what only a thinking model can honour."""
+    return reasoning_for(limits.reasoning_format, route.engine.info.chat_template, "") is not None
+
+
+def prompt_reasoning(route: Route, limits: Limits, ids: list[int]) -> Reasoning | None:
+    """The split of the outputs of a templated prompt (``ids``) on the route's model: None where the
+    model does not think, else whether the prompt left the thinking block open (chat, and
+    Ollama's ``/api/generate``)."""
+    engine = route.engine
+    tail = engine.tokenizer.decode(ids[-_PROMPT_TAIL_TOKENS:], skip_special=False)
+    return reasoning_for(limits.reasoning_format, engine.info.chat_template, tail)

@@ -1,0 +1,398 @@
+"""Ollama's own API on the same engine: ``/api/chat``, ``/api/generate``, ``/api/tags``,
+``/api/show``, ``/api/ps``, ``/api/embed``, ``/api/embeddings``, ``/api/version`` and ``/api/pull``
+of a served model; the routes that change Ollama's model store are refused by name.
+
+A thin surface, as :mod:`ruvllm.server.anthropic.messages_api` is. A chat body is checked in Ollama's
+terms (:mod:`ruvllm.server.ollama.ollama_schemas`) and translated into the chat request every surface
+runs (:mod:`ruvllm.server.lifecycle.chat_run`: the model's template, tools taught where it renders none,
+limits, grammar, the one sampler). ``/api/generate`` is a completion on token ids: the prompt in
+the chat template (or as is with ``raw``) after the token ``context`` of an earlier answer, run
+through the same :class:`~ruvllm.server.lifecycle.completion_service.CompletionService` as
+``/v1/completions``. Answers are Ollama's objects, streamed as newline-delimited JSON by default
+(Ollama's ``stream`` defaults to true), the last one ``done: true`` with the engine's own counts
+and timings in nanoseconds. Embeddings are ``/v1/embeddings``' vectors.
+
+Errors name the field the client sent (``options.num_predict``, not chat's ``max_tokens``) and
+take Ollama's shape, ``{"error": "..."}``, with Ollama's statuses (an unknown model is a 404),
+through :func:`ruvllm.server.http.errors.surface_body`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import attrs
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from ruvllm.errors import ContextLengthExceeded, InvalidRequest, ModelStoreReadOnly
+from ruvllm.server.http.field_names import FieldNames, in_terms
+from ruvllm.server.http.sse import SSEResponse
+from ruvllm.server.lifecycle.answering import answer
+from ruvllm.server.lifecycle.chat_run import prompt_reasoning, start_chat, thinks
+from ruvllm.server.lifecycle.completion_run import start_completion
+from ruvllm.server.lifecycle.completion_service import Arrival, Outcome, Submission
+from ruvllm.server.lifecycle.embeddings import check_dimensions, input_ids, require_embeddings, split_inputs
+from ruvllm.server.lifecycle.formatters import ChatFormatter
+from ruvllm.server.lifecycle.model_pool import ModelPool, Route
+from ruvllm.server.lifecycle.params import Limits, chat_prompt_ids, completion_prompts
+from ruvllm.server.lifecycle.schemas import ChatMessage, CompletionRequest
+from ruvllm.server.ollama.ollama_models import Catalogue, iso_time, pool_name
+from ruvllm.server.ollama.ollama_schemas import (
+    OllamaChatRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    OllamaGenerateRequest,
+    OllamaOptions,
+    OllamaPullRequest,
+    OllamaShowRequest,
+    chat_request,
+    check_generate,
+    check_think,
+    format_schema,
+    keep_alive_seconds,
+    llama_cpp_params,
+    refuse_embedding_options,
+    sampling_fields,
+    top_logprobs,
+)
+from ruvllm.tokenizer import require_in_vocabulary
+from ruvllm.types import GenerationResult, TokenOutput
+
+#: The Ollama release whose API this surface follows (``think``, ``tool_name``, ``logprobs``):
+#: clients read ``/api/version`` to decide which features to use.
+OLLAMA_VERSION = "0.13.0"
+
+#: Chat's field -> the field an Ollama client sent, for the errors the shared core raises.
+_OLLAMA_FIELDS = {
+    "max_tokens": "options.num_predict", "temperature": "options.temperature", "top_p": "options.top_p",
+    "top_k": "options.top_k", "min_p": "options.min_p", "seed": "options.seed", "stop": "options.stop",
+    "presence_penalty": "options.presence_penalty", "frequency_penalty": "options.frequency_penalty",
+    "repetition_penalty": "options.repeat_penalty", "guided_json": "format", "mirostat": "options.mirostat",
+    "mirostat_tau": "options.mirostat_tau", "mirostat_eta": "options.mirostat_eta",
+}
+
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+class NDJSONResponse(SSEResponse):
+    """Ollama's stream: one JSON object per line. SSEResponse's closing (which cancels the
+    engine requests when the client leaves) with NDJSON's media type."""
+
+    media_type = "application/x-ndjson"
+
+
+def _now() -> str:
+    return iso_time(time.time())
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9)
+
+
+def _line(obj: dict[str, Any]) -> str:
+    return _encode(obj) + "\n"
+
+
+def _ollama_names(prompt_field: str) -> FieldNames:
+    """The shared core's fields as an Ollama client sent them; the prompt is ``prompt_field``."""
+    return FieldNames.of({**_OLLAMA_FIELDS, "prompt": prompt_field, "input": prompt_field})
+
+
+@contextlib.contextmanager
+def _in_ollama_terms(prompt_field: str, num_ctx: int | None = None) -> Iterator[None]:
+    """Re-raise the shared core's refusals naming the field the Ollama client sent; a prompt
+    that does not fit a smaller ``num_ctx`` names that option."""
+    try:
+        yield
+    except ContextLengthExceeded as exc:
+        if num_ctx is None or exc.context_length != num_ctx:
+            raise InvalidRequest(prompt_field, str(exc).removeprefix("prompt: "), exc.value) from None
+        asked = "" if exc.prompt_tokens >= num_ctx else f" and {exc.max_tokens} more were requested"
+        raise InvalidRequest("options.num_ctx", f"the prompt has {exc.prompt_tokens} tokens{asked}, but "
+                             f"num_ctx is {num_ctx}; raise num_ctx, shorten the {prompt_field} or lower "
+                             "options.num_predict", num_ctx) from None
+    except InvalidRequest as exc:
+        _ollama_names(prompt_field).renamed(exc)
+        raise
+
+
+def _num_ctx(options: OllamaOptions | None) -> int | None:
+    return options.num_ctx if options is not None else None
+
+
+def _request_limits(limits: Limits, num_ctx: int | None) -> Limits:
+    """The server's limits with ``num_ctx`` as a tighter cap on prompt + answer: Ollama sizes
+    the loaded context with it; here the server's context is fixed, so a smaller one bounds the
+    request (a prompt that does not fit is a 400: nothing is cut) and a larger one changes
+    nothing a request may use."""
+    if num_ctx is None:
+        return limits
+    return attrs.evolve(limits, max_context=min(num_ctx, limits.max_context or num_ctx))
+
+
+def _tool_call(call: dict[str, Any], index: int) -> dict[str, Any]:
+    """OpenAI's tool call (arguments a JSON string) as Ollama's (arguments an object)."""
+    function = call["function"]
+    return {"id": call["id"], "function": {"index": index, "name": function["name"],
+                                           "arguments": json.loads(function["arguments"])}}
+
+
+@attrs.frozen(kw_only=True)
+class _Exchange:
+    """One running ``/api/chat`` or ``/api/generate`` request, and how its objects look."""
+
+    submission: Submission
+    formatter: ChatFormatter
+    prompt_ids: list[int]
+    #: The name the client sent: Ollama answers with it.
+    model: str
+    #: ``message`` objects (``/api/chat``), else ``response`` text (``/api/generate``).
+    chat: bool
+    #: ``time.monotonic_ns()`` when the request arrived, and the nanoseconds its model took to be ready.
+    started: int
+    load: int
+    #: The shared core's fields as the client sent them, for a refusal after the answer started.
+    names: FieldNames
+    #: The last object carries the token context (``/api/generate`` without ``raw``).
+    context: bool = False
+    #: A thinking model's thinking comes back (``think`` not false), in ``thinking``.
+    thinking: bool = True
+
+    def piece(self, choice: dict[str, Any], *, done: bool = False) -> dict[str, Any]:
+        """The object of one OpenAI chat choice (a chunk's ``delta`` or a whole ``message``)."""
+        said = choice.get("delta", choice.get("message")) or {}
+        text = said.get("content") or ""
+        out: dict[str, Any] = {"model": self.model, "created_at": _now()}
+        thinking = {"thinking": said["reasoning_content"]} \
+            if self.thinking and said.get("reasoning_content") else {}
+        if self.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": text, **thinking}
+            if said.get("tool_calls"):
+                message["tool_calls"] = [_tool_call(c, k) for k, c in enumerate(said["tool_calls"])]
+            out["message"] = message
+        else:
+            out.update(response=text, **thinking)
+        if choice.get("logprobs"):
+            out["logprobs"] = choice["logprobs"]["content"]
+        out["done"] = done
+        return out
+
+    def _says(self, choice: dict[str, Any]) -> bool:
+        """Whether a chunk's choice has something to send (thinking left out is not)."""
+        said = {k for k, v in choice["delta"].items() if v}
+        if not self.thinking:
+            said.discard("reasoning_content")
+        return bool(said or choice.get("logprobs"))
+
+    def final(self, choice: dict[str, Any], result: GenerationResult) -> dict[str, Any]:
+        """The ``done: true`` object: why it ended, the engine's counts and timings (ns)."""
+        out = self.piece(choice, done=True)
+        out["done_reason"] = "length" if choice["finish_reason"] == "length" else "stop"
+        if self.context:
+            out["context"] = [*self.prompt_ids, *result.token_ids]
+        usage, timings = result.usage, result.timings
+        out.update(total_duration=time.monotonic_ns() - self.started, load_duration=self.load,
+                   prompt_eval_count=usage.prompt_tokens, prompt_eval_duration=_ns(timings.prefill),
+                   eval_count=usage.completion_tokens, eval_duration=_ns(timings.decode))
+        return out
+
+    def lines(self) -> AsyncIterator[str]:
+        """The stream: an object per token that has text (or thinking), the tool calls (chat)
+        once the answer is complete, then the final object; a failure after the start is an
+        ``{"error": ...}`` line (the status was sent long ago), which Ollama's clients raise."""
+        return self.submission.writes(self._lines_of)
+
+    def _lines_of(self, item: Arrival) -> list[str]:
+        if isinstance(item, TokenOutput):
+            chunk = self.formatter.token(0, item)
+            return [_line(self.piece(chunk["choices"][0]))] \
+                if chunk is not None and self._says(chunk["choices"][0]) else []
+        if isinstance(item, GenerationResult):
+            last = self.formatter.finish(0, item.finish_reason.value)["choices"][0]
+            said = [_line(self.piece(last))] if self._says(last) else []
+            return [*said, _line(self.final({"finish_reason": last["finish_reason"]}, item))]
+        return [_line({"error": str(in_terms(item, self.names))})]
+
+    async def answer(self, stream: bool, request: Request) -> Response:
+        """The NDJSON stream, or the whole answer as one object (499 when the client left first)."""
+        def whole(outcomes: list[Outcome]) -> Response:
+            choice = self.formatter.complete(outcomes, [len(self.prompt_ids)])["choices"][0]
+            return JSONResponse(self.final(choice, outcomes[0][1]))
+
+        with self.names.speaking():
+            return await answer(self.submission, request, streamed=self.lines if stream else None,
+                                whole=whole, stream_class=NDJSONResponse)
+
+
+async def _generate_ids(route: Route, body: OllamaGenerateRequest) -> list[int]:
+    """The prompt's token ids: as is with ``raw`` (tokenized as ``/v1/completions`` does), the
+    fill-in-the-middle prompt with a ``suffix``, else the earlier ``context`` followed by the
+    system and prompt in the model's chat template."""
+    engine = route.engine
+    if body.raw or body.suffix:
+        return (await completion_prompts(engine, body.prompt, body.suffix))[0]
+    context = body.context or []
+    require_in_vocabulary("context", context, engine.info.vocab_size,
+                          "; send the context an earlier answer of this model returned")
+    turn = [ChatMessage(role="system", content=body.system)] if body.system else []
+    return [*context, *await chat_prompt_ids(engine, [*turn, ChatMessage(role="user", content=body.prompt)])]
+
+
+@contextlib.asynccontextmanager
+async def _route(pool: ModelPool, model: str,
+                 keep_alive: float | str | None = None) -> AsyncIterator[tuple[Route, int]]:
+    """The request's route, and the nanoseconds its model took to be ready (Ollama's load_duration).
+    ``keep_alive`` holds for the model from this request on, as in Ollama (the pool's reaper
+    unloads it once idle that long)."""
+    began = time.monotonic_ns()
+    async with pool.route(pool_name(pool, model), keep_alive_seconds(keep_alive)) as route:
+        yield route, time.monotonic_ns() - began
+
+
+async def _load_or_unload(pool: ModelPool, model: str, keep_alive: float | str | None, *,
+                          chat: bool) -> dict[str, Any]:
+    """Ollama's answer to an empty prompt or conversation: the model is loaded and nothing is
+    generated, or with ``keep_alive`` 0 it is unloaded (once no other request is using it)."""
+    async with _route(pool, model, keep_alive):
+        pass
+    unload = keep_alive_seconds(keep_alive) == 0
+    if unload:
+        await pool.reap()
+    said = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
+    return {"model": model, "created_at": _now(), **said, "done": True,
+            "done_reason": "unload" if unload else "load"}
+
+
+def _refuse_store_change(endpoint: str):
+    """The handler of an Ollama route that would change the model store (see ModelStoreReadOnly)."""
+    async def refuse() -> Response:
+        raise ModelStoreReadOnly(endpoint)
+    return refuse
+
+
+def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> None:
+    """Ollama's routes on ``app``, serving ``pool``'s models within the server's ``limits``."""
+    catalogue = Catalogue(pool, limits)
+
+    @app.post("/api/chat")
+    async def chat(body: OllamaChatRequest, request: Request) -> Response:
+        started = time.monotonic_ns()
+        if not body.messages:
+            return JSONResponse(await _load_or_unload(pool, body.model, body.keep_alive, chat=True))
+        with _in_ollama_terms("messages"):
+            chat_body = chat_request(body)
+        async with _route(pool, body.model, body.keep_alive) as (route, load):
+            check_think(body.think, thinks(route, limits))
+            num_ctx = _num_ctx(body.options)
+            with _in_ollama_terms("messages", num_ctx):
+                run = await start_chat(route, chat_body, _request_limits(limits, num_ctx), id_prefix="ollama",
+                                       extra_params=llama_cpp_params(body.options,
+                                                                     route.engine.capabilities.core_sampler))
+            exchange = _Exchange(submission=run.submission, formatter=run.formatter,
+                                 prompt_ids=run.prompt_ids, model=body.model, chat=True, started=started,
+                                 load=load, thinking=body.think is not False, names=_ollama_names("messages"))
+            return await exchange.answer(body.stream is not False, request)
+
+    @app.post("/api/generate")
+    async def generate(body: OllamaGenerateRequest, request: Request) -> Response:
+        started = time.monotonic_ns()
+        check_generate(body)
+        if not body.prompt:
+            return JSONResponse(await _load_or_unload(pool, body.model, body.keep_alive, chat=False))
+        logprobs = top_logprobs(body)
+        sampling = {**sampling_fields(body.options), "guided_json": format_schema(body.format)}
+        async with _route(pool, body.model, body.keep_alive) as (route, load):
+            engine = route.engine
+            templated = not body.raw and not body.suffix
+            check_think(body.think, templated and thinks(route, limits))
+            if logprobs is not None and not engine.capabilities.logprobs:
+                raise InvalidRequest("logprobs", "this model's backend cannot report logprobs (see "
+                                     "`ruvllm backends`)")
+            num_ctx = _num_ctx(body.options)
+            with _in_ollama_terms("prompt", num_ctx):
+                ids = await _generate_ids(route, body)
+                extra = {"logprobs": logprobs,
+                         **llama_cpp_params(body.options, engine.capabilities.core_sampler)}
+                run = await start_completion(route, CompletionRequest(prompt=ids, **sampling), [ids],
+                                             _request_limits(limits, num_ctx), id_prefix="ollama",
+                                             adjust=lambda params: attrs.evolve(params, **extra))
+            submission = run.submission
+            formatter = ChatFormatter(submission.id, route.served_name, engine.tokenizer, logprobs,
+                                      reasoning=prompt_reasoning(route, limits, ids) if templated else None)
+            exchange = _Exchange(submission=submission, formatter=formatter, prompt_ids=ids, model=body.model,
+                                 chat=False, started=started, load=load, context=templated,
+                                 thinking=body.think is not False, names=_ollama_names("prompt"))
+            return await exchange.answer(body.stream is not False, request)
+
+    @app.get("/api/tags")
+    async def tags() -> dict[str, Any]:
+        return {"models": [catalogue.details(name, entry) for name, entry in catalogue.models()]}
+
+    @app.get("/api/ps")
+    async def ps() -> dict[str, Any]:
+        return {"models": catalogue.running()}
+
+    @app.post("/api/show")
+    async def show(body: OllamaShowRequest) -> dict[str, Any]:
+        async with _route(pool, body.model) as (route, _):
+            return catalogue.show(route)
+
+    async def vectors_of(model: str, inputs: list[str | list[int]],
+                         keep_alive: float | str | None) -> tuple[list[list[int]], Any, int]:
+        """The inputs' token ids, their vectors (as /v1/embeddings') and the model's load time."""
+        async with _route(pool, model, keep_alive) as (route, load):
+            engine = route.engine
+            require_embeddings(route, model, "/api/embed")
+            ids = await input_ids(engine, inputs) if inputs else []
+            return ids, (await engine.embed_async(ids) if ids else []), load
+
+    @app.post("/api/embed")
+    async def embed(body: OllamaEmbedRequest) -> dict[str, Any]:
+        started = time.monotonic_ns()
+        refuse_embedding_options(body.options)
+        check_dimensions(body.dimensions)
+        # Ollama answers an empty input with no vectors (having loaded the model).
+        inputs = split_inputs(body.input) if body.input not in ("", []) else []
+        ids, vectors, load = await vectors_of(body.model, inputs, body.keep_alive)
+        return {"model": body.model, "embeddings": [v.tolist() for v in vectors],
+                "total_duration": time.monotonic_ns() - started, "load_duration": load,
+                "prompt_eval_count": sum(len(x) for x in ids)}
+
+    @app.post("/api/embeddings")
+    async def embeddings(body: OllamaEmbeddingsRequest) -> dict[str, Any]:
+        """Ollama's older endpoint: one prompt, one vector (normalised here, as /api/embed's)."""
+        refuse_embedding_options(body.options)
+        with _in_ollama_terms("prompt"):
+            inputs = [body.prompt] if body.prompt else []
+            _, vectors, _ = await vectors_of(body.model, inputs, body.keep_alive)
+        return {"embedding": vectors[0].tolist() if body.prompt else []}
+
+    @app.get("/api/version")
+    async def version() -> dict[str, str]:
+        return {"version": OLLAMA_VERSION}
+
+    @app.post("/api/pull")
+    async def pull(body: OllamaPullRequest) -> Response:
+        """A served model is here already, so pulling it (what ``ollama run`` and chat UIs send
+        before first use) succeeds at once, downloading and loading nothing; another name is the
+        404 naming the served models."""
+        pool_name(pool, body.model)
+        done = {"status": "success"}
+        if body.stream is False:
+            return JSONResponse(done)
+        return Response(_line(done), media_type=NDJSONResponse.media_type)
+
+    for endpoint in ("/api/delete", "/api/copy", "/api/create", "/api/push"):
+        app.add_api_route(endpoint, _refuse_store_change(endpoint), methods=["POST", "DELETE"],
+                          include_in_schema=False)
+
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    async def running() -> PlainTextResponse:
+        """What Ollama answers at its root: its own CLI (``OLLAMA_HOST=... ollama run``) and other
+        clients probe ``HEAD /`` before anything else."""
+        return PlainTextResponse("Ollama is running")

@@ -1,0 +1,1 @@
+"""Relevance scoring (vLLM's /score, the rerank endpoints) and Cohere's embed API."""
