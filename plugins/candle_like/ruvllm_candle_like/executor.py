@@ -91,19 +91,12 @@ class _PoolStep:
         return None
 
 
-class _StepAttention:
-    """The per-step plan the model's forward calls back into for each layer."""
+class _KvAccess:
+    """What both attention plans do with a step's KV: store a layer's new K/V, read positions."""
 
-    def __init__(self, ex: PagedExecutor, kv: _PoolStep | TwoTierStep, decode_rows: torch.Tensor | None,
-                 decode_gather: torch.Tensor | None, decode_valid: torch.Tensor | None,
-                 prefills: list[_Prefill], all_decode_in_order: bool):
+    def __init__(self, ex: PagedExecutor, kv: _PoolStep | TwoTierStep):
         self.ex = ex
         self.kv = kv
-        self.decode_rows = decode_rows
-        self.decode_gather = decode_gather
-        self.decode_valid = decode_valid
-        self.prefills = prefills
-        self.all_decode_in_order = all_decode_in_order
 
     def _read(self, pool: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         out = pool.index_select(0, index)
@@ -123,6 +116,20 @@ class _StepAttention:
             def read(index: torch.Tensor) -> KeysValues:
                 return self._read(k_pool, index), self._read(v_pool, index)
         return read
+
+
+class _StepAttention(_KvAccess):
+    """The per-step plan the model's forward calls back into for each layer."""
+
+    def __init__(self, ex: PagedExecutor, kv: _PoolStep | TwoTierStep, decode_rows: torch.Tensor | None,
+                 decode_gather: torch.Tensor | None, decode_valid: torch.Tensor | None,
+                 prefills: list[_Prefill], all_decode_in_order: bool):
+        super().__init__(ex, kv)
+        self.decode_rows = decode_rows
+        self.decode_gather = decode_gather
+        self.decode_valid = decode_valid
+        self.prefills = prefills
+        self.all_decode_in_order = all_decode_in_order
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         read = self._reader(layer, k, v)
@@ -146,17 +153,19 @@ class _StepAttention:
         return out
 
 
-class _InvariantAttention(_StepAttention):
+class _InvariantAttention(_KvAccess):
     """The batch-invariant plan (:mod:`ruvllm_candle_like.invariant`): the decode entries of a
     step attend together, each over its own keys padded to whole tiles, and each prefill chunk
-    alone; every query meets the same kernels whatever shares the step."""
+    alone; every query meets the same kernels whatever shares the step.
 
-    def __init__(self, ex: PagedExecutor, kv: _PoolStep | TwoTierStep, batch: Sequence[BatchEntry]):
-        super().__init__(ex, kv, None, None, None, [], all_decode_in_order=False)
+    Attention runs head-major (``[Hkv, B, rows, D]``): the pool's K/V are gathered straight into
+    that layout, where a sequence-major batch would copy every gathered K and V once more."""
+
+    def __init__(self, ex: PagedExecutor, kv: _PoolStep, batch: Sequence[BatchEntry]):
+        super().__init__(ex, kv)
         dev = ex.device
         cfg = ex.model.cfg
         self.group = g = cfg.num_heads // cfg.num_kv_heads
-        rows = whole_blocks(g)
         decode_rows: list[int] = []
         decode_gathers: list[np.ndarray] = []
         self.chunks: list[tuple[slice, torch.Tensor, torch.Tensor]] = []
@@ -175,14 +184,17 @@ class _InvariantAttention(_StepAttention):
                 self.chunks.append((slice(row, row + n), self._padded(gather, length),
                                     visible_keys(pos, length)[None, None]))
             row += n
-        self.decode: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.decode: tuple[slice | torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         if decode_rows:
             length = tiled_length(max(len(x) for x in decode_gathers))
             gathers = torch.stack([self._padded(x, length) for x in decode_gathers])
-            pos = torch.zeros((len(decode_rows), rows), dtype=torch.long, device=dev)
+            pos = torch.zeros((len(decode_rows), whole_blocks(g)), dtype=torch.long, device=dev)
             pos[:, :g] = torch.tensor([len(x) - 1 for x in decode_gathers], device=dev)[:, None]
             visible = torch.arange(length, device=dev)[None, None, :] <= pos[:, :, None]
-            self.decode = (torch.tensor(decode_rows, device=dev), gathers, visible[:, None])
+            # A step of decodes alone has them in rows 0..B-1: a slice, not a gather and a scatter.
+            leading = decode_rows == list(range(len(decode_rows)))
+            rows = slice(0, len(decode_rows)) if leading else torch.tensor(decode_rows, device=dev)
+            self.decode = (rows, gathers, visible[None])
 
     def _padded(self, gather: np.ndarray, length: int) -> torch.Tensor:
         """The slots of ``gather``, then its first slot again up to ``length`` (masked keys)."""
@@ -190,8 +202,19 @@ class _InvariantAttention(_StepAttention):
         out[: len(gather)] = gather
         return torch.from_numpy(out).to(self.ex.device)
 
+    def _head_major(self, layer: int, k: torch.Tensor,
+                    v: torch.Tensor) -> Callable[[torch.Tensor], KeysValues]:
+        """Store the layer's new K/V; return what reads K and V of pool positions as [Hkv, N, D]."""
+        pool = self.kv.sources(layer, k, v).permute(1, 2, 0, 3)  # [2, Hkv, slots, D]
+
+        def read(index: torch.Tensor) -> KeysValues:
+            out = pool.index_select(2, index)
+            out = out if out.dtype == self.ex.compute_dtype else out.to(self.ex.compute_dtype)
+            return out[0], out[1]
+        return read
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        read = self._reader(layer, k, v)
+        read = self._head_major(layer, k, v)
         t, h, d = q.shape
         h_kv, g = k.shape[1], self.group
         out = q.new_empty((t, h * d))
@@ -199,17 +222,19 @@ class _InvariantAttention(_StepAttention):
             rows, gathers, visible = self.decode
             b, length = gathers.shape
             keys, values = read(gathers.reshape(-1))
-            qd = pad_rows(q[rows].view(b, h_kv, g, d).permute(2, 0, 1, 3)).permute(1, 2, 0, 3)
-            att = attend_tiled(qd, keys.view(b, length, h_kv, d).transpose(1, 2),
-                               values.view(b, length, h_kv, d).transpose(1, 2), visible)
-            out[rows] = att[:, :, :g].reshape(b, h * d)
+            # [B, Hkv, G, D] -> [G, Hkv, B, D], padded -> [Hkv, B, rows, D]
+            qd = pad_rows(q[rows].view(b, h_kv, g, d).permute(2, 1, 0, 3)).permute(1, 2, 0, 3)
+            att = attend_tiled(qd, keys.view(h_kv, b, length, d), values.view(h_kv, b, length, d), visible)
+            att = att[:, :, :g].permute(1, 0, 2, 3).reshape(b, h * d)
+            if not self.chunks and isinstance(rows, slice):
+                return att
+            out[rows] = att
         for span, gather, visible in self.chunks:
             keys, values = read(gather)
             n = span.stop - span.start
             qp = pad_rows(q[span].view(n, h_kv, g, d).permute(2, 0, 1, 3).reshape(g * n, h_kv, d))
-            att = attend_tiled(qp.transpose(0, 1)[None], keys.transpose(0, 1)[None],
-                               values.transpose(0, 1)[None], visible)
-            out[span] = att[0, :, : g * n].reshape(h_kv, g, n, d).permute(2, 0, 1, 3).reshape(n, h * d)
+            att = attend_tiled(qp.transpose(0, 1)[:, None], keys[:, None], values[:, None], visible)
+            out[span] = att[:, 0, : g * n].reshape(h_kv, g, n, d).permute(2, 0, 1, 3).reshape(n, h * d)
         return out
 
 
@@ -321,40 +346,24 @@ class PagedExecutor:
             if any(not 0 <= t < vocab for t in e.tokens):
                 raise InvalidRequest("tokens", f"sequence {e.seq_id}: token ids must be in [0, {vocab})")
 
-    @torch.inference_mode()
-    def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
-        self._check(batch)
+    def _plan(self, kv: _PoolStep | TwoTierStep, batch: Sequence[BatchEntry]) -> _StepAttention:
+        """The default attention plan: decode entries in one padded batch, prefills one by one."""
         dev = self.device
-        kv = _PoolStep(self, batch) if self.two_tier is None else self.two_tier.begin(batch)
-        tokens: list[int] = []
-        positions: list[np.ndarray] = []
-        logit_rows: list[int] = []
         decode_rows: list[int] = []
         decode_lengths: list[int] = []
         decode_entries: list[int] = []
         prefills: list[_Prefill] = []
-        # Each adapter object is taken once for the whole step: a swap published meanwhile
-        # reaches the next step, never half of this one.
-        spans: list[tuple[int, int, LoraAdapter | None]] = []
         row = 0
         for i, e in enumerate(batch):
             n = len(e.tokens)
-            end = e.start_pos + n
-            spans.append((row, n, None if e.adapter is None else self.adapters.resolve(e.adapter)))
-            tokens.extend(e.tokens)
-            positions.append(np.arange(e.start_pos, end))
             if n == 1:
                 decode_rows.append(row)
-                decode_lengths.append(end)
+                decode_lengths.append(e.start_pos + 1)
                 decode_entries.append(i)
             else:
                 gather = torch.from_numpy(kv.gather(i)).to(dev)
                 prefills.append(_Prefill(slice(row, row + n), gather, e.start_pos))
             row += n
-            if e.all_logits:  # prompt logprobs: a row for every token of the entry
-                logit_rows.extend(range(row - n, row))
-            elif e.sample:
-                logit_rows.append(row - 1)
         decode_gather = decode_valid = decode_rows_t = None
         if decode_rows:
             longest = max(decode_lengths)
@@ -366,9 +375,32 @@ class PagedExecutor:
             if min(decode_lengths) < longest:
                 decode_valid = torch.arange(longest, device=dev)[None, :] < lengths[:, None]
             decode_rows_t = torch.tensor(decode_rows, device=dev)
-        plan = (_InvariantAttention(self, kv, batch) if self.batch_invariant else
-                _StepAttention(self, kv, decode_rows_t, decode_gather, decode_valid, prefills,
-                               all_decode_in_order=not prefills))
+        return _StepAttention(self, kv, decode_rows_t, decode_gather, decode_valid, prefills,
+                              all_decode_in_order=not prefills)
+
+    @torch.inference_mode()
+    def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
+        self._check(batch)
+        dev = self.device
+        kv = _PoolStep(self, batch) if self.two_tier is None else self.two_tier.begin(batch)
+        tokens: list[int] = []
+        positions: list[np.ndarray] = []
+        logit_rows: list[int] = []
+        # Each adapter object is taken once for the whole step: a swap published meanwhile
+        # reaches the next step, never half of this one.
+        spans: list[tuple[int, int, LoraAdapter | None]] = []
+        row = 0
+        for e in batch:
+            n = len(e.tokens)
+            spans.append((row, n, None if e.adapter is None else self.adapters.resolve(e.adapter)))
+            tokens.extend(e.tokens)
+            positions.append(np.arange(e.start_pos, e.start_pos + n))
+            row += n
+            if e.all_logits:  # prompt logprobs: a row for every token of the entry
+                logit_rows.extend(range(row - n, row))
+            elif e.sample:
+                logit_rows.append(row - 1)
+        plan = _InvariantAttention(self, kv, batch) if self.batch_invariant else self._plan(kv, batch)
         lora = LoraPlan.for_rows(spans, dev)
         if not logit_rows:
             # Nothing to sample (e.g. only non-final prefill chunks): run for the KV only.

@@ -102,8 +102,9 @@ def attend_tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: tor
     A row's bits depend on its query, its visible keys and L's tiles only: the softmax is over
     the row (masked keys are exact zeros), and PV adds one tile after another."""
     # Contiguous operands: a view's strides could send the same rows to another GEMM variant.
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    q = (q * (1.0 / math.sqrt(q.shape[-1]))).contiguous()
+    k, v = k.contiguous(), v.contiguous()
+    scores = torch.matmul(q, k.transpose(-1, -2))
     probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
     out = torch.matmul(probs[..., :KV_TILE].contiguous(), v[..., :KV_TILE, :])
     for start in range(KV_TILE, k.shape[2], KV_TILE):
