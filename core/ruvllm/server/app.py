@@ -28,7 +28,6 @@ from ruvllm.guided.tools import plan_tools
 from ruvllm.hardware import cpu_info
 from ruvllm.server.anthropic.message_batches_api import register_message_batch_routes
 from ruvllm.server.anthropic.messages_api import register_messages_routes
-from ruvllm.server.batches.batch_file import BatchLane
 from ruvllm.server.batches.batches_api import register_batch_routes
 from ruvllm.server.extensions.feedback import register_feedback
 from ruvllm.server.extensions.lora import register_lora_routes
@@ -40,6 +39,7 @@ from ruvllm.server.http.json_bodies import JsonBodiesMiddleware
 from ruvllm.server.http.limits import RequestLimitsMiddleware, authorized
 from ruvllm.server.http.path_aliases import PathAliasesMiddleware
 from ruvllm.server.http.strict_fields import refuse_unknown_query
+from ruvllm.server.lifecycle.batch_lane import BatchLane
 from ruvllm.server.lifecycle.chat_run import start_chat
 from ruvllm.server.lifecycle.completion_run import start_completion
 from ruvllm.server.lifecycle.embeddings import (

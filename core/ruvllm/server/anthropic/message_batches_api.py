@@ -24,10 +24,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import Field
 
-from ruvllm.errors import InvalidRequest, StoredObjectNotFound
-from ruvllm.server.batches.batch_file import BatchLane, BatchLine, succeeded
+from ruvllm.errors import InvalidRequest
 from ruvllm.server.http.strict_fields import refuse_unknown_query
-from ruvllm.server.lifecycle.background import cancel_and_wait
+from ruvllm.server.lifecycle.batch_lane import BatchBook, BatchLane, BatchLine, succeeded
 from ruvllm.server.lifecycle.schemas import RequestBody, StrictModel
 
 #: How long Anthropic gives a batch; here it only dates ``expires_at`` (a batch ends when its
@@ -99,11 +98,11 @@ class MessageBatch:
                 "results_url": f"/v1/messages/batches/{self.id}/results" if ended else None}
 
 
-class MessageBatchService:
+class MessageBatchService(BatchBook[MessageBatch]):
     """The server's message batches, each run as a task on the shared lane."""
 
     def __init__(self, lane: BatchLane):
-        self.batches: dict[str, MessageBatch] = {}
+        super().__init__("message batch", "GET /v1/messages/batches")
         self._lane = lane
 
     def create(self, body: MessageBatchCreate) -> MessageBatch:
@@ -127,13 +126,6 @@ class MessageBatchService:
             # Ended whole, cancelled by the client, or the server is stopping: what ran is kept.
             batch.ended_at = _now()
 
-    def get(self, batch_id: str) -> MessageBatch:
-        batch = self.batches.get(batch_id)
-        if batch is None:
-            raise StoredObjectNotFound("message batch", batch_id,
-                                       "GET /v1/messages/batches lists this server's batches")
-        return batch
-
     def ended(self, batch_id: str, doing: str) -> MessageBatch:
         batch = self.get(batch_id)
         if batch.ended_at is None:
@@ -147,10 +139,6 @@ class MessageBatchService:
             batch.cancel_initiated_at = _now()
             batch.task.cancel()
         return batch
-
-    async def close(self) -> None:
-        """Cancel the batches still running (the server is stopping)."""
-        await cancel_and_wait(b.task for b in self.batches.values())
 
 
 def _page(batches: list[MessageBatch], after_id: str | None, before_id: str | None,

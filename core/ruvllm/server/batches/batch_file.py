@@ -6,11 +6,9 @@ input's order, is ``{"id", "custom_id", "response": {"status_code", "request_id"
 keeps its HTTP answer (``status_code`` 400 and the error ``body``), as OpenAI reports it;
 ``error`` is set only where no HTTP answer exists.
 
-Why through the ASGI app rather than the engine: every line then gets exactly the validation,
-defaults, templates and answer shape a client of ``ruvllm serve`` gets, with no second path to
-drift from it. The lines run concurrently, so the engine batches them, within a window that
-keeps the engine's queue from overflowing; a line's 503 (a model still loading) is retried after
-its ``Retry-After``.
+The lines run through the server's own routes in-process (:mod:`ruvllm.server.lifecycle.batch_lane`,
+the lane Anthropic's Message Batches share), concurrently, so the engine batches them, within a
+window that keeps the engine's queue from overflowing.
 
 A malformed file (not JSON, a missing or repeated ``custom_id``, a method or URL the format does
 not have) is refused whole before anything runs, naming its lines, as OpenAI validates an input
@@ -19,11 +17,9 @@ file before its batch starts.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import tempfile
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -31,25 +27,13 @@ from typing import Any, TextIO
 import attrs
 import httpx
 
-from ruvllm.errors import BatchFileError, InvalidRequest
-from ruvllm.server.http.errors import ruvllm_error_body, surface_body
+from ruvllm.errors import BatchFileError
+from ruvllm.server.lifecycle.batch_lane import BatchLane, BatchLine, succeeded
 
 #: The routes a batch line may name: OpenAI's batch endpoints this server has, and Anthropic's
 #: Messages API (whose answers keep their own shape).
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages")
 _LINE_KEYS = frozenset({"custom_id", "method", "url", "body"})
-#: Times a line answered 503 is sent again before its 503 stands.
-_OVERLOAD_RETRIES = 5
-
-
-@attrs.frozen
-class BatchLine:
-    """One request of the input file; ``number`` is its line (from 1), for messages."""
-
-    number: int
-    custom_id: str
-    url: str
-    body: dict[str, Any]
 
 
 @attrs.frozen
@@ -137,46 +121,6 @@ def parse_batch(text: str, *, endpoint: str | None = None) -> list[BatchLine]:
     return lines
 
 
-def _output_line(line: BatchLine, status: int, body: Any) -> dict[str, Any]:
-    request_id = body.get("id") if isinstance(body, dict) and isinstance(body.get("id"), str) else None
-    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
-            "response": {"status_code": status, "request_id": request_id or f"req_{uuid.uuid4().hex}",
-                         "body": body},
-            "error": None}
-
-
-def _failed_line(line: BatchLine, message: str) -> dict[str, Any]:
-    """A line no HTTP answer exists for (the in-process call itself failed)."""
-    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id, "response": None,
-            "error": {"code": "batch_request_failed", "message": message}}
-
-
-def _sent(line: BatchLine) -> dict[str, Any]:
-    """The body a line is sent with: a Responses line is not stored unless it asks to be (its
-    answer is in the output already, and a large batch would push every interactive client's
-    stored response out of the store)."""
-    if line.url == "/v1/responses" and "store" not in line.body:
-        return {**line.body, "store": False}
-    return line.body
-
-
-async def _answer(client: httpx.AsyncClient, line: BatchLine) -> dict[str, Any]:
-    for field in ("stream", "background"):
-        if line.body.get(field):
-            exc = InvalidRequest(field, f"a batch line is answered whole; leave {field} out or false")
-            status, body, _ = ruvllm_error_body(exc)
-            return _output_line(line, status, surface_body(line.url, status, body))
-    try:
-        for attempt in range(_OVERLOAD_RETRIES + 1):
-            response = await client.post(line.url, json=_sent(line))
-            if response.status_code != 503 or attempt == _OVERLOAD_RETRIES:
-                break
-            await asyncio.sleep(float(response.headers.get("retry-after", "1")))
-        return _output_line(line, response.status_code, response.json())
-    except (httpx.HTTPError, ValueError) as exc:
-        return _failed_line(line, f"{type(exc).__name__}: {exc}")
-
-
 class _OrderedWriter:
     """Writes results in input order as soon as every earlier one is in, so a long batch's output
     grows while it runs and holds only the results that finished ahead of an earlier line."""
@@ -192,37 +136,6 @@ class _OrderedWriter:
             self._out.write(json.dumps(self._ready.pop(self._next), ensure_ascii=False) + "\n")
             self._next += 1
         self._out.flush()
-
-
-def succeeded(result: dict[str, Any]) -> bool:
-    """Whether an output line holds a successful answer (OpenAI's output file, not its error file)."""
-    return result["response"] is not None and result["response"]["status_code"] < 400
-
-
-class BatchLane:
-    """Where batch lines run: through an app in-process, at most ``window`` at once over every
-    batch sent through the lane (the server's share of the engine for OpenAI's Batch API and
-    Anthropic's Message Batches together, so that interactive clients keep the rest); earlier
-    lines go first."""
-
-    def __init__(self, app: Any, *, api_key: str | None, window: int):
-        self._app = app
-        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._gate = asyncio.Semaphore(window)
-
-    async def run(self, lines: list[BatchLine], on_result: Callable[[int, dict[str, Any]], None]) -> None:
-        """Send every line, ``on_result(index, output line)`` as each is answered. Cancelling the
-        caller cancels the lines in flight."""
-        transport = httpx.ASGITransport(app=self._app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://ruvllm-batch",
-                                     headers=self._headers, timeout=None) as client:
-
-            async def one(index: int, line: BatchLine) -> None:
-                async with self._gate:
-                    result = await _answer(client, line)
-                on_result(index, result)
-
-            await asyncio.gather(*(one(i, line) for i, line in enumerate(lines)))
 
 
 async def run_lines(app: Any, lines: list[BatchLine], out: TextIO, *, window: int,

@@ -6,7 +6,7 @@ its line, as OpenAI's validation does), then runs in the background while the se
 its counts and status readable at any time, and ends with an output file (the answered lines)
 and an error file (the refused ones), in OpenAI's batch output format, in input order.
 
-The lines run through the server's own routes in-process (``batch_file.BatchLane``), so a
+The lines run through the server's own routes in-process (``batch_lane.BatchLane``), so a
 batch line is answered exactly as the same request sent alone would be. All batches together
 (Anthropic's Message Batches too) take at most half of the engine's running slots
 (``max_num_seqs // 2``), so interactive clients keep the rest while long batches run; an earlier
@@ -31,12 +31,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import Field
 
-from ruvllm.errors import BatchFileError, InvalidRequest, StoredObjectNotFound
-from ruvllm.server.batches.batch_file import BATCH_URLS, BatchLane, BatchLine, parse_batch, succeeded
+from ruvllm.errors import BatchFileError, InvalidRequest
+from ruvllm.server.batches.batch_file import BATCH_URLS, parse_batch
 from ruvllm.server.batches.file_store import FileStore
 from ruvllm.server.http.cursor_page import page
 from ruvllm.server.http.strict_fields import refuse_unknown_query
-from ruvllm.server.lifecycle.background import cancel_and_wait
+from ruvllm.server.lifecycle.batch_lane import BatchBook, BatchLane, BatchLine, succeeded
 from ruvllm.server.lifecycle.schemas import RequestBody, StrictModel
 
 #: The endpoints a batch may run: OpenAI's batch endpoints this server has (a batch file's routes
@@ -136,24 +136,18 @@ def _line_errors(job: BatchJob, text: str) -> list[dict[str, Any]]:
     return []
 
 
-class BatchService:
+class BatchService(BatchBook[BatchJob]):
     """The server's files and batches, each batch run by its own task on the shared lane."""
 
     def __init__(self, lane: BatchLane):
+        super().__init__("batch", "GET /v1/batches")
         self.files = FileStore()
-        self.batches: dict[str, BatchJob] = {}
         self._lane = lane
 
     async def close(self) -> None:
         """Cancel the batches still running (the server is stopping) and drop the files."""
-        await cancel_and_wait(job.task for job in self.batches.values())
+        await super().close()
         self.files.close()
-
-    def job(self, batch_id: str) -> BatchJob:
-        job = self.batches.get(batch_id)
-        if job is None:
-            raise StoredObjectNotFound("batch", batch_id, "GET /v1/batches lists this server's batches")
-        return job
 
     def create(self, body: BatchCreateRequest) -> BatchJob:
         if body.endpoint not in BATCH_ENDPOINTS:
@@ -182,7 +176,7 @@ class BatchService:
         return job
 
     def cancel(self, batch_id: str) -> BatchJob:
-        job = self.job(batch_id)
+        job = self.get(batch_id)
         if job.status == "in_progress" and job.task is not None:
             job.stamp("cancelling")
             job.task.cancel()
@@ -273,7 +267,7 @@ def register_batch_routes(app: FastAPI, lane: BatchLane) -> BatchService:
 
     @app.get("/v1/batches/{batch_id}")
     async def get_batch(batch_id: str) -> dict[str, Any]:
-        return service.job(batch_id).card()
+        return service.get(batch_id).card()
 
     @app.post("/v1/batches/{batch_id}/cancel")
     async def cancel_batch(batch_id: str) -> dict[str, Any]:

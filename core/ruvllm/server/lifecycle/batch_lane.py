@@ -1,0 +1,137 @@
+"""The lane every batch API runs its lines through: the server's own routes, in-process.
+
+OpenAI's Batch API (and ``ruvllm run-batch``) and Anthropic's Message Batches differ in how a
+batch is created, listed and reported, not in how a line is answered: each line is sent to this
+server's route for its URL through the ASGI app, so it gets exactly the validation, defaults,
+templates and answer shape a client of ``ruvllm serve`` gets, and its answer is kept as OpenAI's
+batch output line (``{"id", "custom_id", "response": {"status_code", "request_id", "body"},
+"error"}``), which each batch surface reads in its own terms. A line's 503 (a model still
+loading) is retried after its ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
+
+import attrs
+import httpx
+
+from ruvllm.errors import InvalidRequest, StoredObjectNotFound
+from ruvllm.server.http.errors import ruvllm_error_body, surface_body
+from ruvllm.server.lifecycle.background import cancel_and_wait
+
+#: Times a line answered 503 is sent again before its 503 stands.
+_OVERLOAD_RETRIES = 5
+
+
+@attrs.frozen
+class BatchLine:
+    """One request of a batch; ``number`` is its place in the batch (from 1), for messages."""
+
+    number: int
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+
+
+def _output_line(line: BatchLine, status: int, body: Any) -> dict[str, Any]:
+    request_id = body.get("id") if isinstance(body, dict) and isinstance(body.get("id"), str) else None
+    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
+            "response": {"status_code": status, "request_id": request_id or f"req_{uuid.uuid4().hex}",
+                         "body": body},
+            "error": None}
+
+
+def _failed_line(line: BatchLine, message: str) -> dict[str, Any]:
+    """A line no HTTP answer exists for (the in-process call itself failed)."""
+    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id, "response": None,
+            "error": {"code": "batch_request_failed", "message": message}}
+
+
+def _sent(line: BatchLine) -> dict[str, Any]:
+    """The body a line is sent with: a Responses line is not stored unless it asks to be (its
+    answer is in the output already, and a large batch would push every interactive client's
+    stored response out of the store)."""
+    if line.url == "/v1/responses" and "store" not in line.body:
+        return {**line.body, "store": False}
+    return line.body
+
+
+async def _answer(client: httpx.AsyncClient, line: BatchLine) -> dict[str, Any]:
+    for field in ("stream", "background"):
+        if line.body.get(field):
+            exc = InvalidRequest(field, f"a batch line is answered whole; leave {field} out or false")
+            status, body, _ = ruvllm_error_body(exc)
+            return _output_line(line, status, surface_body(line.url, status, body))
+    try:
+        for attempt in range(_OVERLOAD_RETRIES + 1):
+            response = await client.post(line.url, json=_sent(line))
+            if response.status_code != 503 or attempt == _OVERLOAD_RETRIES:
+                break
+            await asyncio.sleep(float(response.headers.get("retry-after", "1")))
+        return _output_line(line, response.status_code, response.json())
+    except (httpx.HTTPError, ValueError) as exc:
+        return _failed_line(line, f"{type(exc).__name__}: {exc}")
+
+
+def succeeded(result: dict[str, Any]) -> bool:
+    """Whether an output line holds a successful answer (OpenAI's output file, not its error file)."""
+    return result["response"] is not None and result["response"]["status_code"] < 400
+
+
+class BatchLane:
+    """Where batch lines run: through an app in-process, at most ``window`` at once over every
+    batch sent through the lane (the server's share of the engine for OpenAI's Batch API and
+    Anthropic's Message Batches together, so that interactive clients keep the rest); earlier
+    lines go first."""
+
+    def __init__(self, app: Any, *, api_key: str | None, window: int):
+        self._app = app
+        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._gate = asyncio.Semaphore(window)
+
+    async def run(self, lines: list[BatchLine], on_result: Callable[[int, dict[str, Any]], None]) -> None:
+        """Send every line, ``on_result(index, output line)`` as each is answered. Cancelling the
+        caller cancels the lines in flight."""
+        transport = httpx.ASGITransport(app=self._app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://ruvllm-batch",
+                                     headers=self._headers, timeout=None) as client:
+
+            async def one(index: int, line: BatchLine) -> None:
+                async with self._gate:
+                    result = await _answer(client, line)
+                on_result(index, result)
+
+            await asyncio.gather(*(one(i, line) for i, line in enumerate(lines)))
+
+
+class _Running(Protocol):
+    task: asyncio.Task | None
+
+
+B = TypeVar("B", bound=_Running)
+
+
+class BatchBook(Generic[B]):
+    """One batch API's batches by id, oldest first: what both batch services keep the same way.
+
+    A batch id the server does not have is a 404 naming where this API lists its batches; the
+    batches still running are cancelled, and waited for, when the server stops."""
+
+    def __init__(self, kind: str, listing: str):
+        self.batches: dict[str, B] = {}
+        self._kind = kind
+        self._listing = listing
+
+    def get(self, batch_id: str) -> B:
+        batch = self.batches.get(batch_id)
+        if batch is None:
+            raise StoredObjectNotFound(self._kind, batch_id, f"{self._listing} lists this server's batches")
+        return batch
+
+    async def close(self) -> None:
+        """Cancel the batches still running (the server is stopping)."""
+        await cancel_and_wait(b.task for b in self.batches.values())
