@@ -25,6 +25,7 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.server.http.cursor_page import check_limit, ends, window
 from ruvllm.server.http.strict_fields import refuse_unknown_query
 from ruvllm.server.lifecycle.batch_lane import BatchBook, BatchLane, BatchLine, succeeded
 from ruvllm.server.lifecycle.schemas import RequestBody, StrictModel
@@ -144,23 +145,17 @@ class MessageBatchService(BatchBook[MessageBatch]):
 def _page(batches: list[MessageBatch], after_id: str | None, before_id: str | None,
           limit: int) -> dict[str, Any]:
     """Anthropic's page: newest first, ``limit`` (1-1000) after ``after_id`` or before ``before_id``."""
-    if not 1 <= limit <= 1000:
-        raise InvalidRequest("limit", f"must be between 1 and 1000, got {limit}", limit)
+    check_limit(limit, 1000)
     if after_id is not None and before_id is not None:
         raise InvalidRequest("before_id", "give after_id or before_id, not both")
     ids = [b.id for b in batches]
     for name, cursor in (("after_id", after_id), ("before_id", before_id)):
         if cursor is not None and cursor not in ids:
             raise InvalidRequest(name, f"{cursor!r} is not in this list; pass an id of a page you were sent")
-    if before_id is not None:
-        end = ids.index(before_id)
-        chosen, more = batches[max(0, end - limit):end], end - limit > 0
-    else:
-        start = ids.index(after_id) + 1 if after_id is not None else 0
-        chosen, more = batches[start:start + limit], start + limit < len(batches)
-    data = [b.card() for b in chosen]
-    return {"data": data, "has_more": more, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None}
+    start, end, more = window(len(ids), limit, after=ids.index(after_id) if after_id is not None else None,
+                              before=ids.index(before_id) if before_id is not None else None)
+    data = [b.card() for b in batches[start:end]]
+    return {"data": data, "has_more": more, **ends(data)}
 
 
 def register_message_batch_routes(app: FastAPI, lane: BatchLane) -> MessageBatchService:
