@@ -18,17 +18,17 @@ RMSNorm, softmax over the last dimension, SiLU and the element-wise ops gave the
 every row count (and softmax the same with trailing masked entries), so they run as they are.
 
 So here every matmul runs on a whole number of :data:`ROW_BLOCK` rows (zero rows added) and
-attention runs
-over a fixed split of the keys: one QK^T over the keys padded to whole tiles of
+attention runs over a fixed split of the keys: one QK^T over the keys padded to whole tiles of
 :data:`KV_TILE` positions, a softmax over that row (masked keys add exact zeros), and PV summed
 tile by tile in position order (a tile beyond a query's position adds an exact zero). A query at
 position ``p`` then meets the same kernels on the same inputs whether it is decoded alone, beside
 fifteen others, or recomputed inside a prefill chunk after preemption; by induction every K/V a
 position writes is the same bits too, so prefix-cache hits and chunk boundaries change nothing.
 
-:func:`check_kernels` proves these properties on the running machine before the mode is used:
-another CPU or torch build may block its kernels otherwise, and then the mode is refused by name
-rather than promised.
+:func:`check_kernels` samples these properties on the running machine before the mode is used
+(each projection kind at several row counts, a query in each of its three schedules): another
+CPU or torch build may block its kernels otherwise, and then the mode is refused by name rather
+than promised.
 """
 
 from __future__ import annotations
