@@ -205,11 +205,14 @@ class _InvariantAttention(_KvAccess):
     def _head_major(self, layer: int, k: torch.Tensor,
                     v: torch.Tensor) -> Callable[[torch.Tensor], KeysValues]:
         """Store the layer's new K/V; return what reads K and V of pool positions as [Hkv, N, D]."""
-        pool = self.kv.sources(layer, k, v).permute(1, 2, 0, 3)  # [2, Hkv, slots, D]
+        pool = self.kv.sources(layer, k, v)  # [slots, 2, Hkv, D]
 
         def read(index: torch.Tensor) -> KeysValues:
-            out = pool.index_select(2, index)
-            out = out if out.dtype == self.ex.compute_dtype else out.to(self.ex.compute_dtype)
+            # Whole slots gathered (contiguous rows, the fast way), then one copy that converts
+            # to the compute dtype and transposes to [2, Hkv, N, D] at once.
+            rows = pool.index_select(0, index).permute(1, 2, 0, 3)
+            out = rows.new_empty(rows.shape, dtype=self.ex.compute_dtype)
+            out.copy_(rows)
             return out[0], out[1]
         return read
 
