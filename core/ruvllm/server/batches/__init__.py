@@ -1,1 +1,1 @@
-"""OpenAI's Batch and Files APIs, and the batch lane both batch APIs run their lines through."""
+"""OpenAI's Batch and Files APIs, and its batch file format (also read by ``ruvllm run-batch``)."""
