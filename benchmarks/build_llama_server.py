@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from ruvllm.hardware import cpu_info
-from ruvllm_llamacpp.native_build import build_for, build_key, compiler_id
+from ruvllm_llamacpp.native_build import build_for, planned
 
 #: cmake's build lines start with a percentage of the targets done.
 _PERCENT = re.compile(r"^\[\s*(\d+)%\]")
@@ -46,9 +46,7 @@ def peers_dir() -> Path:
 
 def binary_path(llama_cpp_python_version: str) -> Path:
     """Where the binary for this version, built for this CPU as the backend's library is, lives."""
-    cpu = cpu_info()
-    build = build_for(cpu)
-    key = build_key(build, llama_cpp_python_version, "", compiler_id(build), cpu)
+    _, key = planned(llama_cpp_python_version)
     return peers_dir() / f"llama-server-{llama_cpp_python_version}-{key}" / "llama-server"
 
 

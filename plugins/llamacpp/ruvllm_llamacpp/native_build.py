@@ -141,13 +141,17 @@ def _installed(venv_marker: Path) -> dict | None:
         return None
 
 
-def ensure_installed(version: str, *, pip: list[str], marker: Path, amx: bool = False) -> str:
-    """Install llama-cpp-python ``version`` built for this CPU; a no-op when the build installed
-    is already the right one. Returns a line saying what was done."""
+def planned(version: str, *, amx: bool = False, extra: str = "") -> tuple[LlamaCppBuild, str]:
+    """This CPU's build of ``version`` and its key (``extra``: the user's own CMAKE_ARGS)."""
     cpu = cpu_info()
     build = build_for(cpu, amx=amx)
-    extra = os.environ.get("CMAKE_ARGS", "")
-    key = build_key(build, version, extra, compiler_id(build), cpu)
+    return build, build_key(build, version, extra, compiler_id(build), cpu)
+
+
+def ensure_installed(version: str, build: LlamaCppBuild, key: str, *, extra: str, pip: list[str],
+                     marker: Path) -> str:
+    """Install llama-cpp-python ``version`` as ``build`` (:func:`planned`); a no-op when the build
+    installed is already that one. Returns a line saying what was done."""
     if (_installed(marker) or {}).get("key") == key and _version_installed() == version:
         return f"{PACKAGE} {version} already built for this CPU ({build.why}; key {key})"
     wheels = wheel_cache() / key
@@ -205,18 +209,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     version = pinned_version(args.constraints)
     marker = Path(sys.prefix) / "llama-cpp-python-build.json"
+    extra = os.environ.get("CMAKE_ARGS", "")
     try:
-        build_for(cpu_info(), amx=args.amx)
+        build, key = planned(version, amx=args.amx, extra=extra)
     except ValueError as exc:
         parser.error(str(exc))
     if args.show:
-        cpu = cpu_info()
-        build = build_for(cpu, amx=args.amx)
-        key = build_key(build, version, os.environ.get("CMAKE_ARGS", ""), compiler_id(build), cpu)
-        print(json.dumps({"cpu_kind": cpu.kind, "cmake_args": list(build.cmake_args), "why": build.why,
+        print(json.dumps({"cpu_kind": cpu_info().kind, "cmake_args": list(build.cmake_args), "why": build.why,
                           "key": key, "installed": _installed(marker)}, indent=2))
         return
-    done = ensure_installed(version, pip=[sys.executable, "-m", "pip"], marker=marker, amx=args.amx)
+    pip = [sys.executable, "-m", "pip"]
+    done = ensure_installed(version, build, key, extra=extra, pip=pip, marker=marker)
     print(done, flush=True)
 
 
