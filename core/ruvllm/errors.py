@@ -358,3 +358,17 @@ class BackendError(RuvllmError):
 
     http_status = 500
     error_type = "backend_error"
+
+
+class NamespacesUnavailable(RuvllmError):
+    """A cluster of network namespaces (:mod:`ruvllm.scaleout.netns`) cannot be made here: not
+    root, a capability or a tool missing. ``reason`` names what, for the skip message."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(f"cannot make network namespaces here: {reason}")
+
+
+class ClusterStartError(RuvllmError):
+    """A host of a namespace cluster (:mod:`ruvllm.scaleout.netns`) did not come up; the
+    message carries the command's output."""
