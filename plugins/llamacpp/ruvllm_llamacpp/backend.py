@@ -149,6 +149,8 @@ class LlamaCppBackend(LlmBackend):
             logprobs=True,
             core_sampler=True,
             embeddings=True,
+            # CPU kernels only: a GPU build's offloaded layers were never checked (cell_order).
+            batch_invariant_mode=not (gpu_build and gpu_layers != 0),
             device="gpu" if gpu_build and gpu_layers != 0 else "cpu",
             notes=tuple(notes),
         )
@@ -272,13 +274,15 @@ class LlamaCppBackend(LlmBackend):
         self._kv = SequenceKV(lib, ctx, handles.batch, self.n_batch, self._tokenizer.vocab_size)
         return self._kv
 
-    def create_executor(self, *, max_sequences: int, block_size: int):
+    def create_executor(self, *, max_sequences: int, block_size: int, batch_invariant: bool = False):
         """The ServingEngine's iteration-level executor: a second context over this model, one KV
-        pool of ``kv_budget_mib`` shared by ``max_sequences`` sequences (ruvllm_llamacpp.executor)."""
+        pool of ``kv_budget_mib`` shared by ``max_sequences`` sequences (ruvllm_llamacpp.executor);
+        ``batch_invariant``: every row's logits its own sequence's alone (ruvllm_llamacpp.cell_order)."""
         from ruvllm_llamacpp.executor import create_executor
 
         self._check_open()
-        executor = create_executor(self, max_sequences=max_sequences, block_size=block_size)
+        executor = create_executor(self, max_sequences=max_sequences, block_size=block_size,
+                                   batch_invariant=batch_invariant)
         self._executor_kv = executor.pool.describe()
         return executor
 

@@ -17,17 +17,19 @@ from ruvllm.errors import BackendError
 class BatchContext:
     """``n_ctx`` cells in ``n_seq_max`` sequences and a batch of ``n_batch`` tokens, each token in
     one sequence. ``pooling`` (a ``LLAMA_POOLING_TYPE_*``) turns on embeddings mode; ``type_k`` /
-    ``type_v`` (``GGML_TYPE_*``) set the KV cell types (None: llama.cpp's f16); ``failure`` is the
-    message when llama.cpp cannot create the context (what to lower)."""
+    ``type_v`` (``GGML_TYPE_*``) set the KV cell types (None: llama.cpp's f16); ``n_ubatch`` the
+    rows of a micro-batch (None: the whole batch); ``failure`` is the message when llama.cpp
+    cannot create the context (what to lower)."""
 
     def __init__(self, llama_cpp: ModuleType, model: Any, *, n_ctx: int, n_batch: int, n_seq_max: int,
                  kv_unified: bool, n_threads: int, flash_attn: bool, failure: str,
-                 pooling: int | None = None, type_k: int | None = None, type_v: int | None = None):
+                 pooling: int | None = None, type_k: int | None = None, type_v: int | None = None,
+                 n_ubatch: int | None = None):
         self.lib = llama_cpp
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
-        cparams.n_ubatch = n_batch
+        cparams.n_ubatch = min(n_ubatch or n_batch, n_batch)
         cparams.n_seq_max = n_seq_max
         # llama.cpp reserves a logits row for every sequence (output_reserve: max(outputs,
         # n_seq_max)) but caps the rows at n_outputs_max, n_batch by default: more sequences than

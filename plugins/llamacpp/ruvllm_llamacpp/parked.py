@@ -19,7 +19,8 @@ The bytes are llama.cpp's per-sequence state (``llama_context::state_seq_get_dat
 count, each cell's position and sequence, then per layer the K rows and the V rows (or, with V
 transposed when flash attention is off, each V channel across the cells). :func:`truncate`
 keeps the cells below a position, which serves a hit on part of a prefix without restoring more
-cells than the engine accounted for.
+cells than the engine accounted for; :func:`select` keeps a range of positions in position order,
+which the batch-invariant mode's compaction restores (ruvllm_llamacpp.cell_order).
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ def truncate(data: bytes, num_tokens: int) -> bytes:
     """``data`` (one sequence's llama.cpp state) with only the cells at positions below
     ``num_tokens``; raises BackendError on a layout this reader does not know (several streams,
     cells with extra data), so a format change fails loudly instead of restoring garbage."""
+    return select(data, 0, num_tokens)
+
+
+def select(data: bytes, start: int, stop: int | None = None) -> bytes:
+    """``data`` (one sequence's llama.cpp state) with only the cells at positions in
+    ``[start, stop)`` (``stop`` None: to the end), in position order: restored, they take
+    consecutive cells in that order whatever order the pool held them in."""
     r = _Reader(data)
     if r.u32() != STATE_MAGIC:
         raise BackendError("a parked KV prefix does not start with llama.cpp's sequence state magic")
@@ -81,8 +89,11 @@ def truncate(data: bytes, num_tokens: int) -> bytes:
     if n_cells and not (meta[:, 1] == 1).all():
         raise BackendError("a parked KV prefix has cells with extra data (M-RoPE or per-token "
                            "state); parking is for plain text models")
-    keep = meta[:, 0].view(np.int32) < num_tokens
-    n_keep = int(keep.sum())
+    pos = meta[:, 0].view(np.int32)
+    inside = (pos >= start) & (pos < stop) if stop is not None else pos >= start
+    keep = np.flatnonzero(inside)
+    keep = keep[np.argsort(pos[keep], kind="stable")]
+    n_keep = len(keep)
     if n_keep == 0:
         return empty
     out = [head, (1).to_bytes(4, "little"), n_keep.to_bytes(4, "little"), meta[keep].tobytes()]
