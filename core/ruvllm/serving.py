@@ -7,7 +7,7 @@ way vLLM's API server talks to its engine client.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Literal, Protocol
 
 import attrs
@@ -180,9 +180,11 @@ class AsyncEngine(Protocol):
         """Runtime LoRA loading on this engine; None when its backend has no LoRA capability."""
         ...
 
-    def feedback(self, request_id: str, score: float) -> None:
+    def feedback(self, request_id: str, score: float) -> Awaitable[None] | None:
         """A user's score in [-1, 1] for a finished request, for a learning plugin; raises
-        ``FeedbackNotFound`` when none holds the request."""
+        ``FeedbackNotFound`` when none holds the request. An engine whose learning plugin lives
+        in another process (``ruvllm serve --ray``: the replica that served the request) returns
+        an awaitable that delivers it, which the caller awaits (and which raises the same way)."""
         ...
 
     async def encode_async(self, text: str, *, add_special: bool = True,

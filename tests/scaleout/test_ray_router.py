@@ -325,9 +325,20 @@ class _Method:
         return self.streams.pop(0)
 
 
+class _Feedback:
+    """The replicas' ``feedback`` method: records each call, answers nothing (recorded)."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    async def remote(self, call):
+        self.calls.append(call)
+
+
 class _Handle:
     def __init__(self, streams: list[_Stream]):
         self.generate = _Method(streams)
+        self.feedback = _Feedback()
 
     def options(self, **_):
         return self
@@ -344,7 +355,8 @@ class _Board:
         return dict(self.reports)
 
 
-def _fake_engine(streams: list[_Stream], *, retries: int = 1, board: _Board | None = None):
+def _fake_engine(streams: list[_Stream], *, retries: int = 1, board: _Board | None = None,
+                 tenant_affinity: bool = False):
     from ruvllm.engine.options import EngineOptions
     from ruvllm.scaleout.remote_engine import RemoteEngine
     from ruvllm.scaleout.wire import ReplicaDescription
@@ -356,7 +368,7 @@ def _fake_engine(streams: list[_Stream], *, retries: int = 1, board: _Board | No
                               backend_name="fake", path="executor", policy="fcfs", block_size=16,
                               replica_id="r0", pid=1)
     return RemoteEngine(_Handle(streams), desc, tokenizer=None, options=EngineOptions(), retries=retries,
-                        board=board)
+                        board=board, tenant_affinity=tenant_affinity)
 
 
 def _result(n: int):
@@ -384,6 +396,45 @@ def test_a_request_whose_replica_died_before_any_token_is_sent_again():
     handle, outs, result = asyncio.run(run())
     assert outs == [token] and result.token_ids == (0,)
     assert engine._stream_handle.generate.calls == 2 and handle.replica_id == "r1"
+
+
+def test_feedback_goes_to_the_replica_that_served_the_request():
+    pytest.importorskip("ray")
+    from ruvllm.errors import FeedbackNotFound
+    from ruvllm.scaleout.wire import Accepted
+    from ruvllm.types import GenerationParams
+
+    # Resent from r0 (died before its first token) to r1, which answered: feedback goes to r1.
+    streams = [_Stream([Accepted("r0", 1)], dies=True),
+               _Stream([Accepted("r1", 2), [_result(1)]], dies=False)]
+    engine = _fake_engine(streams)
+
+    async def run():
+        handle = await engine.submit([1, 2, 3], GenerationParams(max_tokens=1), request_id="cmpl-a-0")
+        await handle.result()
+        await engine.feedback("cmpl-a-0", 0.5)
+
+    asyncio.run(run())
+    (call,) = engine._replicas.feedback.calls
+    assert (call.request_id, call.score, call.replica_id) == ("cmpl-a-0", 0.5, "r1")
+    with pytest.raises(FeedbackNotFound, match="through this ingress"):
+        engine.feedback("cmpl-never-0", 1.0)
+    engine._replica_died("r1")  # its learning state died with it
+    with pytest.raises(FeedbackNotFound, match="has died since"):
+        engine.feedback("cmpl-a-0", 1.0)
+
+
+def test_tenant_affinity_keys_a_request_by_its_tenant():
+    pytest.importorskip("ray")
+    from ruvllm.scaleout.prefix_router import prefix_key, tenant_key
+    from ruvllm.types import GenerationParams
+
+    prompt = list(range(64))
+    by_prefix = prefix_key(prompt, block_size=16, blocks=3)
+    engine = _fake_engine([], tenant_affinity=True)
+    assert engine._key(prompt, GenerationParams(tenant="alice"), None) == tenant_key("alice") != by_prefix
+    assert engine._key(prompt, GenerationParams(), None) == by_prefix  # no tenant: by prefix
+    assert _fake_engine([])._key(prompt, GenerationParams(tenant="alice"), None) == by_prefix
 
 
 def test_a_request_whose_replica_died_mid_stream_fails_clearly():
@@ -551,5 +602,5 @@ def test_the_remote_engine_offers_everything_the_async_engine_contract_names():
     engine = _fake_engine([])
     assert missing_members(engine) == []
     assert engine.scheduling_policy == "fcfs" and engine.adapters() is None
-    with pytest.raises(FeedbackNotFound, match="serve without --ray"):
+    with pytest.raises(FeedbackNotFound, match="served through this ingress"):  # never served here
         engine.feedback("chatcmpl-1-0", 1.0)

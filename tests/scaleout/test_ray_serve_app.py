@@ -23,6 +23,7 @@ import pytest
 pytest.importorskip("ray.serve")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+from scaleout_helpers import abandon_stream_and_see_cancel, finished
 from server_helpers import _require_backend, free_port, start_server
 
 SYSTEM = ("You are a careful assistant for a library. Answer in one short sentence, never more, "
@@ -90,10 +91,6 @@ def _cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def _finished(reps: dict[str, dict]) -> int:
-    return sum(sum(r["requests_finished"].values()) for r in reps.values())
-
-
 def test_greedy_outputs_match_single_process_serve(ray_app, direct):
     model = ray_app.client.models.list().data[0].id
     assert model == direct.models.list().data[0].id
@@ -122,7 +119,7 @@ def test_shared_prefix_requests_go_to_one_replica(ray_app):
     for i in range(n):
         client.chat.completions.create(model=model, max_tokens=4, temperature=0, messages=[
             {"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Question {i}: when?"}])
-    after = _settled(ray_app.url, _finished(before) + n)
+    after = _settled(ray_app.url, finished(before) + n)
     grew = {rid: (r["prefix_cache_queries"] - before.get(rid, {}).get("prefix_cache_queries", 0),
                   r["prefix_cache_hits"] - before.get(rid, {}).get("prefix_cache_hits", 0))
             for rid, r in after.items()}
@@ -135,24 +132,7 @@ def test_shared_prefix_requests_go_to_one_replica(ray_app):
 
 def test_disconnect_cancels_on_the_replica(ray_app):
     model = ray_app.client.models.list().data[0].id
-    before = _settled(ray_app.url, 0)
-    cancelled_before = sum(r["requests_finished"].get("cancelled", 0) for r in before.values())
-    stream = ray_app.client.completions.create(model=model, prompt="Count from one to five hundred:",
-                                               max_tokens=400, temperature=0, stream=True)
-    for i, _ in enumerate(stream):
-        if i == 2:
-            break
-    stream.close()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        # Another request makes the replica report again (reports follow finished streams).
-        ray_app.client.completions.create(model=model, prompt="Hi", max_tokens=1)
-        reps = _replicas(ray_app.url)
-        if sum(r["requests_finished"].get("cancelled", 0) for r in reps.values()) > cancelled_before:
-            break
-        time.sleep(0.3)
-    else:
-        pytest.fail(f"the replica never cancelled the abandoned request: {reps}")
+    abandon_stream_and_see_cancel(ray_app.client, model, lambda: _replicas(ray_app.url))
 
 
 def test_killing_a_replica_fails_its_request_and_the_app_keeps_serving(ray_app):

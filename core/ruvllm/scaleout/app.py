@@ -24,7 +24,7 @@ import attrs
 from ruvllm.config import Config
 from ruvllm.engine.options import EngineOptions
 from ruvllm.options import positive_int
-from ruvllm.scaleout.metrics_board import start_board
+from ruvllm.scaleout.metrics_board import HEAD_RESOURCE, start_board
 from ruvllm.scaleout.remote_engine import RemoteEngine
 from ruvllm.scaleout.replica import EngineReplica
 from ruvllm.scaleout.tokenizer_host import load_tokenizer_backend
@@ -44,8 +44,10 @@ class ScaleOutSettings:
     autoscaling_config: Mapping[str, Any] | None = None
     #: Resources of one replica, e.g. ``{"num_cpus": 1}`` or ``{"num_gpus": 1}``.
     ray_actor_options: Mapping[str, Any] = attrs.field(factory=lambda: {"num_cpus": 1})
-    #: The ingress does no model work (tokenizer calls only).
-    ingress_actor_options: Mapping[str, Any] = attrs.field(factory=lambda: {"num_cpus": 0})
+    #: The ingress does no model work (tokenizer calls only). It stays on the head node, beside
+    #: Serve's controller and HTTP proxy: a worker node lost then takes only its replicas.
+    ingress_actor_options: Mapping[str, Any] = attrs.field(
+        factory=lambda: {"num_cpus": 0, "resources": {HEAD_RESOURCE: 0.001}})
     #: Requests one replica takes before Serve queues them in the router (Serve's default, 5, is
     #: below one engine's batch).
     max_ongoing_requests: int = attrs.field(default=32, validator=positive_int())
@@ -56,8 +58,12 @@ class ScaleOutSettings:
     #: Resends of a request whose replica died before it produced a token.
     retries: int = 1
     #: Route by prompt prefix (PrefixAffinityRouter); False keeps Serve's default router (power
-    #: of two choices), the baseline of benchmarks/ray_serve.py.
+    #: of two choices), the baseline of benchmarks/ray_serve.py, under which /v1/feedback cannot
+    #: be sent to the replica that served the request.
     prefix_affinity: bool = True
+    #: Route each tenant's requests (OpenAI ``user``, Anthropic ``metadata.user_id``) to one
+    #: replica, where SONA learns that tenant's adapter; None: when ``[sona]`` is enabled.
+    tenant_affinity: bool | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -83,7 +89,8 @@ class OpenAIIngress:
         options = EngineOptions.from_mapping(args.config.engine)
         self.engine = RemoteEngine(replicas, description, owner.tokenizer, options=options,
                                    affinity_blocks=args.scale.affinity_blocks, retries=args.scale.retries,
-                                   board=board, baseline=baseline, owner=owner)
+                                   board=board, baseline=baseline, owner=owner,
+                                   tenant_affinity=_tenant_affinity(args.config, args.scale))
 
     def __serve_build_asgi_app__(self) -> Any:
         from ruvllm.server.app import create_app
@@ -93,13 +100,17 @@ class OpenAIIngress:
         settings = settings_for(a.config, self.engine, served_name=a.served_name, max_context=a.max_context)
         app = create_app(self.engine, settings)
         engine = self.engine
+        _route_feedback_to_replicas(app, engine)
 
         @app.get("/ray/replicas")
         async def replicas() -> dict[str, Any]:
-            """Per-replica engine counters (latest report of each replica, dead ones included)."""
+            """Per-replica engine counters (latest report of each replica, dead ones included),
+            and this ingress's resends and mid-stream failures after replica deaths."""
             latest = await engine.refresh_metrics()
-            return {"replicas": [
-                {"replica_id": m.replica_id, "pid": m.pid, "reported_at": m.reported_at,
+            return {"ingress": {"resent": engine.resent, "died_mid_stream": engine.died_mid_stream},
+                    "replicas": [
+                {"replica_id": m.replica_id, "pid": m.pid, "node_ip": m.node_ip, "feedback": m.feedback,
+                 "reported_at": m.reported_at,
                  "prefix_cache_queries": m.snapshot.prefix_cache_queries,
                  "prefix_cache_hits": m.snapshot.prefix_cache_hits,
                  "prompt_tokens": m.snapshot.prompt_tokens,
@@ -109,6 +120,23 @@ class OpenAIIngress:
                 for m in sorted(latest.values(), key=lambda m: m.replica_id)]}
 
         return app
+
+
+def _route_feedback_to_replicas(app: Any, engine: RemoteEngine) -> None:
+    """``POST /v1/feedback`` awaiting ``RemoteEngine.feedback``'s delivery to the replica that
+    served the request. The app's own route hands the score to its engine as a call that returns
+    nothing to wait for (an in-process learning plugin records it at once), so it is replaced
+    here rather than made to wait on every server."""
+    from ruvllm.server.extensions.feedback import register_feedback
+
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/v1/feedback"]
+    register_feedback(app, engine.feedback)
+
+
+def _tenant_affinity(config: Config, scale: ScaleOutSettings) -> bool:
+    if scale.tenant_affinity is not None:
+        return scale.tenant_affinity
+    return bool((config.sona or {}).get("enabled", False))
 
 
 def build_app(config: Config, scale: ScaleOutSettings | None = None, *, served_name: str | None = None,
@@ -162,6 +190,7 @@ def serve_on_ray(config: Config, scale: ScaleOutSettings, *, served_name: str | 
     srv = config.server
     check_port_free(srv.host, srv.port)
     init_ray()
-    serve.start(http_options={"host": srv.host, "port": srv.port})
+    # One HTTP entry, on the head with the ingress (a proxy on every node would only forward to it).
+    serve.start(http_options={"host": srv.host, "port": srv.port}, proxy_location="HeadOnly")
     app = build_app(config, scale, served_name=served_name, max_context=max_context)
     serve.run(app, name=scale.name, route_prefix="/", blocking=True)

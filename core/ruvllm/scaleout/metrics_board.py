@@ -21,6 +21,9 @@ import attrs
 from ruvllm.serving import Histogram, MetricsSnapshot, PluginMetric
 
 NAMESPACE = "ruvllm"
+#: Ray's resource of the head node: what must outlive any worker node (the board, the ingress)
+#: asks for a sliver of it.
+HEAD_RESOURCE = "node:__internal_head__"
 
 
 @attrs.frozen(kw_only=True)
@@ -29,6 +32,10 @@ class ReplicaMetrics:
     pid: int
     snapshot: MetricsSnapshot
     reported_at: float
+    #: Address of the node the replica runs on ("" when unknown).
+    node_ip: str = ""
+    #: Feedback calls (``/v1/feedback``) the replica received: where feedback went.
+    feedback: int = 0
 
 
 class MetricsBoard:
@@ -37,9 +44,10 @@ class MetricsBoard:
     def __init__(self) -> None:
         self._latest: dict[str, ReplicaMetrics] = {}
 
-    def report(self, replica_id: str, pid: int, snapshot: MetricsSnapshot) -> None:
+    def report(self, replica_id: str, pid: int, snapshot: MetricsSnapshot, node_ip: str = "",
+               feedback: int = 0) -> None:
         self._latest[replica_id] = ReplicaMetrics(replica_id=replica_id, pid=pid, snapshot=snapshot,
-                                                  reported_at=time.time())
+                                                  reported_at=time.time(), node_ip=node_ip, feedback=feedback)
 
     def latest(self) -> dict[str, ReplicaMetrics]:
         return dict(self._latest)
@@ -50,12 +58,14 @@ def start_board(name: str) -> Any:
 
     Detached: an ingress restarted or replaced by a redeploy (Serve starts the new one before
     stopping the old) finds the same board, and the replicas' cached handles stay valid. It lives
-    until Ray stops or ``kill_board``; a redeploy under the same name reuses it.
+    until Ray stops or ``kill_board``; a redeploy under the same name reuses it. It runs on the
+    head node (``HEAD_RESOURCE``), so the counters of every node outlive any worker node.
     """
     import ray
 
     return ray.remote(num_cpus=0)(MetricsBoard).options(
-        name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached").remote()
+        name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached",
+        resources={HEAD_RESOURCE: 0.001}).remote()
 
 
 def kill_board(name: str) -> None:
@@ -69,7 +79,8 @@ def kill_board(name: str) -> None:
 _boards: dict[str, Any] = {}
 
 
-def report_to_board(name: str, replica_id: str, pid: int, snapshot: MetricsSnapshot) -> None:
+def report_to_board(name: str, replica_id: str, pid: int, snapshot: MetricsSnapshot,
+                    node_ip: str = "", feedback: int = 0) -> None:
     """Post ``snapshot`` without waiting; a board that does not exist (yet) is skipped."""
     import ray
 
@@ -80,7 +91,7 @@ def report_to_board(name: str, replica_id: str, pid: int, snapshot: MetricsSnaps
         except ValueError:
             return
     try:
-        board.report.remote(replica_id, pid, snapshot)
+        board.report.remote(replica_id, pid, snapshot, node_ip, feedback)
     except Exception:  # the board's owner (the ingress) is restarting: look it up again next time
         _boards.pop(name, None)
 

@@ -312,3 +312,48 @@ class NetnsCluster:
         if self.bridge:
             subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
         self.hosts.clear()
+
+
+@attrs.define
+class RayServe:
+    """``ruvllm serve --ray`` running on a cluster's head; ``url`` is its address on the bridge."""
+
+    url: str
+    proc: subprocess.Popen
+    log: Path
+
+    def stop(self) -> None:
+        """SIGINT first (Serve shuts its application down), SIGKILL after 20 s."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+def serve_on_head(cluster: NetnsCluster, options: Sequence[str], *, log: Path, port: int = 8000,
+                  timeout: float = 240.0) -> RayServe:
+    """Run ``ruvllm serve --ray --host <head ip> --port <port> <options>`` inside the head, as the
+    multi-node recipe in docs/scale-out.md does, and wait until it lists its model (reached from
+    this, the root, namespace through the bridge)."""
+    import httpx
+
+    ruvllm = str(Path(sys.executable).with_name("ruvllm"))
+    argv = [ruvllm, "serve", "--ray", "--host", cluster.head.ip, "--port", str(port), *options]
+    out = log.open("wb")
+    proc = cluster.popen(cluster.head, argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                         start_new_session=True)
+    served = RayServe(url=f"http://{cluster.head.ip}:{port}", proc=proc, log=log)
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(served.url + "/v1/models", timeout=5).status_code == 200:
+                return served
+        if proc.poll() is not None or time.monotonic() > deadline:
+            served.stop()
+            tail = log.read_text(errors="replace")[-3000:]
+            raise ClusterStartError(f"`ruvllm serve --ray` on the head did not come up "
+                                    f"(exit {proc.poll()}):\n{tail}")
+        time.sleep(1)

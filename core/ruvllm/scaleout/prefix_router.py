@@ -45,6 +45,12 @@ def prefix_key(prompt_ids: Sequence[int], *, block_size: int, blocks: int,
     return h.hexdigest()
 
 
+def tenant_key(tenant: str) -> str:
+    """The routing key of every request of ``tenant`` when tenants are routed as a whole (a
+    learning plugin keeps each tenant's adapter in the replica that served its feedback)."""
+    return hashlib.blake2b(b"tenant\0" + tenant.encode("utf-8"), digest_size=12).hexdigest()
+
+
 def _weight(key: str, replica: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{key}|{replica}".encode(), digest_size=8).digest(), "little")
 

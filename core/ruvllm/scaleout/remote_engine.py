@@ -27,7 +27,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,8 +38,15 @@ from ruvllm.errors import BackendError, FeedbackNotFound, InvalidRequest, Ruvllm
 from ruvllm.guided.grammar import GrammarSpec
 from ruvllm.guided.processor import GuidedProcessor
 from ruvllm.scaleout.metrics_board import STALE_AFTER, ReplicaMetrics, combine, current
-from ruvllm.scaleout.prefix_router import prefix_key
-from ruvllm.scaleout.wire import Accepted, ReplicaDescription, ReplicaRequest, WireError, unpack_error
+from ruvllm.scaleout.prefix_router import prefix_key, tenant_key
+from ruvllm.scaleout.wire import (
+    Accepted,
+    FeedbackCall,
+    ReplicaDescription,
+    ReplicaRequest,
+    WireError,
+    unpack_error,
+)
 from ruvllm.serving import MetricsSnapshot
 from ruvllm.tokenizer import Tokenizer, require_prompt_text
 from ruvllm.types import (
@@ -56,6 +63,9 @@ from ruvllm.types import (
 log = logging.getLogger(__name__)
 
 _END = object()
+#: Finished requests whose replica the ingress remembers, for feedback (SONA keeps 4,096 by
+#: default per replica: ``[sona] capacity``).
+FEEDBACK_MEMORY = 16384
 
 
 def _replica_lost(exc: BaseException) -> bool:
@@ -127,12 +137,14 @@ class RemoteRequestHandle:
                         return
                     engine._replica_died(self.replica_id)
                     if self._outputs or self._resends <= 0:
+                        engine.died_mid_stream += 1
                         self._fail(BackendError(
                             f"request {self.request_id}: replica {self.replica_id} (pid {self.pid}) died "
                             f"after streaming {len(self._outputs)} tokens; Ray Serve restarts it, but this "
                             "request cannot be resumed; send it again"))
                         return
                     self._resends -= 1
+                    engine.resent += 1
                     log.warning("replica %s died before request %s produced a token; sending it again",
                                 self.replica_id, self.request_id)
                     try:
@@ -161,6 +173,7 @@ class RemoteRequestHandle:
                 elif isinstance(item, GenerationResult):
                     if not self._future.done():
                         self._future.set_result(item)
+                        self._engine._served_by(self.request_id, self.replica_id)
                 elif isinstance(item, WireError):
                     self._fail(unpack_error(item))
         if not self._future.done():
@@ -213,7 +226,7 @@ class RemoteEngine:
     def __init__(self, replicas: Any, description: ReplicaDescription, tokenizer: Tokenizer, *,
                  options: EngineOptions, affinity_blocks: int = 3, retries: int = 1,
                  board: Any = None, baseline: MetricsSnapshot | None = None, owner: Any = None,
-                 stale_after: float = STALE_AFTER):
+                 stale_after: float = STALE_AFTER, tenant_affinity: bool = False):
         self._replicas = replicas
         self._stream_handle = replicas.options(stream=True)
         self._desc = description
@@ -221,6 +234,9 @@ class RemoteEngine:
         #: The replicas' engine options (``priority`` requests read ``options.policy``).
         self.options = options
         self.affinity_blocks = affinity_blocks
+        #: Route every request of a tenant (``GenerationParams.tenant``) to one replica instead of
+        #: by prefix: the replica whose learning plugin holds the tenant's adapter (see submit).
+        self.tenant_affinity = tenant_affinity
         #: Times a request is sent again when its replica dies before its first token, in all.
         self.retries = retries
         #: Seconds after which a replica's last report stops counting for the gauges.
@@ -232,6 +248,12 @@ class RemoteEngine:
         #: Requests of this ingress running on each replica, and when a replica was seen dying.
         self._running: collections.Counter[str] = collections.Counter()
         self._lost: dict[str, float] = {}
+        #: Requests sent again after their replica died before their first token, and requests
+        #: failed because it died after (``/ray/replicas`` shows both).
+        self.resent = 0
+        self.died_mid_stream = 0
+        #: Which replica served each of the last ``FEEDBACK_MEMORY`` finished requests.
+        self._served: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._refresher: asyncio.Task | None = None
         #: What keeps the tokenizer valid (the ingress's tokenizer backend), closed at shutdown.
         self._owner = owner
@@ -279,11 +301,28 @@ class RemoteEngine:
         ``--allow-runtime-lora`` at start for that reason)."""
         return None
 
-    def feedback(self, request_id: str, score: float) -> None:
-        raise FeedbackNotFound(
-            f"feedback for {request_id!r} cannot reach the replica that served it: `ruvllm serve "
-            "--ray` routes each call to any replica, and a learning plugin (SONA) keeps its requests "
-            "in the replica's process; serve without --ray to learn from /v1/feedback")
+    def feedback(self, request_id: str, score: float) -> Awaitable[None]:
+        """Deliver the score to the replica that served ``request_id``, where its learning plugin
+        (SONA) keeps the request: this ingress remembers the replica of each finished request,
+        and the router sends the call there. Unknown here (not served by this ingress, or more
+        than ``FEEDBACK_MEMORY`` requests ago) or its replica died: ``FeedbackNotFound`` at once."""
+        replica = self._served.get(request_id)
+        if replica is None:
+            raise FeedbackNotFound(f"no finished request {request_id!r} was served through this ingress "
+                                   f"(or it was more than {FEEDBACK_MEMORY} requests ago)")
+        if replica in self._lost:
+            raise FeedbackNotFound(f"request {request_id!r} was served by replica {replica}, which has "
+                                   "died since, and its learning state with it")
+        return self._deliver(FeedbackCall(request_id=request_id, score=score, replica_id=replica))
+
+    async def _deliver(self, call: FeedbackCall) -> None:
+        _raise_if_error(await self._replicas.feedback.remote(call))
+
+    def _served_by(self, request_id: str, replica_id: str) -> None:
+        self._served[request_id] = replica_id
+        self._served.move_to_end(request_id)
+        while len(self._served) > FEEDBACK_MEMORY:
+            self._served.popitem(last=False)
 
     # ------------------------------------------------------------------ calls
     async def encode_async(self, text: str, *, add_special: bool = True,
@@ -310,10 +349,18 @@ class RemoteEngine:
             prompt_ids=tuple(int(t) for t in prompt_ids), params=params,
             request_id=request_id or f"ray-{time.monotonic_ns():x}", priority=priority, timeout=timeout,
             cache_salt=cache_salt, grammars=grammars, prediction=tuple(int(t) for t in prediction),
-            prefix_key=prefix_key(prompt_ids, block_size=self._desc.block_size, blocks=self.affinity_blocks,
-                                  cache_salt=cache_salt))
+            prefix_key=self._key(prompt_ids, params, cache_salt))
         stream, accepted, resends = await self._open(request, self.retries)
         return RemoteRequestHandle(self, request, stream, accepted, resends)
+
+    def _key(self, prompt_ids: Sequence[int], params: GenerationParams, cache_salt: str | None) -> str | None:
+        """The request's routing key: its tenant's with ``tenant_affinity`` (so the tenant's
+        requests, and the feedback on them, meet the one adapter SONA learns for it on that
+        replica), else its prompt's first KV blocks."""
+        if self.tenant_affinity and params.tenant:
+            return tenant_key(params.tenant)
+        return prefix_key(prompt_ids, block_size=self._desc.block_size, blocks=self.affinity_blocks,
+                          cache_salt=cache_salt)
 
     async def _open(self, request: ReplicaRequest, resends: int) -> tuple[Any, Accepted, int]:
         """Start ``request`` on a replica and wait until its engine accepted it (so submission
@@ -334,6 +381,7 @@ class RemoteEngine:
                     raise
                 if resends > 0:
                     resends -= 1
+                    self.resent += 1
                     log.warning("a replica died before accepting request %s; sending it again",
                                 request.request_id)
                     continue

@@ -20,6 +20,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 
 from ruvllm.config import Config
@@ -27,8 +28,24 @@ from ruvllm.errors import RuvllmError
 from ruvllm.guided import GrammarCache, GrammarSpec, GuidedProcessor, guided_processor
 from ruvllm.guided.request import grammar_engine_of
 from ruvllm.scaleout.metrics_board import report_to_board
-from ruvllm.scaleout.wire import Accepted, ReplicaDescription, ReplicaRequest, pack_error
+from ruvllm.scaleout.wire import (
+    Accepted,
+    FeedbackCall,
+    ReplicaDescription,
+    ReplicaRequest,
+    WireError,
+    pack_error,
+)
 from ruvllm.serving import MetricsSnapshot
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # outside Ray (direct use in tests)
+        return ""
 
 
 def _replica_id() -> str:
@@ -48,6 +65,8 @@ class EngineReplica:
 
         self._engine = ServingEngine.from_config(config)
         self._id = _replica_id()
+        self._node_ip = _node_ip()
+        self._feedback = 0
         self._board = board_name
         self._grammars = GrammarCache()
         self._reports: set[asyncio.Future] = set()  # pending reports, referenced until they run
@@ -74,6 +93,20 @@ class EngineReplica:
 
     def metrics(self) -> MetricsSnapshot:
         return self._engine.metrics()
+
+    def feedback(self, call: FeedbackCall) -> WireError | None:
+        """The score, to this engine's learning plugin (which holds the requests this replica
+        served); a ``FeedbackNotFound`` comes back naming this replica and its node. Counted and
+        reported, so ``/ray/replicas`` shows where feedback went."""
+        self._feedback += 1
+        self._report()
+        try:
+            self._engine.feedback(call.request_id, call.score)
+        except RuvllmError as exc:
+            err = pack_error(exc)
+            return attrs.evolve(err, message=f"{err.message} (replica {self._id} on node "
+                                             f"{self._node_ip or 'unknown'})")
+        return None
 
     async def _processors(self, grammars: tuple[GrammarSpec, ...]) -> list[GuidedProcessor]:
         """Fresh processors for the request's grammar recipes (compiles off the event loop on a
@@ -134,7 +167,8 @@ class EngineReplica:
 
     def _report(self) -> None:
         if self._board:
-            report_to_board(self._board, self._id, os.getpid(), self._engine.metrics())
+            report_to_board(self._board, self._id, os.getpid(), self._engine.metrics(), self._node_ip,
+                            self._feedback)
 
     async def _report_when_done(self, handle: Any) -> None:
         """Report a cancelled request once the engine has counted it (on its model thread, a

@@ -15,20 +15,22 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from ruvllm.scaleout.prefix_router import AffinityPolicy
-from ruvllm.scaleout.wire import ReplicaRequest
+from ruvllm.scaleout.wire import FeedbackCall, ReplicaRequest
 
 
-def request_of(pending: PendingRequest | None) -> ReplicaRequest | None:
+def request_of(pending: PendingRequest | None) -> ReplicaRequest | FeedbackCall | None:
     if pending is None:
         return None
     for arg in (*pending.args, *pending.kwargs.values()):
-        if isinstance(arg, ReplicaRequest):
+        if isinstance(arg, (ReplicaRequest, FeedbackCall)):
             return arg
     return None
 
 
 class PrefixAffinityRouter(RequestRouter):
-    """Home replica of the prompt's prefix first; least-loaded when it is busy or unkeyed."""
+    """Home replica of the prompt's prefix first; least-loaded when it is busy or unkeyed.
+    Feedback goes to the replica that served its request (any, if that one is gone: it then
+    answers that it does not hold the request)."""
 
     def initialize_state(self, busy_threshold: int = 4, **_: Any) -> None:
         self._policy = AffinityPolicy(busy_threshold=busy_threshold)
@@ -38,5 +40,8 @@ class PrefixAffinityRouter(RequestRouter):
         by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
         loads = {rid: self.replica_queue_len_cache.get(r.replica_id) for rid, r in by_id.items()}
         request = request_of(pending_request)
-        ranks = self._policy.rank(request.prefix_key if request else None, loads)
+        if isinstance(request, FeedbackCall) and request.replica_id in by_id:
+            return [[by_id[request.replica_id]]]
+        key = request.prefix_key if isinstance(request, ReplicaRequest) else None
+        ranks = self._policy.rank(key, loads)
         return [[by_id[rid] for rid in rank] for rank in ranks]

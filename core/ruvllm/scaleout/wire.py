@@ -62,6 +62,16 @@ class ReplicaDescription:
     backend_choice: str | None = None
 
 
+@attrs.frozen(kw_only=True)
+class FeedbackCall:
+    """A user's score for a finished request, for the replica that served it: the router sends it
+    to ``replica_id`` only (``serve_router``), where the learning plugin keeps the request."""
+
+    request_id: str
+    score: float
+    replica_id: str
+
+
 @attrs.frozen
 class Accepted:
     """First item of every replica stream: the engine took the request (submit succeeded)."""

@@ -8,7 +8,8 @@ plugin holds (unknown, evicted, or SONA is not enabled).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -26,9 +27,10 @@ class FeedbackRequest(RequestBody):
     index: StrictInt = 0
 
 
-def register_feedback(app: FastAPI, send: Callable[[str, float], None]) -> None:
+def register_feedback(app: FastAPI, send: Callable[[str, float], Awaitable[None] | None]) -> None:
     """``send(request_id, score)``: one engine's ``AsyncEngine.feedback``, or for a pool of
-    models ``ruvllm.feedback.send_feedback`` (their engines share the plugin registry's hooks)."""
+    models ``ruvllm.feedback.send_feedback`` (their engines share the plugin registry's hooks).
+    An awaitable it returns (a remote engine's delivery) is awaited."""
 
     @app.post("/v1/feedback")
     async def feedback(body: FeedbackRequest) -> dict[str, Any]:
@@ -36,7 +38,9 @@ def register_feedback(app: FastAPI, send: Callable[[str, float], None]) -> None:
         # Engine request ids are "<completion id>-<choice index>"; plain engine ids work too.
         for request_id in (f"{body.id}-{body.index}", body.id):
             try:
-                send(request_id, score)
+                sent = send(request_id, score)
+                if inspect.isawaitable(sent):
+                    await sent
             except FeedbackNotFound:
                 continue
             return {"id": body.id, "index": body.index, "score": score, "status": "recorded"}
