@@ -100,6 +100,25 @@ def free_subnet() -> int:
     raise ClusterStartError("every 10.77.N.0/24 is in use")
 
 
+def _cpu_cgroup(name: str, cpus: float) -> Path:
+    """A cgroup allowing ``cpus`` CPUs' time (cgroup v2's ``cpu.max``, else v1's CFS quota)."""
+    v2, v1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
+    period = 100_000
+    if (v2 / "cgroup.controllers").exists() and "cpu" in (v2 / "cgroup.subtree_control").read_text():
+        group = v2 / name
+        group.mkdir()
+        (group / "cpu.max").write_text(f"{int(cpus * period)} {period}")
+    elif (v1 / "cpu.cfs_quota_us").exists():
+        group = v1 / name
+        group.mkdir()
+        (group / "cpu.cfs_period_us").write_text(str(period))
+        (group / "cpu.cfs_quota_us").write_text(str(int(cpus * period)))
+    else:
+        raise ClusterStartError("no cgroup CPU controller to cap a host's CPU time (cgroup v2 with the cpu "
+                                "controller enabled, or v1's cpu hierarchy at /sys/fs/cgroup/cpu)")
+    return group
+
+
 @attrs.define(kw_only=True)
 class Host:
     """One host: its network namespace, address, CPUs and PID-namespace init process."""
@@ -113,6 +132,16 @@ class Host:
     head: bool = False
     #: ``unshare``, whose only child is the host's PID 1 (the reaper); None while the host is down.
     init: subprocess.Popen | None = None
+    #: The cgroup every process of the host joins (a CPU quota), if any.
+    cgroup: Path | None = None
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` on the host's CPUs, in its cgroup (a process joins before it execs, so all its
+        children are in it too)."""
+        pinned = ["taskset", "-c", ",".join(map(str, self.cpus)), *argv]
+        if self.cgroup is None:
+            return pinned
+        return ["sh", "-c", f'echo $$ > {self.cgroup}/cgroup.procs && exec "$@"', "sh", *pinned]
 
     @property
     def pid1(self) -> int:
@@ -134,11 +163,15 @@ class NetnsCluster:
     or ``with NetnsCluster(...) as cluster``). ``worker_cpus``: Ray CPUs per worker node (the head
     gets none, so replicas land on the workers; its ``node:__internal_head__`` resource pins what
     must stay there). ``cpu_sets``: the machine CPUs each worker is pinned to, default one CPU
-    each, round-robin over this process's affinity; the head runs on all of them."""
+    each, round-robin over this process's affinity; the head runs on all of them. ``cpu_quota``
+    (e.g. 0.5) instead caps every worker host at that many CPUs' time (a cgroup's CPU quota) on
+    all of this process's CPUs: equal CPU per node for any node count, which pinning whole CPUs
+    cannot give three nodes on two cores."""
 
     workers: int = 2
     worker_cpus: int = 1
     cpu_sets: Sequence[Sequence[int]] | None = None
+    cpu_quota: float | None = None
     subnet: int | None = None
     #: Extra environment of every Ray process (e.g. RAY_ settings).
     env: Mapping[str, str] = attrs.field(factory=dict)
@@ -196,12 +229,15 @@ class NetnsCluster:
         _sh("ip", "addr", "add", f"10.77.{n}.254/24", "dev", self.bridge)
         _sh("ip", "link", "set", self.bridge, "up")
         mine = sorted(os.sched_getaffinity(0))
-        sets = self.cpu_sets or [(mine[i % len(mine)],) for i in range(self.workers)]
+        sets = self.cpu_sets or [tuple(mine) if self.cpu_quota else (mine[i % len(mine)],)
+                                 for i in range(self.workers)]
         names = ["head"] + [f"worker{i + 1}" for i in range(self.workers)]
         for i, name in enumerate(names):
             host = Host(name=name, netns=f"rvl{self._tag}-{name}", ip=f"10.77.{n}.{i + 1}",
                         cpus=tuple(mine) if i == 0 else tuple(sets[i - 1]),
                         num_cpus=0 if i == 0 else self.worker_cpus, head=i == 0)
+            if self.cpu_quota and not host.head:
+                host.cgroup = _cpu_cgroup(f"rvl{self._tag}-{name}", self.cpu_quota)
             self.hosts.append(host)
             outer, inner = f"rvl{self._tag}h{i}", f"rvl{self._tag}g{i}"
             _sh("ip", "netns", "add", host.netns)
@@ -218,16 +254,16 @@ class NetnsCluster:
         with a tmpfs on /tmp; ``--kill-child``: if unshare dies, the host dies with it."""
         script = f"mount -t tmpfs -o size={TMP_SIZE} tmpfs /tmp && exec {sys.executable} -c '{_REAPER}'"
         host.init = subprocess.Popen(
-            ["taskset", "-c", ",".join(map(str, host.cpus)), "ip", "netns", "exec", host.netns,
-             "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script],
+            host.wrap(["ip", "netns", "exec", host.netns, "unshare", "--pid", "--fork", "--kill-child",
+                       "--mount-proc", "sh", "-c", script]),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         host.pid1  # noqa: B018 -- waits until the init process exists
 
     def command(self, host: Host, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside ``host`` (its network, PID and mount namespaces, on its CPUs)."""
-        return ["taskset", "-c", ",".join(map(str, host.cpus)), "nsenter", "-t", str(host.pid1), "--net",
-                "--mount", "--pid", f"--wd={os.getcwd()}", "--", *argv]
+        return host.wrap(["nsenter", "-t", str(host.pid1), "--net", "--mount", "--pid", f"--wd={os.getcwd()}",
+                          "--", *argv])
 
     @property
     def environ(self) -> dict[str, str]:
@@ -311,6 +347,13 @@ class NetnsCluster:
             subprocess.run(["ip", "netns", "delete", host.netns], capture_output=True)
         if self.bridge:
             subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
+        for host in self.hosts:
+            for _ in range(20):  # empty once the killed processes' parents have reaped them
+                if host.cgroup is None or not host.cgroup.exists():
+                    break
+                with contextlib.suppress(OSError):
+                    host.cgroup.rmdir()
+                time.sleep(0.1)
         self.hosts.clear()
 
 
