@@ -59,6 +59,10 @@ class BatchEntry:
     #: executor then returns ``len(tokens)`` rows for it, the last of which is the sampling row
     #: when ``sample`` is also set. Only executors with ``prompt_logits = True`` receive it.
     all_logits: bool = False
+    #: Compute this entry's rows with the executor's batch-invariant kernels (a request's own
+    #: ``GenerationParams.batch_invariant``; only executors with ``invariant_rows = True``
+    #: receive it).
+    invariant: bool = False
 
 
 @runtime_checkable

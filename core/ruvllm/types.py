@@ -188,6 +188,11 @@ class GenerationParams:
     #: Whom the request is for (the server's ``user``): learning plugins learn per tenant, so one
     #: tenant's feedback never changes another's outputs. None: no tenant (the shared one).
     tenant: str | None = attrs.field(default=None, validator=_tenant)
+    #: This request's tokens and logprobs the same bits whatever runs beside it (docs/engine.md,
+    #: "Batch-invariant mode"): so for every request of an engine built with ``batch_invariant``;
+    #: on another engine its rows run through the executor's invariant kernels where it has them
+    #: (``BatchExecutor.invariant_rows``), and the engine refuses it where it has none.
+    batch_invariant: bool = False
     #: ``(token id, bias)`` pairs added to the logits before the sampler chooses (OpenAI's
     #: ``logit_bias``; a dict is accepted). Reported logprobs stay the model's own.
     logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_logit_bias)

@@ -9,12 +9,15 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from ruvllm.engine import EngineOptions, ServingEngine
-from ruvllm.errors import BatchInvariantUnsupported
+from ruvllm.errors import BatchInvariantUnsupported, InvalidRequest
 from ruvllm.executor import BatchEntry
 from ruvllm.models import ModelSource
+from ruvllm.types import GenerationParams
 from ruvllm_candle_like import invariant
 from ruvllm_candle_like.backend import CandleLikeBackend
 from ruvllm_candle_like.executor import PagedExecutor
+
+from .test_lora import random_adapter
 
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time", "Dear Sir or Madam,",
            "The quick brown fox")
@@ -111,5 +114,36 @@ def test_engine_serves_the_mode_and_says_so(backend_fp32) -> None:
         assert engine.capabilities.batch_invariant
         assert engine._core.executor.batch_invariant
         assert engine.generate_sync(["Hello"])[0].token_ids
+    finally:
+        engine.close()
+
+
+def _answers(engine: ServingEngine, flagged: bool, beside: int) -> tuple:
+    """The first prompt's answer (tokens and logprobs), run with ``beside`` other prompts at once
+    that do not ask for the guarantee."""
+    ask = GenerationParams(max_tokens=8, temperature=0.0, logprobs=2, batch_invariant=flagged)
+    other = GenerationParams(max_tokens=12, temperature=0.0)
+    handles = [engine.submit_sync(engine.encode(PROMPTS[0]), ask)]
+    handles += [engine.submit_sync(engine.encode(p * 3), other) for p in PROMPTS[1:1 + beside]]
+    first = handles[0].result()
+    for h in handles[1:]:
+        h.result()
+    return first.token_ids, first.logprobs
+
+
+def test_a_request_may_ask_for_it_on_an_engine_without_the_mode(backend_fp32) -> None:
+    """Its rows take the mode's kernels in a pass of their own; the rows beside it keep the
+    default ones, and an unflagged request run the same way moves (so the comparison can fail)."""
+    engine = ServingEngine(backend_fp32, EngineOptions(max_num_seqs=8), owns_backend=False)
+    try:
+        assert not engine.capabilities.batch_invariant and engine._core.executor.invariant_rows
+        assert _answers(engine, True, 0) == _answers(engine, True, 4)
+        assert _answers(engine, False, 0) != _answers(engine, False, 4)
+        backend_fp32.publish_adapter(random_adapter(backend_fp32, "t-inv", seed=5))
+        try:
+            with pytest.raises(InvalidRequest, match=r"batch_invariant.*LoRA"):
+                engine.submit_sync([1, 2, 3], GenerationParams(batch_invariant=True, adapter="t-inv"))
+        finally:
+            backend_fp32.unload_adapter("t-inv")
     finally:
         engine.close()

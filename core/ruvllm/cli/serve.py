@@ -28,7 +28,7 @@ from ruvllm.scaleout.cli import run_scale_out, scale_out_options, scale_out_requ
 @click.option("--max-concurrent", type=int, help="Most requests running at once (engine max_num_seqs).")
 @click.option("--batch-invariant", is_flag=True, default=False,
               help="A greedy or seeded request gives the same tokens and logprobs whatever runs beside it "
-                   "(engine batch_invariant; candle_like; docs/engine.md).")
+                   "(engine batch_invariant; candle_like, llamacpp; docs/engine.md).")
 @click.option("--max-context", type=int,
               help="Cap on prompt + max_tokens of one request (default: the model's).")
 @click.option("--max-tokens-limit", type=int, help="Largest max_tokens a request may ask for (default 4096).")

@@ -300,6 +300,10 @@ class ServingEngine:
         adapter_key = adapter_cache_key(self._backend, params.adapter)
         if adapter_key is not None:
             cache_salt = f"{cache_salt or ''}\x00adapter:{adapter_key}"
+        invariant_rows = self._invariant_rows(params)
+        if invariant_rows:
+            # Its KV is computed by other kernels: it may only meet blocks computed by them.
+            cache_salt = f"{cache_salt or ''}\x00batch_invariant"
         rid = request_id or uuid.uuid4().hex
         with self._lock:
             if rid in self._active:
@@ -313,7 +317,7 @@ class ServingEngine:
             self._active.add(rid)
         sched = SchedRequest(rid, prompt, params.max_tokens, priority=priority, arrival=time.monotonic(),
                              cache_salt=cache_salt, reuse_prefix=params.prompt_logprobs is None,
-                             prediction=predicted)
+                             prediction=predicted, invariant=invariant_rows)
         tokenizer = self._backend.tokenizer
         sampler = request_sampler(params, self._info.vocab_size, prompt, tokenizer, logits_processors) \
             if self.path == "executor" else None
@@ -326,6 +330,26 @@ class ServingEngine:
                                                            self._backend.tokenizer)
         self._inbox.put(("add", live))
         return rid
+
+    def _invariant_rows(self, params: GenerationParams) -> bool:
+        """Whether a request's rows must run through the executor's batch-invariant kernels:
+        it asks for the guarantee and the engine does not give it to every request already.
+        Refused when nothing here can keep it."""
+        if not params.batch_invariant or self._caps.batch_invariant:
+            return False
+        if self.path == "request" and not self._caps.concurrent_requests:
+            return False  # one request at a time: nothing shares its forward passes
+        executor = getattr(self._core, "executor", None)
+        if not getattr(executor, "invariant_rows", False):
+            raise InvalidRequest("batch_invariant", f"this engine ({self.backend_name}, {self.path} path) "
+                                 "cannot compute one request's rows apart from its batch; start it with "
+                                 "[engine] batch_invariant = true (ruvllm serve --batch-invariant) to "
+                                 "give every request the guarantee", True)
+        if params.adapter is not None:
+            raise InvalidRequest("batch_invariant", "a request with a LoRA adapter cannot have it on an "
+                                 "engine built without the mode: adapter rows run on the default "
+                                 "kernels", True)
+        return True
 
     def _checked_prediction(self, prediction: Sequence[int]) -> tuple[int, ...]:
         """``prediction`` as token ids this engine can verify as drafts, or a refusal naming it."""

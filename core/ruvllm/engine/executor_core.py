@@ -125,7 +125,7 @@ class ExecutorCore:
             entries.append(BatchEntry(
                 seq_id=req.slot, tokens=chunk.tokens, start_pos=chunk.start_pos,  # type: ignore[arg-type]
                 block_table=self.blocks.block_table(req.slot), sample=chunk.sample,  # type: ignore[arg-type]
-                adapter=live.params.adapter,
+                adapter=live.params.adapter, invariant=req.invariant,
                 all_logits=chunk.num_draft > 0 or (collector is not None
                                                    and collector.wants(chunk.start_pos, len(chunk.tokens))),
             ))

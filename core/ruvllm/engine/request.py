@@ -47,6 +47,9 @@ class SchedRequest:
     reuse_prefix: bool = True
     #: OpenAI's predicted output as token ids: drafts to verify (ruvllm.engine.prediction).
     prediction: tuple[int, ...] = ()
+    #: Its rows run through the executor's batch-invariant kernels (GenerationParams.batch_invariant
+    #: on an engine not built in the mode).
+    invariant: bool = False
     num_prompt: int = attrs.field(default=-1)
     num_computed: int = 0
     #: Executor sequence id while the request holds KV.

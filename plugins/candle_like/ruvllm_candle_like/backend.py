@@ -28,6 +28,7 @@ from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
 
 from ruvllm_candle_like.cpu_dtype import bf16_note, warn_once
 from ruvllm_candle_like.embeddings import mean_pooled
+from ruvllm_candle_like.int4 import unavailable as int4_unavailable
 from ruvllm_candle_like.kv_contiguous import ContiguousCache
 from ruvllm_candle_like.kv_two_tier import TwoTierCache, TwoTierSettings
 from ruvllm_candle_like.loading import LoadedModel, load
@@ -62,6 +63,8 @@ class CandleLikeBackend(LlmBackend):
         self._lock = threading.Lock()
         #: The KV line of the last executor made by create_executor (for memory_summary).
         self._executor_kv: str | None = None
+        #: check_kernels' verdict once run: "" when the mode holds here, else why not.
+        self._kernel_check: str | None = None
         #: Named LoRA adapters, shared by generate() and every executor of this backend.
         self.adapters = AdapterRegistry()
         cfg = loaded.config
@@ -121,9 +124,14 @@ class CandleLikeBackend(LlmBackend):
             torch.set_num_threads(opts.n_threads)
         if opts.prepack_weights and device.type == "cpu" and (note := unpacked_note(dtype)):
             warn_once(f"unpacked {dtype}", "candle_like: %s", note)  # once: every projection falls back
+        int4 = opts.int4_weights and device.type == "cpu" and model.format == "gguf"
+        if int4 and (why := int4_unavailable()):
+            warn_once("int4 unavailable", "candle_like: int4_weights has no effect: %s", why)
+            int4 = False
         try:
             loaded = load(model, dtype=dtype, device=device, context_length=opts.context_length,
-                          prepack=opts.prepack_weights)
+                          prepack=opts.prepack_weights, int4=int4,
+                          dense_rows=opts.dense_from_rows if opts.dense_weights else None)
         except RuvllmError:
             raise
         except Exception as exc:  # torch/safetensors errors become a load error with the reason
@@ -250,6 +258,9 @@ class CandleLikeBackend(LlmBackend):
         if batch_invariant:
             self._check_invariance()
         two_tier = None
+        # A request may ask for the guarantee on its own where the mode's kernels hold here.
+        rows = (not batch_invariant and self.options.kv_cache != "two_tier"
+                and self._invariance_problem() is None)
         if self.options.kv_cache == "two_tier":
             cfg = self._loaded.config
             two_tier = TwoTierSettings.from_options(self.options, cfg, self.model.max_positions)
@@ -260,22 +271,29 @@ class CandleLikeBackend(LlmBackend):
                                  max_batch_tokens=self.options.max_batch_tokens, kv_dtype=self.kv_dtype,
                                  adapters=self.adapters, two_tier=two_tier,
                                  max_seq_len=two_tier.max_tokens if two_tier else None,
-                                 batch_invariant=batch_invariant)
+                                 batch_invariant=batch_invariant, invariant_rows=rows)
         self._executor_kv = executor.describe()
         log.info("candle_like executor: %s", self._executor_kv)
         return executor
 
     def _check_invariance(self) -> None:
-        from ruvllm_candle_like.invariant import check_kernels
-
         if self.options.kv_cache == "two_tier":
             # What a cold position reads depends on when its block migrated.
             raise BatchInvariantUnsupported(self.name, "kv_cache=two_tier quantises a position's K/V "
                                             "depending on when its block left the hot window")
-        reason = check_kernels(self.model)
+        reason = self._invariance_problem()
         if reason is not None:
-            raise BatchInvariantUnsupported(self.name, f"{reason} on this machine "
-                                            f"({str(self.dtype).removeprefix('torch.')})")
+            raise BatchInvariantUnsupported(self.name, reason)
+
+    def _invariance_problem(self) -> str | None:
+        """Why this machine's kernels cannot hold the mode, or None; checked once per model."""
+        from ruvllm_candle_like.invariant import check_kernels
+
+        if self._kernel_check is None:
+            reason = check_kernels(self.model)
+            self._kernel_check = ("" if reason is None else
+                                  f"{reason} on this machine ({str(self.dtype).removeprefix('torch.')})")
+        return self._kernel_check or None
 
     def memory_summary(self) -> str | None:
         """The KV of the last executor (printed by ``ruvllm serve`` at start-up)."""

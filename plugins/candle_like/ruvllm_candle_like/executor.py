@@ -251,18 +251,24 @@ class PagedExecutor:
     def __init__(self, model: Transformer, *, max_sequences: int, block_size: int, num_tokens: int,
                  max_batch_tokens: int, kv_dtype: torch.dtype, adapters: AdapterRegistry | None = None,
                  two_tier: TwoTierSettings | None = None, max_seq_len: int | None = None,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, invariant_rows: bool = False):
         """``two_tier``: keep KV in the two-tier cache (packed cold store + 16-bit hot window)
         instead of the 16-bit pool. ``max_seq_len``: the most positions one sequence may hold
         (default and at most the model's context; the two-tier cache's ``max_kv_tokens``); the
         engine reads it as the context one request may use. ``batch_invariant``: compute every
-        row as :mod:`ruvllm_candle_like.invariant` does (the caller has checked the kernels)."""
+        row as :mod:`ruvllm_candle_like.invariant` does (the caller has checked the kernels);
+        ``invariant_rows``: compute so only the entries marked ``invariant`` (a request's own
+        ``batch_invariant``), in a pass of their own beside the step's other rows."""
         if block_size < 1:
             raise InvalidRequest("block_size", f"must be >= 1; got {block_size}")
         if max_sequences < 1:
             raise InvalidRequest("max_sequences", f"must be >= 1; got {max_sequences}")
-        self.model = invariant_twin(model) if batch_invariant else model
+        #: The model on the mode's kernels (shares the weights), for the mode or marked rows.
+        self._twin = invariant_twin(model) if batch_invariant or invariant_rows else None
+        self.model = self._twin if batch_invariant else model
         self.batch_invariant = batch_invariant
+        #: Entries marked ``invariant`` are honoured (ruvllm.executor.BatchEntry.invariant).
+        self.invariant_rows = invariant_rows and not batch_invariant
         #: LoRA adapters by name; rows of one step are grouped per adapter (base rows: none).
         self.adapters = adapters or AdapterRegistry()
         self.block_size = block_size
@@ -384,6 +390,26 @@ class PagedExecutor:
     @torch.inference_mode()
     def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
         self._check(batch)
+        marked = [e.invariant for e in batch] if self.invariant_rows else []
+        if not any(marked):
+            return self._forward(batch, invariant=self.batch_invariant)
+        if all(marked):
+            return self._forward(batch, invariant=True)
+        # Rows that asked for the guarantee take the mode's kernels, the others the default ones:
+        # two passes over the weights in this step, each on its own rows.
+        rows = {flag: self._forward([e for e, m in zip(batch, marked, strict=True) if m == flag],
+                                    invariant=flag) for flag in (False, True)}
+        taken = {False: 0, True: 0}
+        out = []
+        for e, flag in zip(batch, marked, strict=True):
+            n = len(e.tokens) if e.all_logits else int(e.sample)
+            out.append(rows[flag][taken[flag]:taken[flag] + n])
+            taken[flag] += n
+        return np.concatenate(out)
+
+    def _forward(self, batch: Sequence[BatchEntry], *, invariant: bool) -> np.ndarray:
+        """One pass over ``batch``: on the mode's kernels when ``invariant``."""
+        model = self._twin if invariant else self.model
         dev = self.device
         kv = _PoolStep(self, batch) if self.two_tier is None else self.two_tier.begin(batch)
         tokens: list[int] = []
@@ -403,17 +429,16 @@ class PagedExecutor:
                 logit_rows.extend(range(row - n, row))
             elif e.sample:
                 logit_rows.append(row - 1)
-        plan = _InvariantAttention(self, kv, batch) if self.batch_invariant else self._plan(kv, batch)
+        plan = _InvariantAttention(self, kv, batch) if invariant else self._plan(kv, batch)
         lora = LoraPlan.for_rows(spans, dev)
         if not logit_rows:
             # Nothing to sample (e.g. only non-final prefill chunks): run for the KV only.
-            self.model.forward(torch.tensor(tokens, device=dev),
-                               torch.from_numpy(np.concatenate(positions)).to(dev), plan,
-                               torch.tensor([0], device=dev), lora)
+            at = torch.from_numpy(np.concatenate(positions)).to(dev)
+            model.forward(torch.tensor(tokens, device=dev), at, plan, torch.tensor([0], device=dev), lora)
             kv.finish()
-            return np.zeros((0, self.model.cfg.vocab_size), dtype=np.float32)
+            return np.zeros((0, model.cfg.vocab_size), dtype=np.float32)
         try:
-            logits = self.model.forward(
+            logits = model.forward(
                 torch.tensor(tokens, device=dev), torch.from_numpy(np.concatenate(positions)).to(dev),
                 plan, torch.tensor(logit_rows, device=dev), lora,
             )

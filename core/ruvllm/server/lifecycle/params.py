@@ -345,6 +345,7 @@ def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits:
         "logit_bias": req.logit_bias,
         "allowed_token_ids": req.allowed_token_ids or (),
         "tenant": req.user,  # a learning plugin (SONA) learns per end user
+        "batch_invariant": req.batch_invariant,
     }
     if isinstance(req, CompletionRequest) and req.echo and logprobs is not None:
         values["prompt_logprobs"] = logprobs  # OpenAI's echo + logprobs: the prompt's logprobs too

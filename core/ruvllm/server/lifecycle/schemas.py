@@ -95,6 +95,9 @@ class _Request(RequestBody):
     #: priority policy) and the prefix-cache salt (requests share cached KV only with the same salt).
     priority: int = 0
     cache_salt: str | None = Field(None, min_length=1)
+    #: ruvllm's: this request's tokens and logprobs the same whatever runs beside it
+    #: (GenerationParams.batch_invariant; refused where the engine cannot keep it).
+    batch_invariant: bool = False
     #: vLLM's: the answer carries the prompt's and each choice's token ids (responses.py).
     return_token_ids: bool | None = None
     #: vLLM's: logprobs name each token ``token_id:<id>`` (responses.py).
