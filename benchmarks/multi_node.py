@@ -5,16 +5,18 @@ head host (no Ray CPUs: the Serve controller, HTTP proxy, ingress and metrics bo
 hosts, each its own network, PID and mount namespace with an address on a private bridge,
 started with ``ray start``; ``ruvllm serve --ray --replicas N`` runs on the head. Needs root.
 
-``--try``: start one cluster (the first ``--nodes``), print its addresses and wait for Ctrl-C,
-for a person to point clients at it. Otherwise, for each node count in ``--nodes`` (one replica
-per worker node, every engine ``n_threads=1``, every worker host capped at ``--cpu-per-node``
-CPUs' time by a cgroup, so that 1, 2 and 3 nodes get equal CPU each on a 2-core machine):
+``--try``: start one cluster (the first ``--nodes``; each worker pinned to one CPU, round-robin),
+print its addresses and wait for Ctrl-C, for a person to point clients at it. Otherwise (one
+replica per worker node, every engine ``n_threads=1``):
 
-1. Router overhead: time to first token (streamed ``/v1/completions``, 8 tokens), p50 over
-   sequential requests sent alternately to a direct ``ruvllm serve`` running inside worker 1
-   (same CPU cap) and to the Ray app on the head; the difference is what the HTTP proxy, the
-   ingress, the router and the cross-node hops add.
-2. Aggregate throughput: ``--clients-per-node`` x N concurrent clients, each sending
+1. Router overhead, on one worker node (capped at 1 CPU's time; its replica and a direct
+   ``ruvllm serve`` beside it answer under the same cap): time to first token (streamed
+   ``/v1/completions``, 8 tokens), p50 over ``--ttft-requests`` sequential requests sent
+   alternately to the direct server and to the Ray app on the head; the difference is what the
+   HTTP proxy, the ingress, the router and the cross-node hop add.
+2. Aggregate throughput for each node count in ``--nodes``, every worker host capped at
+   ``--cpu-per-node`` CPUs' time by a cgroup (equal CPU per node, which whole CPUs cannot give 3
+   nodes on 2 cores): ``--clients-per-node`` x N concurrent clients, each sending
    ``--per-client`` chat requests of ``--tokens`` greedy tokens with distinct prompts;
    completion tokens/s over the wall time, and that divided by N (per replica).
 """
@@ -57,13 +59,14 @@ def load(base: str, clients: int, per_client: int, tokens: int) -> tuple[float, 
     return sum(n for _, n in results) / wall, statistics.median(t for t, _ in results)
 
 
-def measure(nodes: int, a: argparse.Namespace, logs: Path) -> dict[str, float]:
-    with NetnsCluster(workers=nodes, cpu_quota=a.cpu_per_node) as cluster:
-        served = serve_on_head(cluster, [*ENGINE, "--replicas", str(nodes)], log=logs / f"serve-{nodes}.log")
+def overhead(a: argparse.Namespace, logs: Path) -> tuple[float, float]:
+    """TTFT p50 of a direct server inside the worker and of the Ray app on the head."""
+    with NetnsCluster(workers=1, cpu_quota=1.0) as cluster:
+        served = serve_on_head(cluster, [*ENGINE, "--replicas", "1"], log=logs / "serve-ttft.log")
         w1 = cluster.hosts[1]
         direct = f"http://{w1.ip}:8001"
         proc = cluster.popen(w1, [RUVLLM, "serve", *ENGINE, "--host", w1.ip, "--port", "8001"],
-                             stdout=(logs / f"direct-{nodes}.log").open("wb"), stderr=subprocess.STDOUT,
+                             stdout=(logs / "direct.log").open("wb"), stderr=subprocess.STDOUT,
                              start_new_session=True)
         try:
             wait_ready(direct, proc, timeout=300)
@@ -75,18 +78,26 @@ def measure(nodes: int, a: argparse.Namespace, logs: Path) -> dict[str, float]:
                     prompt = f"Request {i}: list three fruits."
                     d.append(ttft(client, direct, prompt, 8))
                     r.append(ttft(client, served.url, prompt, 8))
-            os.killpg(proc.pid, signal.SIGINT)  # its CPU goes back to the replica
-            proc.wait(timeout=30)
-            tok_s, p50 = load(served.url, a.clients_per_node * nodes, a.per_client, a.tokens)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
             served.stop()
-    return {"direct_ttft": statistics.median(d), "ray_ttft": statistics.median(r), "tok_s": tok_s, "p50": p50}
+    return statistics.median(d), statistics.median(r)
 
 
-def try_it(nodes: int, cpu: float | None) -> None:
-    with NetnsCluster(workers=nodes, cpu_quota=cpu) as cluster, tempfile.TemporaryDirectory() as tmp:
+def throughput(nodes: int, a: argparse.Namespace, logs: Path) -> tuple[float, float]:
+    """Aggregate tokens/s and p50 latency of N capped worker nodes under proportional load."""
+    with NetnsCluster(workers=nodes, cpu_quota=a.cpu_per_node) as cluster:
+        served = serve_on_head(cluster, [*ENGINE, "--replicas", str(nodes)], log=logs / f"serve-{nodes}.log")
+        try:
+            load(served.url, nodes, 1, 4)  # warm every replica
+            return load(served.url, a.clients_per_node * nodes, a.per_client, a.tokens)
+        finally:
+            served.stop()
+
+
+def try_it(nodes: int) -> None:
+    with NetnsCluster(workers=nodes) as cluster, tempfile.TemporaryDirectory() as tmp:
         served = serve_on_head(cluster, [*ENGINE, "--replicas", str(nodes)], log=Path(tmp) / "serve.log")
         hosts = ", ".join(f"{h.name} {h.ip}" for h in cluster.hosts)
         print(f"cluster up: {hosts}; RAY_ADDRESS={cluster.address}\n"
@@ -103,9 +114,10 @@ def try_it(nodes: int, cpu: float | None) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 3], help="worker node counts to run")
-    ap.add_argument("--cpu-per-node", type=float, default=0.5, help="CPU time cap of each worker host")
-    ap.add_argument("--ttft-requests", type=int, default=20)
+    ap.add_argument("--nodes", type=int, nargs="*", default=[1, 2, 3],
+                    help="worker node counts to measure throughput at (none: skip)")
+    ap.add_argument("--cpu-per-node", type=float, default=0.4, help="CPU time cap of each worker host")
+    ap.add_argument("--ttft-requests", type=int, default=30, help="0: skip the router overhead")
     ap.add_argument("--clients-per-node", type=int, default=3)
     ap.add_argument("--per-client", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32)
@@ -115,20 +127,21 @@ def main() -> None:
     if reason:
         raise SystemExit(f"cannot make the namespace cluster: {reason}")
     if a.try_it:
-        try_it(a.nodes[0], a.cpu_per_node)
+        try_it(a.nodes[0] if a.nodes else 2)
         return
     print(machine_line())
     print(f"each worker node: 1 replica, n_threads=1, capped at {a.cpu_per_node} CPU; "
           f"{a.clients_per_node} clients per node x {a.per_client} chats x {a.tokens} tokens")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = {n: measure(n, a, Path(tmp)) for n in a.nodes}
-    base = rows[min(rows)]["tok_s"] / min(rows)
-    for n, m in rows.items():
-        print(f"{n} node(s): TTFT p50 direct {m['direct_ttft'] * 1e3:.1f} ms, through Ray "
-              f"{m['ray_ttft'] * 1e3:.1f} ms (+{(m['ray_ttft'] - m['direct_ttft']) * 1e3:.1f} ms); "
-              f"{m['tok_s']:.1f} tok/s aggregate, {m['tok_s'] / n:.1f} per node "
-              f"(efficiency {m['tok_s'] / (n * base):.2f} of {n} x the {min(rows)}-node rate), "
-              f"p50 latency {m['p50']:.2f} s")
+        if a.ttft_requests:
+            d, r = overhead(a, Path(tmp))
+            print(f"TTFT p50, {a.ttft_requests} sequential requests, alternating: direct in the worker "
+                  f"{d * 1e3:.1f} ms, through Ray {r * 1e3:.1f} ms; Ray adds {(r - d) * 1e3:.1f} ms")
+        rows = {n: throughput(n, a, Path(tmp)) for n in a.nodes}
+    for n, (tok_s, p50) in rows.items():
+        base = rows[min(rows)][0] / min(rows)
+        print(f"{n} node(s): {tok_s:.1f} tok/s aggregate, {tok_s / n:.1f} per node (efficiency "
+              f"{tok_s / (n * base):.2f} of {n} x the {min(rows)}-node rate), p50 latency {p50:.2f} s")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,13 @@ def test_policy_falls_back_to_least_loaded_when_home_is_busy():
         AffinityPolicy(busy_threshold=0)
 
 
+def test_unkeyed_requests_take_equally_loaded_replicas_in_turn():
+    policy = AffinityPolicy()
+    loads = {"a": 0, "b": 0, "c": 1}
+    firsts = [policy.rank(None, loads)[0][0] for _ in range(4)]
+    assert sorted(set(firsts)) == ["a", "b"] and firsts[0] != firsts[1], firsts  # never c: busier
+
+
 def test_removing_a_replica_moves_only_its_keys():
     policy = AffinityPolicy()
     keys = [f"k{i}" for i in range(200)]

@@ -67,7 +67,7 @@ def unavailable_reason() -> str | None:
     missing = [name for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
                if not caps >> bit & 1]
     if missing:
-        return f"this process lacks {' and '.join(missing)} (uid {os.geteuid()}; run as root)"
+        return f"this process (uid {os.geteuid()}) lacks {' and '.join(missing)}: run it as root"
     probe = f"rvlprobe{uuid.uuid4().hex[:6]}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
@@ -100,19 +100,24 @@ def free_subnet() -> int:
     raise ClusterStartError("every 10.77.N.0/24 is in use")
 
 
-def _cpu_cgroup(name: str, cpus: float) -> Path:
-    """A cgroup allowing ``cpus`` CPUs' time (cgroup v2's ``cpu.max``, else v1's CFS quota)."""
+def _cpu_cgroup(name: str, cpus: float | None) -> Path:
+    """A cgroup allowing ``cpus`` CPUs' time (cgroup v2's ``cpu.max``, else v1's CFS quota; None:
+    no cap), and weighted 10x a plain process, so that it gets that time on a machine busy with
+    other work (the cap alone bounds it from above only; equal CPU per node needs both)."""
+    quota = -1 if cpus is None else int(cpus * 100_000)
     v2, v1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
     period = 100_000
     if (v2 / "cgroup.controllers").exists() and "cpu" in (v2 / "cgroup.subtree_control").read_text():
         group = v2 / name
         group.mkdir()
-        (group / "cpu.max").write_text(f"{int(cpus * period)} {period}")
+        (group / "cpu.max").write_text(f"{'max' if quota < 0 else quota} {period}")
+        (group / "cpu.weight").write_text("1000")
     elif (v1 / "cpu.cfs_quota_us").exists():
         group = v1 / name
         group.mkdir()
         (group / "cpu.cfs_period_us").write_text(str(period))
-        (group / "cpu.cfs_quota_us").write_text(str(int(cpus * period)))
+        (group / "cpu.cfs_quota_us").write_text(str(quota))
+        (group / "cpu.shares").write_text("10240")
     else:
         raise ClusterStartError("no cgroup CPU controller to cap a host's CPU time (cgroup v2 with the cpu "
                                 "controller enabled, or v1's cpu hierarchy at /sys/fs/cgroup/cpu)")
@@ -166,7 +171,8 @@ class NetnsCluster:
     each, round-robin over this process's affinity; the head runs on all of them. ``cpu_quota``
     (e.g. 0.5) instead caps every worker host at that many CPUs' time (a cgroup's CPU quota) on
     all of this process's CPUs: equal CPU per node for any node count, which pinning whole CPUs
-    cannot give three nodes on two cores."""
+    cannot give three nodes on two cores; every host's cgroup then also outweighs other work on
+    the machine (the head's is not capped), for measurements on a shared machine."""
 
     workers: int = 2
     worker_cpus: int = 1
@@ -236,8 +242,8 @@ class NetnsCluster:
             host = Host(name=name, netns=f"rvl{self._tag}-{name}", ip=f"10.77.{n}.{i + 1}",
                         cpus=tuple(mine) if i == 0 else tuple(sets[i - 1]),
                         num_cpus=0 if i == 0 else self.worker_cpus, head=i == 0)
-            if self.cpu_quota and not host.head:
-                host.cgroup = _cpu_cgroup(f"rvl{self._tag}-{name}", self.cpu_quota)
+            if self.cpu_quota:
+                host.cgroup = _cpu_cgroup(f"rvl{self._tag}-{name}", None if host.head else self.cpu_quota)
             self.hosts.append(host)
             outer, inner = f"rvl{self._tag}h{i}", f"rvl{self._tag}g{i}"
             _sh("ip", "netns", "add", host.netns)

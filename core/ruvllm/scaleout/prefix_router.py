@@ -71,6 +71,8 @@ class AffinityPolicy:
     #: How many keys' homes are remembered (least recently used forgotten first).
     memory: int = attrs.field(default=1024, validator=positive_int())
     _homes: OrderedDict[str, str] = attrs.field(factory=OrderedDict, init=False, repr=False)
+    #: Turns the order of equally loaded replicas once per unkeyed request (see ``rank``).
+    _turn: int = attrs.field(default=0, init=False, repr=False)
 
     def home(self, key: str, replicas: Sequence[str]) -> str:
         """The replica ``key`` belongs to: where it went before while that replica is live,
@@ -92,13 +94,18 @@ class AffinityPolicy:
         """Ranks of replica ids, most preferred first; ``loads`` maps every candidate to its
         queue length (None when unknown, treated as idle).
 
-        Without a key every replica is equally good: one rank, least-loaded first.
+        Without a key every replica is equally good: one rank, least-loaded first, equally
+        loaded replicas taking turns at the front: Serve takes the first of a rank's least-loaded
+        replicas, and the queue lengths it knows do not change between requests sent at once, so
+        a fixed order sent a burst of unkeyed requests all to one replica (seen on two nodes).
         """
         if not loads:
             return []
-        by_load = sorted(loads, key=lambda r: (loads[r] or 0, r))
+        names = sorted(loads)
         if key is None:
-            return [by_load]
+            self._turn += 1
+            return [sorted(names, key=lambda r: (loads[r] or 0, (names.index(r) - self._turn) % len(names)))]
+        by_load = sorted(names, key=lambda r: (loads[r] or 0, r))
         home = self.home(key, sorted(loads))
         home_load = loads[home] or 0
         least = loads[by_load[0]] or 0
