@@ -17,8 +17,8 @@ from ruvllm.guided.tools import (
     streamable,
     taught_conversation,
 )
-from ruvllm.server.lifecycle.tool_responses import ToolChatFormatter
-from ruvllm.types import TokenOutput
+from ruvllm.server.openai.formatters import ChatFormatter
+from ruvllm.types import FinishReason, GenerationResult, Timings, TokenOutput, Usage
 
 ADD = {"type": "function", "function": {"name": "add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
@@ -31,7 +31,12 @@ class _Tok:
 
 
 def _formatter(plan):
-    return ToolChatFormatter("chatcmpl-x", "m", _Tok(), None, plan=plan)
+    return ChatFormatter("chatcmpl-x", "m", _Tok(), None, plan=plan)
+
+
+#: The result the finish chunks below end with: stopped by the model.
+STOPPED = GenerationResult(text="", token_ids=(), finish_reason=FinishReason.STOP, timings=Timings(),
+                           usage=Usage(prompt_tokens=1, completion_tokens=1))
 
 
 def test_detect_parser_from_template():
@@ -66,7 +71,7 @@ def test_hermes_calls_are_parsed_and_text_before_them_kept():
            '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 4}}</tool_call>'
     content, calls = split_tool_calls(text, plan)
     assert content == "Let me add."
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1, "b": 2}),
+    assert [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2}),
                                                                    ("add", {"a": 3, "b": 4})]
     assert split_tool_calls("no calls here", plan) == ("no calls here", [])
     # An unknown function is not a call: the text stays text.
@@ -79,7 +84,7 @@ def test_mistral_and_llama3_formats():
     assert [c.name for c in calls] == ["add"]
     llama = plan_tools([ADD], "auto", None, "{% if tools %}<|python_tag|>{% endif %}")
     _, calls = split_tool_calls('{"name": "add", "parameters": {"a": 5, "b": 6}}', llama)
-    assert json.loads(calls[0].arguments) == {"a": 5, "b": 6}
+    assert calls[0].arguments == {"a": 5, "b": 6}
 
 
 def test_hold_back_keeps_possible_marker_starts():
@@ -100,7 +105,7 @@ def test_streamed_auto_output_becomes_content_then_tool_call_deltas():
     # The same content as the whole answer's (whitespace before the call is not content).
     assert content == "Sure."
     assert split_tool_calls("".join(pieces), plan)[0] == "Sure."
-    last = fmt.finish(0, "stop")["choices"][0]
+    last = fmt.finish(0, STOPPED)["choices"][0]
     assert last["finish_reason"] == "tool_calls"
     call = last["delta"]["tool_calls"][0]
     assert call["index"] == 0 and call["type"] == "function" and call["id"].startswith("call_")
@@ -143,7 +148,7 @@ def test_reply_or_call_answers_are_read_back():
     assert split_tool_calls('{"response": "Hi \\"there\\"\\n"}', plan) == ('Hi "there"\n', [])
     answer = '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}'
     content, calls = split_tool_calls(answer, plan)
-    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1, "b": 2})]
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2})]
     # Cut short by max_tokens: the reply as far as it got; a call cut short is neither.
     assert split_tool_calls('{"response": "Hello wor', plan) == ("Hello wor", [])
     assert split_tool_calls('{"tool_calls": [{"name": "ad', plan) == ("", [])
@@ -160,12 +165,12 @@ def test_a_reply_streams_decoded_as_it_comes():
     fmt = _formatter(plan)
     sent = [fmt.token(0, TokenOutput(index=i, token_id=i, text=p)) for i, p in enumerate(pieces)]
     streamed = "".join(c["choices"][0]["delta"]["content"] for c in sent if c is not None)
-    last = fmt.finish(0, "stop")["choices"][0]
+    last = fmt.finish(0, STOPPED)["choices"][0]
     assert streamed == 'Café "ok"' and "content" not in last["delta"] and last["finish_reason"] == "stop"
     calls = _formatter(plan)
     text = '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}'
     assert all(calls.token(0, TokenOutput(index=i, token_id=i, text=c)) is None for i, c in enumerate(text))
-    last = calls.finish(0, "stop")["choices"][0]
+    last = calls.finish(0, STOPPED)["choices"][0]
     assert last["finish_reason"] == "tool_calls"
     assert last["delta"]["tool_calls"][0]["function"]["name"] == "add"
 

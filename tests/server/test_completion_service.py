@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 from ruvllm.errors import BackendError, ContextLengthExceeded, InvalidRequest
+from ruvllm.server.http.field_names import FieldNames
 from ruvllm.server.http.sse import SSEResponse
 from ruvllm.server.lifecycle.completion_service import ChoiceRequest, CompletionService, Submission
-from ruvllm.server.lifecycle.formatters import ChatFormatter
 from ruvllm.server.lifecycle.model_pool import Route
 from ruvllm.server.lifecycle.params import Limits
 from ruvllm.server.openai.delivery import sse_chunks
+from ruvllm.server.openai.formatters import ChatFormatter
 from ruvllm.types import FinishReason, GenerationParams, GenerationResult, Timings, TokenOutput, Usage
 from starlette.requests import ClientDisconnect
 
@@ -179,8 +180,8 @@ def test_a_stream_dropped_before_its_first_write_still_cancels(server, prompt):
         submission = await service(spy).submit([ChoiceRequest(index=0, prompt_ids=prompt, params=LONG)],
                                                id_prefix="t")
         fmt = ChatFormatter(submission.id, "m", server.engine.tokenizer, None)
-        response = SSEResponse(sse_chunks(submission, fmt, include_usage=False, prompt_lengths=[len(prompt)]),
-                               on_close=submission.cancel)
+        response = SSEResponse(sse_chunks(submission, fmt, include_usage=False, prompt_lengths=[len(prompt)],
+                                          names=FieldNames.of({})), on_close=submission.cancel)
         with pytest.raises(ClientDisconnect):
             await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
         return await finish_of(spy.handles[0])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from ruvllm.server.lifecycle.formatters import usage
+from ruvllm.server.openai.formatters import usage
 from ruvllm.testing.speculative import COPY_PROMPT, FIXED_DRAFTS
 from ruvllm.types import FinishReason, GenerationResult, Timings, Usage
 from server_helpers import API_KEY, start_server

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from ruvllm.bench.serving import sse_data
 from ruvllm.server.http.sse import sse_event
-from ruvllm.server.lifecycle.formatters import ChatFormatter, CompletionFormatter
+from ruvllm.server.openai.formatters import ChatFormatter, CompletionFormatter
 from ruvllm.testing.isolation import MARGIN_BOUND
 from ruvllm.types import TokenOutput
 from server_helpers import API_KEY

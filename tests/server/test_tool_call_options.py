@@ -20,7 +20,7 @@ import uuid
 import pytest
 import test_server_tools_auto
 from ruvllm.guided.tools import plan_tools
-from ruvllm.server.lifecycle.tool_responses import ToolChatFormatter
+from ruvllm.server.openai.formatters import ChatFormatter
 from ruvllm.types import FinishReason, GenerationResult, Timings, TokenLogprob, TokenOutput, Usage
 
 # The tiny tools model's server and client: those tests' fixtures (an instance per module).
@@ -105,16 +105,17 @@ class _Tok:
 def test_streamed_tool_answer_sends_each_entry_once_in_order():
     """Entries of released text go with its chunk, those of the held call with the finish."""
     plan = plan_tools([WEATHER], "auto", None, HERMES_TEMPLATE)
-    fmt = ToolChatFormatter("chatcmpl-x", "m", _Tok(), 1, plan=plan)
+    fmt = ChatFormatter("chatcmpl-x", "m", _Tok(), 1, plan=plan)
     pieces = ["Sure", ". ", "<tool", "_call>", '{"name": "get_weather", ', '"arguments": {"city": "oslo"}}',
               "</tool_call>"]
     outputs = [_output(k, p) for k, p in enumerate(pieces)]
     chunks = [c for c in (fmt.token(0, o) for o in outputs) if c is not None]
-    chunks.append(fmt.finish(0, "stop"))
+    result = GenerationResult(text="".join(pieces), token_ids=tuple(range(len(pieces))),
+                              finish_reason=FinishReason.STOP, timings=Timings(),
+                              usage=Usage(prompt_tokens=1, completion_tokens=len(pieces)))
+    chunks.append(fmt.finish(0, result))
     sent = [e["token"] for c in chunks for e in (c["choices"][0]["logprobs"] or {"content": []})["content"]]
-    whole = fmt.complete([(outputs, GenerationResult(
-        text="".join(pieces), token_ids=tuple(range(len(pieces))), finish_reason=FinishReason.STOP,
-        usage=Usage(prompt_tokens=1, completion_tokens=len(pieces)), timings=Timings()))], [1])
+    whole = fmt.complete([(outputs, result)], [1])
     assert sent == [e["token"] for e in whole["choices"][0]["logprobs"]["content"]]
     assert sent == [f"<{k}>" for k in range(len(pieces))]
     assert chunks[0]["choices"][0]["logprobs"]["content"][0]["token"] == "<0>"  # not held to the end
@@ -129,13 +130,13 @@ def test_parallel_tool_calls_false_keeps_the_first_call_of_several():
                               usage=Usage(prompt_tokens=1, completion_tokens=1))
     for parallel, cities in ((None, ["oslo", "rome"]), (True, ["oslo", "rome"]), (False, ["oslo"])):
         plan = plan_tools([WEATHER], "auto", parallel, HERMES_TEMPLATE)
-        whole = ToolChatFormatter("id", "m", _Tok(), None, plan=plan).complete([(outputs, result)], [1])
+        whole = ChatFormatter("id", "m", _Tok(), None, plan=plan).complete([(outputs, result)], [1])
         message = whole["choices"][0]["message"]
         assert [json.loads(c["function"]["arguments"])["city"] for c in message["tool_calls"]] == cities
         assert message["content"] == "Checking."
-        streamed = ToolChatFormatter("id", "m", _Tok(), None, plan=plan)
+        streamed = ChatFormatter("id", "m", _Tok(), None, plan=plan)
         streamed.token(0, outputs[0])
-        calls = streamed.finish(0, "stop")["choices"][0]["delta"]["tool_calls"]
+        calls = streamed.finish(0, result)["choices"][0]["delta"]["tool_calls"]
         assert [json.loads(c["function"]["arguments"])["city"] for c in calls] == cities
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ruvllm.server.lifecycle.formatters import cached_tokens, usage
+from ruvllm.server.openai.formatters import cached_tokens, usage
 from ruvllm.types import FinishReason, GenerationResult, Timings, Usage
 
 

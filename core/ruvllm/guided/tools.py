@@ -48,17 +48,14 @@ class Tool:
 
 @attrs.frozen
 class ToolCall:
-    name: str
-    #: The arguments as a JSON string (OpenAI's shape).
-    arguments: str
-    id: str = attrs.field(factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    """A call the model's answer makes: the tool's name and its arguments as the JSON value the
+    model wrote (an object), so that an API whose calls carry an object (Anthropic's ``input``,
+    Ollama's ``arguments``) never decodes a string; an API that sends a JSON string (OpenAI's)
+    encodes it as it writes the call."""
 
-    def openai(self, index: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "type": "function",
-                               "function": {"name": self.name, "arguments": self.arguments}}
-        if index is not None:
-            out["index"] = index
-        return out
+    name: str
+    arguments: Any
+    id: str = attrs.field(factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
 
 
 @attrs.frozen
@@ -254,9 +251,7 @@ def _call(name: Any, arguments: Any) -> ToolCall | None:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
             return None
-    if arguments is None:
-        arguments = {}
-    return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
+    return ToolCall(name, {} if arguments is None else arguments)
 
 
 def _json_objects(text: str) -> list[Any]:

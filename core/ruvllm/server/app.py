@@ -1,10 +1,10 @@
-"""The OpenAI-compatible HTTP API over one :class:`ruvllm.serving.AsyncEngine` or a pool of them.
+"""The server's assembly: one FastAPI app over one :class:`ruvllm.serving.AsyncEngine` or a pool of them.
 
-Routes only: each handler parses its body, asks the module that owns the work, and formats.
-OpenAI JSON -> prompt ids and GenerationParams is ``params``; a completion's lifecycle (submit
-every choice, cancel on refusal or disconnect, stream in batches) is
-:mod:`~ruvllm.server.lifecycle.completion_service`; engine outputs -> OpenAI JSON are the formatters
-(``responses``, ``tool_responses``, ``echo``), sent whole or streamed by ``delivery``.
+``create_app`` adds the middleware and error handlers and registers each API surface's routes
+(``openai/``, ``anthropic/``, ``ollama/``, ``llama_server/``, ``batches/``, ``scoring/``,
+``extensions/``); the handlers live in their surfaces, over the lifecycle they share. What is
+left here is the server's own: ``/health``, ``/v1/models`` (OpenAI's list and Anthropic's page
+alike) and ``/metrics``.
 
 Which engine serves a request (and with which LoRA adapter) is decided in one place, the
 :class:`~ruvllm.server.lifecycle.model_pool.ModelPool`, from the request's ``model``; a single engine is a
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +23,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from ruvllm.feedback import send_feedback
-from ruvllm.guided.tools import plan_tools
 from ruvllm.hardware import cpu_info
 from ruvllm.server.anthropic.message_batches_api import register_message_batch_routes
 from ruvllm.server.anthropic.messages_api import register_messages_routes
@@ -32,50 +30,21 @@ from ruvllm.server.batches.batches_api import register_batch_routes
 from ruvllm.server.extensions.feedback import register_feedback
 from ruvllm.server.extensions.lora import register_lora_routes
 from ruvllm.server.extensions.metrics import CONTENT_TYPE, ServerMetrics
-from ruvllm.server.extensions.tokenizer_info import QUERY_PARAMETERS, tokenizer_info
+from ruvllm.server.extensions.tokenize import register_tokenize_routes
 from ruvllm.server.http.errors import install_error_handlers
-from ruvllm.server.http.field_names import FieldNames
 from ruvllm.server.http.json_bodies import JsonBodiesMiddleware
 from ruvllm.server.http.limits import RequestLimitsMiddleware, authorized
 from ruvllm.server.http.path_aliases import PathAliasesMiddleware
-from ruvllm.server.http.strict_fields import refuse_unknown_query
 from ruvllm.server.lifecycle.batch_lane import BatchLane
-from ruvllm.server.lifecycle.chat_run import start_chat
-from ruvllm.server.lifecycle.completion_run import start_completion
-from ruvllm.server.lifecycle.embeddings import (
-    EmbeddingRequest,
-    check_dimensions,
-    embedding_limit,
-    embeddings_response,
-    input_ids,
-    require_embeddings,
-    split_inputs,
-)
 from ruvllm.server.lifecycle.model_pool import ModelEntry, ModelPool
-from ruvllm.server.lifecycle.params import (
-    Limits,
-    chat_prompt_ids,
-    completion_prompts,
-    truncated,
-)
+from ruvllm.server.lifecycle.params import Limits
 from ruvllm.server.lifecycle.scheduling import priority_scheduling
-from ruvllm.server.lifecycle.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
-)
 from ruvllm.server.llama_server.llama_server_api import register_llama_server_routes
 from ruvllm.server.llama_server.llama_server_info import register_llama_server_info_routes
 from ruvllm.server.ollama.ollama_api import register_ollama_routes
-from ruvllm.server.openai.chat_store import (
-    ChatCompletionStore,
-    refuse_storing_nowhere,
-    register_chat_store_routes,
-)
+from ruvllm.server.openai.chat_store import ChatCompletionStore, register_chat_store_routes
+from ruvllm.server.openai.completions_api import register_completion_routes
 from ruvllm.server.openai.conversations_api import ConversationStore, register_conversation_routes
-from ruvllm.server.openai.delivery import answer
-from ruvllm.server.openai.echo import completion_formatter
 from ruvllm.server.openai.response_store import ResponseStore
 from ruvllm.server.openai.responses_api import register_responses_routes
 from ruvllm.server.openapi import install_openapi_limits
@@ -83,7 +52,6 @@ from ruvllm.server.scoring.cohere_embed import register_cohere_embed_routes
 from ruvllm.server.scoring.scoring import register_scoring_routes
 from ruvllm.server.ui.page import ChatPageMiddleware
 from ruvllm.serving import AsyncEngine
-from ruvllm.tokenizer import require_encodable, require_in_vocabulary, token_piece
 
 
 @attrs.frozen(kw_only=True)
@@ -116,11 +84,6 @@ class ServerSettings:
     reload: Callable[[], AsyncEngine] | None = None
     #: The chat page at ``/`` (for a browser) and ``/ui`` (``--no-ui``: off).
     ui: bool = True
-
-
-#: Chat's refusals in its own body's names: the prompt a chat request is rendered into is its
-#: ``messages`` (a context overflow names the prompt), as the other surfaces' tables say too.
-_CHAT_NAMES = FieldNames.of({"prompt": "messages"})
 
 
 def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> FastAPI:
@@ -188,6 +151,8 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     register_conversation_routes(app, conversations)
     chat_store = ChatCompletionStore(settings.stored_chat_completions)
     register_chat_store_routes(app, chat_store)
+    register_completion_routes(app, pool, settings.limits, chat_store)
+    register_tokenize_routes(app, pool)
     register_llama_server_routes(app, pool, settings.limits)
     register_llama_server_info_routes(app, pool, settings.limits, total_slots=settings.max_num_seqs)
     register_scoring_routes(app, pool)
@@ -241,80 +206,5 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(server_metrics.render(), media_type=CONTENT_TYPE)
-
-    @app.get("/tokenizer_info")  # vLLM's; lm-eval's remote tokenizer
-    async def get_tokenizer_info(request: Request, model: str | None = None) -> dict[str, Any]:
-        refuse_unknown_query(request.query_params.keys(), QUERY_PARAMETERS, "/tokenizer_info")
-        async with pool.route(model) as route:
-            return tokenizer_info(route.engine)
-
-    @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
-        async with pool.route(body.model) as route:
-            engine = route.engine
-            require_embeddings(route, body.model, "/v1/embeddings")
-            check_dimensions(body.dimensions)
-            most = embedding_limit(engine)
-            ids = [truncated(x, body.truncate_prompt_tokens, body.truncation_side, most)
-                   for x in await input_ids(engine, split_inputs(body.input))]
-            vectors = await engine.embed_async(ids)
-        return embeddings_response(vectors, model=route.served_name, encoding_format=body.encoding_format,
-                                   prompt_tokens=sum(len(x) for x in ids))
-
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        async with pool.route(body.model) as route:
-            return await _tokenize(body, route.engine)
-
-    async def _tokenize(body: TokenizeRequest, engine: AsyncEngine) -> dict[str, Any]:
-        if body.messages is not None:
-            tools = plan_tools(body.tools, None, None, engine.info.chat_template)
-            ids = await chat_prompt_ids(engine, body.messages, tools, body.template_options())
-        else:
-            field, add, parse = ("prompt", body.add_special_tokens, False) if body.content is None \
-                else ("content", body.add_special, body.parse_special)
-            text = require_encodable(field, body.prompt if body.content is None else body.content)
-            # The engine refuses an empty prompt; "" is still a fair question here (the BOS alone),
-            # and costs the event loop nothing to answer.
-            ids = await engine.encode_async(text, add_special=add, parse_special=parse) if text \
-                else engine.tokenizer.encode(text, add_special=add)
-        tokens: list[Any] = [{"id": t, "piece": token_piece(engine.tokenizer, t)} for t in ids] \
-            if body.with_pieces else ids
-        return {"tokens": tokens, "count": len(ids), "max_model_len": engine.info.context_length}
-
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
-        async with pool.route(body.model) as route:
-            engine = route.engine
-        require_in_vocabulary("tokens", body.tokens, engine.tokenizer.vocab_size)
-        text = engine.tokenizer.decode(body.tokens, skip_special=False)
-        return {"prompt": text, "content": text}  # vLLM's name, and llama-server's
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        refuse_storing_nowhere(body, chat_store)
-        async with pool.route(body.model) as route:
-            with _CHAT_NAMES.speaking():
-                run = await start_chat(route, body, settings.limits, id_prefix="chatcmpl")
-            keep = functools.partial(chat_store.keep, body) if body.store else None
-            return await answer(run.submission, run.formatter, request, body, [len(run.prompt_ids)],
-                                on_answer=keep)
-
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        async with pool.route(body.model) as route:
-            engine = route.engine
-            prompts = [truncated(ids, body.truncate_prompt_tokens, body.truncation_side,
-                                 engine.info.context_length)
-                       for ids in await completion_prompts(engine, body.prompt, body.suffix)]
-            run = await start_completion(route, body, prompts, settings.limits, id_prefix="cmpl")
-            echoes = [engine.tokenizer.decode(ids) for ids in prompts] if body.echo else None
-            echo = {i: echoes[p] for i, p in enumerate(run.prompt_of)} if echoes is not None else None
-            of_choice = run.choice_prompts()
-            fmt = completion_formatter(run.submission.id, route.served_name, engine.tokenizer,
-                                       run.choices[0].params.logprobs, echo=echo, prompts=of_choice,
-                                       stream=body.stream)
-            fmt.answer_as_asked(body, of_choice)
-            return await answer(run.submission, fmt, request, body, [len(ids) for ids in prompts])
 
     return app

@@ -38,17 +38,19 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Discriminator, Field, Tag, ValidationError
 
-from ruvllm.errors import InvalidRequest
+from ruvllm.errors import InvalidRequest, RuvllmError
+from ruvllm.guided.tools import ToolCall
 from ruvllm.server.http.errors import anthropic_error_body, ruvllm_error_body
 from ruvllm.server.http.field_names import FieldNames, in_terms
 from ruvllm.server.http.sse import named_sse_event
 from ruvllm.server.lifecycle.answering import answer
 from ruvllm.server.lifecycle.chat_run import ChatRun, chat_prompt, start_chat, thinks
-from ruvllm.server.lifecycle.completion_service import Arrival, Outcome
+from ruvllm.server.lifecycle.completion_service import Outcome
+from ruvllm.server.lifecycle.events import Event, Failed, Finish, ReasoningDelta, TextDelta
 from ruvllm.server.lifecycle.model_pool import ModelPool
 from ruvllm.server.lifecycle.params import Limits
 from ruvllm.server.lifecycle.schemas import ChatCompletionRequest, RequestBody, StrictModel, type_tag
-from ruvllm.types import GenerationResult, TokenOutput
+from ruvllm.types import GenerationResult
 
 _Text = Annotated[str, Field(min_length=1)]
 
@@ -216,7 +218,7 @@ def _chat_messages(body: _Conversation) -> tuple[list[dict[str, Any]], list[str]
                 if m.role != "assistant":
                     raise InvalidRequest(f"{at}.type", "a tool_use block belongs to an assistant turn")
                 calls.append({"id": block.id, "type": "function",
-                              "function": {"name": block.name, "arguments": json.dumps(block.input)}})
+                              "function": {"name": block.name, "arguments": block.input}})
             else:
                 if m.role != "user":
                     raise InvalidRequest(f"{at}.type", "a tool_result block belongs to a user turn")
@@ -320,16 +322,17 @@ def chat_request(body: MessagesRequest | CountTokensRequest) -> tuple[ChatComple
 _STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
 
 
-def _stop(finish: str, result: GenerationResult) -> tuple[str, str | None]:
+def _stop(finish: Finish) -> tuple[str, str | None]:
     """``(stop_reason, stop_sequence)`` of a finished message."""
-    if finish == "stop" and isinstance(result.stop_reason, str):
-        return "stop_sequence", result.stop_reason
-    return _STOP_REASONS.get(finish, "end_turn"), None
+    stopped_by = finish.result.stop_reason
+    if finish.reason == "stop" and isinstance(stopped_by, str):
+        return "stop_sequence", stopped_by
+    return _STOP_REASONS.get(finish.reason, "end_turn"), None
 
 
-def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"),
-            "name": call["function"]["name"], "input": json.loads(call["function"]["arguments"])}
+def _tool_use(call: ToolCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"), "name": call.name,
+            "input": call.arguments}
 
 
 def _usage(prompt_tokens: int, result: GenerationResult | None) -> dict[str, int]:
@@ -349,11 +352,22 @@ def _message(run: ChatRun, model: str, content: list[dict[str, Any]], stop: tupl
             "usage": _usage(len(run.prompt_ids), result)}
 
 
+def stream_error(exc: RuvllmError, names: FieldNames) -> str:
+    """A failure after the stream started, as Anthropic's ``error`` event naming the field the
+    client sent: this surface's one shape of an error inside a stream."""
+    status, body, _ = ruvllm_error_body(in_terms(exc, names))
+    return named_sse_event("error", anthropic_error_body(status, body["error"]["message"]))
+
+
 class _Blocks:
     """The content blocks of one streamed message, opened and closed in order: the thinking, the
     text, then each tool call."""
 
-    def __init__(self) -> None:
+    def __init__(self, run: ChatRun, thinking: bool, names: FieldNames) -> None:
+        self.run = run
+        #: Whether the model's thinking is shown.
+        self.thinking = thinking
+        self.names = names
         self.index = 0
         #: The kind of the block open now (``thinking``, ``text``), or None.
         self.open: str | None = None
@@ -387,17 +401,9 @@ class _Blocks:
         out.append(self._event("content_block_delta", index=self.index, delta=delta))
         return out
 
-    def chunk(self, delta: dict[str, Any], thinking: bool) -> list[str]:
-        """The events of one chat delta: its thinking (when shown), then its text."""
-        out = []
-        if thinking and delta.get("reasoning_content"):
-            out += self.delta("thinking", delta["reasoning_content"])
-        if delta.get("content"):
-            out += self.delta("text", delta["content"])
-        return out
-
-    def tool_use(self, use: dict[str, Any]) -> list[str]:
+    def tool_use(self, call: ToolCall) -> list[str]:
         """A tool call as a whole block, its input in one ``input_json_delta``."""
+        use = _tool_use(call)
         out = self.close()
         out += [self._event("content_block_start", index=self.index, content_block={**use, "input": {}}),
                 self._event("content_block_delta", index=self.index, delta={
@@ -406,46 +412,51 @@ class _Blocks:
         self.index += 1
         return out
 
+    def finish(self, finish: Finish) -> list[str]:
+        reason, sequence = _stop(finish)
+        return [*self.close(),
+                named_sse_event("message_delta", {
+                    "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                    "usage": _usage(len(self.run.prompt_ids), finish.result)}),
+                named_sse_event("message_stop", {"type": "message_stop"})]
+
+    def render(self, events: list[Event]) -> list[str]:
+        """The stream events of the answer's events: thinking (when shown) and text deltas as they
+        come, each tool call as a ``tool_use`` block, then the message's end (logprobs: none in
+        this API)."""
+        out: list[str] = []
+        for event in events:
+            if isinstance(event, ReasoningDelta) and self.thinking:
+                out += self.delta("thinking", event.text)
+            elif isinstance(event, TextDelta):
+                out += self.delta("text", event.text)
+            elif isinstance(event, ToolCall):
+                out += self.tool_use(event)
+            elif isinstance(event, Finish):
+                out += self.finish(event)
+            elif isinstance(event, Failed):
+                out.append(stream_error(event.error, self.names))
+        return out
+
 
 def _events(run: ChatRun, model: str, thinking: bool, names: FieldNames) -> AsyncIterator[str]:
-    """The message as Anthropic's stream: thinking (when ``thinking``) and text deltas as the
-    tokens come, then each tool call as a ``tool_use`` block."""
-    fmt = run.formatter
-    blocks = _Blocks()
-
-    def render(item: Arrival) -> list[str]:
-        if isinstance(item, TokenOutput):
-            chunk = fmt.token(0, item)
-            return blocks.chunk(chunk["choices"][0]["delta"], thinking) if chunk else []
-        if isinstance(item, GenerationResult):
-            last = fmt.finish(0, item.finish_reason.value)["choices"][0]
-            events = blocks.chunk(last["delta"], thinking) + blocks.close()
-            for call in last["delta"].get("tool_calls") or []:
-                events += blocks.tool_use(_tool_use(call))
-            reason, sequence = _stop(last["finish_reason"], item)
-            events.append(named_sse_event("message_delta", {
-                "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                "usage": _usage(len(run.prompt_ids), item)}))
-            events.append(named_sse_event("message_stop", {"type": "message_stop"}))
-            return events
-        status, body, _ = ruvllm_error_body(in_terms(item, names))
-        return [named_sse_event("error", anthropic_error_body(status, body["error"]["message"]))]
-
-    return run.submission.writes(render, first=named_sse_event(
+    """The message as Anthropic's stream, from ``message_start`` on."""
+    choice = run.reading.choice()
+    blocks = _Blocks(run, thinking, names)
+    return run.submission.writes(lambda item: blocks.render(choice.of(item)), first=named_sse_event(
         "message_start", {"type": "message_start", "message": _message(run, model, [], (None, None), None)}))
 
 
 def _whole_message(run: ChatRun, model: str, thinking: bool, outcomes: list[Outcome]) -> dict[str, Any]:
     """The whole message: thinking (when ``thinking``), text, then each tool call as a block."""
-    whole = run.formatter.complete(outcomes, [len(run.prompt_ids)])["choices"][0]
-    message = whole["message"]
-    thought = message.get("reasoning_content") if thinking else None
+    outputs, result = outcomes[0]
+    answer = run.reading.whole(outputs, result)
+    thought = answer.reasoning if thinking else None
     content = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
-    if message["content"]:
-        content.append({"type": "text", "text": message["content"]})
-    content += [_tool_use(c) for c in message.get("tool_calls") or []]
-    result = outcomes[0][1]
-    return _message(run, model, content, _stop(whole["finish_reason"], result), result)
+    if answer.text:
+        content.append({"type": "text", "text": answer.text})
+    content += [_tool_use(c) for c in answer.calls]
+    return _message(run, model, content, _stop(answer.finish), result)
 
 
 def register_messages_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> None:

@@ -6,7 +6,8 @@ taught where the template cannot render them), the parameters are checked agains
 limits and the model's context, the grammar (tools, structured output) is compiled, and every
 choice is submitted through the :class:`~ruvllm.server.lifecycle.completion_service.CompletionService`.
 A surface translates its body into a :class:`~ruvllm.server.lifecycle.schemas.ChatCompletionRequest` and
-formats what comes back; everything in between is here, once.
+renders what comes back, read as neutral events (:mod:`ruvllm.server.lifecycle.answer_events`: the
+thinking split off, tool calls read out, logprobs looked up); everything in between is here, once.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from ruvllm.errors import InvalidRequest
 from ruvllm.guided.request import RequestConstraint, chat_constraint
 from ruvllm.guided.request import processors as guided_processors
 from ruvllm.reasoning import Reasoning, reasoning_for
+from ruvllm.server.lifecycle.answer_events import AnswerEvents
 from ruvllm.server.lifecycle.completion_service import ChoiceRequest, CompletionService, Submission
-from ruvllm.server.lifecycle.formatters import ChatFormatter
 from ruvllm.server.lifecycle.model_pool import Route
 from ruvllm.server.lifecycle.params import (
     Limits,
@@ -33,15 +34,16 @@ from ruvllm.server.lifecycle.params import (
 )
 from ruvllm.server.lifecycle.scheduling import submit_options
 from ruvllm.server.lifecycle.schemas import ChatCompletionRequest
-from ruvllm.server.lifecycle.tool_responses import chat_formatter
 
 
 @attrs.frozen
 class ChatRun:
     submission: Submission
-    #: OpenAI's chat shapes of the outputs (tool calls parsed out where the plan expects them).
-    formatter: ChatFormatter
+    #: How the choices' outputs are read as events (thinking, tool calls, logprobs).
+    reading: AnswerEvents
     prompt_ids: list[int]
+    #: The request sent a predicted output, which drafted for it (OpenAI's usage reports it).
+    predicted: bool = False
 
 
 async def chat_prompt(route: Route, body: ChatCompletionRequest) -> list[int]:
@@ -79,11 +81,9 @@ async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, 
         [ChoiceRequest(index=i, prompt_ids=ids, params=seeded(params, i), processors=procs[i])
          for i in range(body.n)],
         id_prefix=id_prefix, prediction=predicted, **submit_options(body.priority, body.cache_salt, engine))
-    fmt = chat_formatter(submission.id, route.served_name, engine.tokenizer, params.logprobs,
-                         constraint.tools, prompt_reasoning(route, limits, ids), predicted=bool(predicted),
-                         legacy_functions=body.legacy_functions)
-    fmt.answer_as_asked(body, dict.fromkeys(range(body.n), ids))
-    return ChatRun(submission, fmt, ids)
+    reading = AnswerEvents.of(engine.tokenizer, params.logprobs, prompt_reasoning(route, limits, ids),
+                              constraint.tools)
+    return ChatRun(submission, reading, ids, predicted=bool(predicted))
 
 
 #: Prompt tokens read back to see whether the template left a thinking block open: the tag and

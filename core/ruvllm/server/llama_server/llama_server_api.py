@@ -24,7 +24,7 @@ import attrs
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ruvllm.errors import InvalidRequest
+from ruvllm.errors import InvalidRequest, RuvllmError
 from ruvllm.fim import extra_pieces, fit_infill, infill_ids
 from ruvllm.guided.tools import plan_tools
 from ruvllm.server.http.errors import ruvllm_error_body
@@ -57,7 +57,7 @@ _LLAMA_FIELDS = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalt
                  "temperature_last": "samplers"}
 
 
-def _llama_names(prompt_field: str = "prompt") -> FieldNames:
+def llama_names(prompt_field: str = "prompt") -> FieldNames:
     """The shared core's fields as a llama-server client sent them; the prompt is ``prompt_field``."""
     return FieldNames.of({**_LLAMA_FIELDS, "prompt": prompt_field})
 
@@ -210,6 +210,14 @@ class _Answer:
         return self.text[sent:]
 
 
+def stream_error(exc: RuvllmError, names: FieldNames) -> dict[str, Any]:
+    """A failure after the answer started, as llama-server's ``error`` object (OpenAI's fields,
+    its ``code`` the status) naming the field the client sent (``names``: :func:`llama_names`):
+    this surface's one shape of an error inside a stream, and of the whole answer's first error."""
+    status, error, _ = ruvllm_error_body(in_terms(exc, names))
+    return {"error": {**error["error"], "code": status}}
+
+
 @attrs.frozen(kw_only=True)
 class _Exchange:
     """One ``/completion`` or ``/infill`` request: its answers, and how llama-server shows them."""
@@ -305,8 +313,7 @@ class _Exchange:
                     elif isinstance(item, GenerationResult):
                         yield True, self._final(answer, item)
                     else:
-                        status, error, _ = ruvllm_error_body(in_terms(item, self.names))
-                        yield True, {"error": {**error["error"], "code": status}}
+                        yield True, stream_error(item, self.names)
                 if batch.last:
                     return
         finally:
@@ -361,7 +368,7 @@ async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sam
     engine = route.engine
     if body.n_probs and not engine.capabilities.logprobs:
         raise InvalidRequest("n_probs", "this model's backend cannot report logprobs (see `ruvllm backends`)")
-    names = _llama_names("input_prefix" if isinstance(body, LlamaInfillRequest) else "prompt")
+    names = llama_names("input_prefix" if isinstance(body, LlamaInfillRequest) else "prompt")
     with names.speaking():
         bias = await _bias(engine, body) or None
         if body.n_cmpl > limits.max_n:

@@ -22,22 +22,33 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import attrs
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from ruvllm.errors import ContextLengthExceeded, InvalidRequest, ModelStoreReadOnly
+from ruvllm.errors import ContextLengthExceeded, InvalidRequest, ModelStoreReadOnly, RuvllmError
+from ruvllm.guided.tools import ToolCall
 from ruvllm.server.http.field_names import FieldNames, in_terms
 from ruvllm.server.http.sse import SSEResponse
+from ruvllm.server.lifecycle.answer_events import AnswerEvents
 from ruvllm.server.lifecycle.answering import answer
 from ruvllm.server.lifecycle.chat_run import prompt_reasoning, start_chat, thinks
 from ruvllm.server.lifecycle.completion_run import start_completion
-from ruvllm.server.lifecycle.completion_service import Arrival, Outcome, Submission
+from ruvllm.server.lifecycle.completion_service import Outcome, Submission
 from ruvllm.server.lifecycle.embeddings import check_dimensions, input_ids, require_embeddings, split_inputs
-from ruvllm.server.lifecycle.formatters import ChatFormatter
+from ruvllm.server.lifecycle.events import (
+    Event,
+    Failed,
+    Finish,
+    Logprobs,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprobs,
+    logprob_entry,
+)
 from ruvllm.server.lifecycle.model_pool import ModelPool, Route
 from ruvllm.server.lifecycle.params import Limits, chat_prompt_ids, completion_prompts
 from ruvllm.server.lifecycle.schemas import ChatMessage, CompletionRequest
@@ -61,7 +72,6 @@ from ruvllm.server.ollama.ollama_schemas import (
     top_logprobs,
 )
 from ruvllm.tokenizer import require_in_vocabulary
-from ruvllm.types import GenerationResult, TokenOutput
 
 #: The Ollama release whose API this surface follows (``think``, ``tool_name``, ``logprobs``):
 #: clients read ``/api/version`` to decide which features to use.
@@ -98,7 +108,7 @@ def _line(obj: dict[str, Any]) -> str:
     return _encode(obj) + "\n"
 
 
-def _ollama_names(prompt_field: str) -> FieldNames:
+def ollama_names(prompt_field: str) -> FieldNames:
     """The shared core's fields as an Ollama client sent them; the prompt is ``prompt_field``."""
     return FieldNames.of({**_OLLAMA_FIELDS, "prompt": prompt_field, "input": prompt_field})
 
@@ -117,7 +127,7 @@ def _in_ollama_terms(prompt_field: str, num_ctx: int | None = None) -> Iterator[
                              f"num_ctx is {num_ctx}; raise num_ctx, shorten the {prompt_field} or lower "
                              "options.num_predict", num_ctx) from None
     except InvalidRequest as exc:
-        _ollama_names(prompt_field).renamed(exc)
+        ollama_names(prompt_field).renamed(exc)
         raise
 
 
@@ -135,11 +145,16 @@ def _request_limits(limits: Limits, num_ctx: int | None) -> Limits:
     return attrs.evolve(limits, max_context=min(num_ctx, limits.max_context or num_ctx))
 
 
-def _tool_call(call: dict[str, Any], index: int) -> dict[str, Any]:
-    """OpenAI's tool call (arguments a JSON string) as Ollama's (arguments an object)."""
-    function = call["function"]
-    return {"id": call["id"], "function": {"index": index, "name": function["name"],
-                                           "arguments": json.loads(function["arguments"])}}
+def _tool_call(call: ToolCall, index: int) -> dict[str, Any]:
+    """A tool call as Ollama's (its arguments an object, as the model wrote them)."""
+    return {"id": call.id, "function": {"index": index, "name": call.name, "arguments": call.arguments}}
+
+
+def stream_error(exc: RuvllmError, names: FieldNames) -> str:
+    """A failure after the stream started, as Ollama's ``{"error": ...}`` line naming the field
+    the client sent (``names``: :func:`ollama_names`): this surface's one shape of an error
+    inside a stream (the status was sent long ago; Ollama's clients raise it)."""
+    return _line({"error": str(in_terms(exc, names))})
 
 
 @attrs.frozen(kw_only=True)
@@ -147,7 +162,8 @@ class _Exchange:
     """One running ``/api/chat`` or ``/api/generate`` request, and how its objects look."""
 
     submission: Submission
-    formatter: ChatFormatter
+    #: How the outputs are read as events (thinking, tool calls, logprobs).
+    reading: AnswerEvents
     prompt_ids: list[int]
     #: The name the client sent: Ollama answers with it.
     model: str
@@ -163,36 +179,30 @@ class _Exchange:
     #: A thinking model's thinking comes back (``think`` not false), in ``thinking``.
     thinking: bool = True
 
-    def piece(self, choice: dict[str, Any], *, done: bool = False) -> dict[str, Any]:
-        """The object of one OpenAI chat choice (a chunk's ``delta`` or a whole ``message``)."""
-        said = choice.get("delta", choice.get("message")) or {}
-        text = said.get("content") or ""
+    def piece(self, text: str, thinking: str | None, calls: Sequence[ToolCall],
+              logprobs: Sequence[TokenLogprobs] | None, *, done: bool = False) -> dict[str, Any]:
+        """One object: the answer's ``text``, its ``thinking`` (when shown), its tool calls (chat)
+        and its tokens' ``logprobs`` (None: none to report)."""
         out: dict[str, Any] = {"model": self.model, "created_at": _now()}
-        thinking = {"thinking": said["reasoning_content"]} \
-            if self.thinking and said.get("reasoning_content") else {}
+        shown = {"thinking": thinking} if self.thinking and thinking else {}
         if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text, **thinking}
-            if said.get("tool_calls"):
-                message["tool_calls"] = [_tool_call(c, k) for k, c in enumerate(said["tool_calls"])]
+            message: dict[str, Any] = {"role": "assistant", "content": text, **shown}
+            if calls:
+                message["tool_calls"] = [_tool_call(c, k) for k, c in enumerate(calls)]
             out["message"] = message
         else:
-            out.update(response=text, **thinking)
-        if choice.get("logprobs"):
-            out["logprobs"] = choice["logprobs"]["content"]
+            out.update(response=text, **shown)
+        if logprobs is not None:
+            out["logprobs"] = [logprob_entry(t) for t in logprobs]
         out["done"] = done
         return out
 
-    def _says(self, choice: dict[str, Any]) -> bool:
-        """Whether a chunk's choice has something to send (thinking left out is not)."""
-        said = {k for k, v in choice["delta"].items() if v}
-        if not self.thinking:
-            said.discard("reasoning_content")
-        return bool(said or choice.get("logprobs"))
-
-    def final(self, choice: dict[str, Any], result: GenerationResult) -> dict[str, Any]:
-        """The ``done: true`` object: why it ended, the engine's counts and timings (ns)."""
-        out = self.piece(choice, done=True)
-        out["done_reason"] = "length" if choice["finish_reason"] == "length" else "stop"
+    def final(self, finish: Finish, said: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ``done: true`` object (``said``: the whole answer's piece, else an empty one): why
+        it ended, the engine's counts and timings (ns)."""
+        out = {**(said or self.piece("", None, (), None)), "done": True}
+        result = finish.result
+        out["done_reason"] = "length" if finish.reason == "length" else "stop"
         if self.context:
             out["context"] = [*self.prompt_ids, *result.token_ids]
         usage, timings = result.usage, result.timings
@@ -205,24 +215,31 @@ class _Exchange:
         """The stream: an object per token that has text (or thinking), the tool calls (chat)
         once the answer is complete, then the final object; a failure after the start is an
         ``{"error": ...}`` line (the status was sent long ago), which Ollama's clients raise."""
-        return self.submission.writes(self._lines_of)
+        choice = self.reading.choice()
+        return self.submission.writes(lambda item: self._lines_of(choice.of(item)))
 
-    def _lines_of(self, item: Arrival) -> list[str]:
-        if isinstance(item, TokenOutput):
-            chunk = self.formatter.token(0, item)
-            return [_line(self.piece(chunk["choices"][0]))] \
-                if chunk is not None and self._says(chunk["choices"][0]) else []
-        if isinstance(item, GenerationResult):
-            last = self.formatter.finish(0, item.finish_reason.value)["choices"][0]
-            said = [_line(self.piece(last))] if self._says(last) else []
-            return [*said, _line(self.final({"finish_reason": last["finish_reason"]}, item))]
-        return [_line({"error": str(in_terms(item, self.names))})]
+    def _lines_of(self, events: list[Event]) -> list[str]:
+        """The lines of one step's events: what it says (thinking left out says nothing), then
+        the final object when it ends the answer."""
+        thinking = "".join(e.text for e in events if isinstance(e, ReasoningDelta)) if self.thinking else ""
+        text = "".join(e.text for e in events if isinstance(e, TextDelta))
+        calls = [e for e in events if isinstance(e, ToolCall)]
+        logprobs = [t for e in events if isinstance(e, Logprobs) for t in e.tokens]
+        lines = [_line(self.piece(text, thinking, calls, logprobs or None))] \
+            if thinking or text or calls or logprobs else []
+        for event in events:
+            if isinstance(event, Finish):
+                lines.append(_line(self.final(event)))
+            elif isinstance(event, Failed):
+                lines.append(stream_error(event.error, self.names))
+        return lines
 
     async def answer(self, stream: bool, request: Request) -> Response:
         """The NDJSON stream, or the whole answer as one object (499 when the client left first)."""
         def whole(outcomes: list[Outcome]) -> Response:
-            choice = self.formatter.complete(outcomes, [len(self.prompt_ids)])["choices"][0]
-            return JSONResponse(self.final(choice, outcomes[0][1]))
+            answer = self.reading.whole(*outcomes[0])
+            said = self.piece(answer.text, answer.reasoning, answer.calls, answer.logprobs)
+            return JSONResponse(self.final(answer.finish, said))
 
         with self.names.speaking():
             return await answer(self.submission, request, streamed=self.lines if stream else None,
@@ -293,9 +310,9 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
                 run = await start_chat(route, chat_body, _request_limits(limits, num_ctx), id_prefix="ollama",
                                        extra_params=llama_cpp_params(body.options,
                                                                      route.engine.capabilities.core_sampler))
-            exchange = _Exchange(submission=run.submission, formatter=run.formatter,
+            exchange = _Exchange(submission=run.submission, reading=run.reading,
                                  prompt_ids=run.prompt_ids, model=body.model, chat=True, started=started,
-                                 load=load, thinking=body.think is not False, names=_ollama_names("messages"))
+                                 load=load, thinking=body.think is not False, names=ollama_names("messages"))
             return await exchange.answer(body.stream is not False, request)
 
     @app.post("/api/generate")
@@ -321,12 +338,11 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
                 run = await start_completion(route, CompletionRequest(prompt=ids, **sampling), [ids],
                                              _request_limits(limits, num_ctx), id_prefix="ollama",
                                              adjust=lambda params: attrs.evolve(params, **extra))
-            submission = run.submission
-            formatter = ChatFormatter(submission.id, route.served_name, engine.tokenizer, logprobs,
-                                      reasoning=prompt_reasoning(route, limits, ids) if templated else None)
-            exchange = _Exchange(submission=submission, formatter=formatter, prompt_ids=ids, model=body.model,
+            reading = AnswerEvents(engine.tokenizer, logprobs,
+                                   prompt_reasoning(route, limits, ids) if templated else None)
+            exchange = _Exchange(submission=run.submission, reading=reading, prompt_ids=ids, model=body.model,
                                  chat=False, started=started, load=load, context=templated,
-                                 thinking=body.think is not False, names=_ollama_names("prompt"))
+                                 thinking=body.think is not False, names=ollama_names("prompt"))
             return await exchange.answer(body.stream is not False, request)
 
     @app.get("/api/tags")

@@ -15,21 +15,31 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ruvllm.errors import RuvllmError
 from ruvllm.server.http.errors import ruvllm_error_body
+from ruvllm.server.http.field_names import FieldNames, in_terms
 from ruvllm.server.http.sse import DONE, sse_event
 from ruvllm.server.lifecycle import answering
 from ruvllm.server.lifecycle.completion_service import Outcome, Submission
-from ruvllm.server.lifecycle.formatters import ChunkFormatter
 from ruvllm.server.lifecycle.schemas import ChatCompletionRequest, CompletionRequest
+from ruvllm.server.openai.formatters import ChunkFormatter
 from ruvllm.types import GenerationResult, TokenOutput
 
 
+def stream_error(exc: RuvllmError, names: FieldNames) -> str:
+    """A failure after the stream started, as OpenAI's ``error`` event naming the field the
+    client sent (``names``: chat's or the text completion's table): this surface's one shape of
+    an error inside a stream."""
+    return sse_event(ruvllm_error_body(in_terms(exc, names))[1])
+
+
 async def sse_chunks(submission: Submission, fmt: ChunkFormatter, *, include_usage: bool,
-                     prompt_lengths: Sequence[int],
+                     prompt_lengths: Sequence[int], names: FieldNames,
                      on_answer: Callable[[dict[str, Any]], None] | None = None) -> AsyncIterator[str]:
     """The SSE body of a streamed completion; a choice that fails ends it with an ``error``
-    event before ``[DONE]`` (its status line was sent long ago). ``on_answer`` is given the
-    whole answer the stream added up to, once every choice finished (not when one failed)."""
+    event (:func:`stream_error`) before ``[DONE]`` (its status line was sent long ago).
+    ``on_answer`` is given the whole answer the stream added up to, once every choice finished
+    (not when one failed)."""
     events = [sse_event(first) for first in map(fmt.opening, submission.indices) if first is not None]
     completion_tokens, failed = 0, False
     results: dict[int, GenerationResult] = {}
@@ -52,7 +62,7 @@ async def sse_chunks(submission: Submission, fmt: ChunkFormatter, *, include_usa
                     results[index] = item
                     events.append(fmt.finish_event(index, item))
                 else:
-                    events.append(sse_event(ruvllm_error_body(item)[1]))
+                    events.append(stream_error(item, names))
                     failed = True
             if batch.last:
                 break
@@ -74,15 +84,16 @@ async def sse_chunks(submission: Submission, fmt: ChunkFormatter, *, include_usa
 
 async def answer(submission: Submission, fmt: ChunkFormatter, request: Request,
                  body: ChatCompletionRequest | CompletionRequest, prompt_lengths: Sequence[int],
-                 on_answer: Callable[[dict[str, Any]], None] | None = None) -> Response:
+                 names: FieldNames, on_answer: Callable[[dict[str, Any]], None] | None = None) -> Response:
     """The response to a submitted completion: streamed when the body asks, else the whole
     answer once every choice finished (status 499, nothing else, when the client left first).
-    ``on_answer`` is given the whole answer (a stream's once it has added up)."""
+    ``names``: the body's table, for a refusal inside the stream; ``on_answer`` is given the
+    whole answer (a stream's once it has added up)."""
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def streamed() -> AsyncIterator[str]:
         return sse_chunks(submission, fmt, include_usage=include_usage, prompt_lengths=prompt_lengths,
-                          on_answer=on_answer)
+                          names=names, on_answer=on_answer)
 
     def whole(outcomes: list[Outcome]) -> Response:
         answered = fmt.with_vllm_fields(fmt.complete(outcomes, prompt_lengths), [r for _, r in outcomes])

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ruvllm.server.http.sse import sse_event
-from ruvllm.server.lifecycle.formatters import CompletionFormatter
+from ruvllm.server.openai.formatters import CompletionFormatter
 from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import GenerationResult, PromptLogprob, TokenOutput
 
@@ -117,7 +117,7 @@ class EchoStreamFormatter(EchoFormatter):
             chunks.append(self._with_prompt_ids(index, prompt))
             chunks.extend(self._held.pop(index, []))
             self._pending[index] = unsent
-        chunks.append(self.finish(index, result.finish_reason.value))
+        chunks.append(self.finish(index, result))
         return "".join(sse_event(c) for c in chunks)
 
 

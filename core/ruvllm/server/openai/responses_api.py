@@ -141,13 +141,13 @@ def _messages(body: ResponsesRequest) -> tuple[list[dict[str, Any]], list[str]]:
         if isinstance(item, MessageItem):
             add({"role": item.role, "content": _text(item.content)}, at)
         elif isinstance(item, FunctionCallItem):
-            try:
-                json.loads(item.arguments or "{}")
+            try:  # decoded once here: the chat template renders the object
+                arguments = json.loads(item.arguments or "{}")
             except json.JSONDecodeError as exc:
                 raise InvalidRequest(f"{at}.arguments", f"is not valid JSON ({exc.msg} at character "
                                      f"{exc.pos}); send the arguments the response gave") from None
             call = {"id": item.call_id, "type": "function",
-                    "function": {"name": item.name, "arguments": item.arguments}}
+                    "function": {"name": item.name, "arguments": arguments}}
             if out and out[-1]["role"] == "assistant":
                 out[-1].setdefault("tool_calls", []).append(call)
             else:

@@ -1,6 +1,6 @@
 """A chat run's outputs as the Responses API's ``response`` object and its stream of typed events.
 
-The output items come from the chat formatter (:mod:`ruvllm.server.lifecycle.tool_responses`), so thinking,
+The output items are the lifecycle's events (:mod:`ruvllm.server.lifecycle.answer_events`), so thinking,
 text and tool calls are read out of the model's answer exactly as for ``/v1/chat/completions``: a
 thinking model's thinking as a ``reasoning`` item with one ``reasoning_text`` part (its
 ``summary`` empty: nothing is summarised), a ``message`` item with one ``output_text`` part
@@ -24,6 +24,7 @@ known whole only once the answer finished, so its arguments come in one delta),
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -31,13 +32,22 @@ from typing import Any
 import attrs
 
 from ruvllm.errors import RuvllmError
+from ruvllm.guided.tools import ToolCall
 from ruvllm.reasoning import Reasoning
 from ruvllm.server.http.errors import ruvllm_error_body
 from ruvllm.server.http.field_names import FieldNames, in_terms
 from ruvllm.server.http.sse import named_sse_event
 from ruvllm.server.lifecycle.chat_run import ChatRun
 from ruvllm.server.lifecycle.completion_service import Arrival, Outcome
-from ruvllm.server.lifecycle.formatters import ChatFormatter
+from ruvllm.server.lifecycle.events import (
+    Event,
+    Failed,
+    Finish,
+    Logprobs,
+    ReasoningDelta,
+    TextDelta,
+    logprob_entry,
+)
 from ruvllm.server.openai.responses_schema import FunctionChoice, ResponsesRequest
 from ruvllm.types import GenerationResult, TokenOutput
 
@@ -159,14 +169,15 @@ def _text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
 
-def _function_call(call: dict[str, Any]) -> dict[str, Any]:
-    function = call["function"]
-    return {"id": "fc_" + call["id"].removeprefix("call_"), "type": "function_call", "call_id": call["id"],
-            "name": function["name"], "arguments": function["arguments"], "status": "completed"}
+def _function_call(call: ToolCall) -> dict[str, Any]:
+    """A call as a ``function_call`` item: this API sends its arguments as JSON text."""
+    return {"id": "fc_" + call.id.removeprefix("call_"), "type": "function_call", "call_id": call.id,
+            "name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False),
+            "status": "completed"}
 
 
 def _items(envelope: Envelope, thinking: str | None, text: str | None, logprobs: list[dict[str, Any]],
-           calls: Sequence[dict[str, Any]], finish_reason: str) -> list[dict[str, Any]]:
+           calls: Sequence[ToolCall], finish_reason: str) -> list[dict[str, Any]]:
     """The output items of a finished answer: its thinking as a reasoning item (when there is any
     and it is shown; incomplete only when the answer was cut before it began), its text as a
     message (also when it is empty, unless the answer is only calls), then its calls."""
@@ -179,23 +190,25 @@ def _items(envelope: Envelope, thinking: str | None, text: str | None, logprobs:
 
 
 def whole_response(run: ChatRun, envelope: Envelope, outcomes: list[Outcome]) -> dict[str, Any]:
-    choice = run.formatter.complete(outcomes, [len(run.prompt_ids)])["choices"][0]
-    message = choice["message"]
-    logprobs = (choice["logprobs"] or {}).get("content") or []
-    output = _items(envelope, message.get("reasoning_content"), message["content"], logprobs,
-                    message.get("tool_calls") or [], choice["finish_reason"])
     outputs, result = outcomes[0]
-    reasoning_tokens = ReasoningTokens.of(run.formatter.reasoning, outputs)
-    return envelope.response(_status(choice["finish_reason"]), output,
-                             usage(len(run.prompt_ids), result, reasoning_tokens))
+    answer = run.reading.whole(outputs, result)
+    logprobs = [logprob_entry(t) for t in answer.logprobs or ()]
+    reason = answer.finish.reason
+    output = _items(envelope, answer.reasoning, answer.text, logprobs, answer.calls, reason)
+    reasoning_tokens = ReasoningTokens.of(run.reading.reasoning, outputs)
+    return envelope.response(_status(reason), output, usage(len(run.prompt_ids), result, reasoning_tokens))
 
 
 class _Events:
     """The events of one streamed response, numbered as they are made."""
 
-    def __init__(self, envelope: Envelope, input_tokens: int, reasoning: Reasoning | None,
+    def __init__(self, envelope: Envelope, input_tokens: int, reasoning: Reasoning | None, names: FieldNames,
                  on_final: Callable[[dict[str, Any]], None] | None):
         self.envelope = envelope
+        #: The chat request's fields in this API's names, for a failure's event.
+        self.names = names
+        #: The answer's tool calls, known at its finish.
+        self.calls: list[ToolCall] = []
         self.on_final = on_final
         self.input_tokens = input_tokens
         self.sequence = 0
@@ -256,37 +269,38 @@ class _Events:
         return [*out, self.event("response.output_item.added", output_index=self.message_index, item=item),
                 self._in_text("response.content_part.added", part=_text_part("", []))]
 
-    def token(self, formatter: ChatFormatter, out: TokenOutput) -> list[str]:
-        self.reasoning_tokens.add(out)
-        return self.chunk(formatter.token(0, out))
+    def render(self, events: list[Event]) -> list[str]:
+        """The stream events of one step's events: its thinking (when shown) and its text as
+        deltas (logprobs entries ride with the next text sent: a held tool call's tokens have
+        entries and no text yet), then, at the finish, every item done and the response."""
+        out: list[str] = []
+        for event in events:
+            if isinstance(event, Logprobs):
+                entries = [logprob_entry(t) for t in event.tokens]
+                self.logprobs += entries
+                self.unsent += entries
+            elif isinstance(event, ReasoningDelta) and self.envelope.shows_reasoning:
+                out += self._think(event.text)
+            elif isinstance(event, TextDelta):
+                out += self._text(event.text)
+            elif isinstance(event, ToolCall):
+                self.calls.append(event)
+            elif isinstance(event, Finish):
+                out += self.finish(event)
+            elif isinstance(event, Failed):
+                out += self.failure(event.error)
+        return out
 
-    def chunk(self, chunk: dict[str, Any] | None) -> list[str]:
-        """The events of one chat chunk: its thinking (when shown) and its text as deltas (logprobs
-        entries ride with the next text sent; a held tool call's tokens have entries and no text yet)."""
-        if chunk is None:
-            return []
-        choice = chunk["choices"][0]
-        entries = (choice["logprobs"] or {}).get("content") or []
-        self.logprobs += entries
-        self.unsent += entries
-        thinking = choice["delta"].get("reasoning_content")
-        out = self._think(thinking) if thinking and self.envelope.shows_reasoning else []
-        text = choice["delta"].get("content")
-        if not text:
-            return out
-        if not self.message_open:
-            out += self._open_message()
+    def _text(self, text: str) -> list[str]:
+        out = [] if self.message_open else self._open_message()
         self.text += text
         out.append(self._in_text("response.output_text.delta", delta=text, logprobs=self.unsent))
         self.unsent = []
         return out
 
-    def finish(self, formatter: ChatFormatter, result: GenerationResult) -> list[str]:
-        last = formatter.finish(0, result.finish_reason.value)
-        out = self.chunk(last)
-        choice = last["choices"][0]
-        items = _items(self.envelope, self.thinking, self.text, self.logprobs,
-                       choice["delta"].get("tool_calls") or [], choice["finish_reason"])
+    def finish(self, finish: Finish) -> list[str]:
+        out: list[str] = []
+        items = _items(self.envelope, self.thinking, self.text, self.logprobs, self.calls, finish.reason)
         for index, item in enumerate(items):
             if item["type"] == "reasoning":
                 out += self._close_reasoning(item)  # done already if the answer began
@@ -304,8 +318,8 @@ class _Events:
                         self.event("response.function_call_arguments.done", **at,
                                    arguments=item["arguments"])]
             out.append(self.event("response.output_item.done", output_index=index, item=item))
-        status = _status(choice["finish_reason"])
-        response = self.envelope.response(status, items, usage(self.input_tokens, result,
+        status = _status(finish.reason)
+        response = self.envelope.response(status, items, usage(self.input_tokens, finish.result,
                                                               self.reasoning_tokens.count))
         out.append(self.event("response.completed" if status == "completed" else "response.incomplete",
                               response=response))
@@ -317,8 +331,8 @@ class _Events:
             self.on_final(response)
 
     def failure(self, exc: RuvllmError) -> list[str]:
-        """An ``error`` event in OpenAI's error fields, then the response as failed."""
-        error = ruvllm_error_body(exc)[1]["error"]
+        """An ``error`` event (:func:`stream_error`), then the response as failed."""
+        error = stream_error(exc, self.names)
         failed = self.envelope.response("failed", [], None,
                                         {"code": "server_error", "message": error["message"]})
         self._final(failed)
@@ -326,18 +340,23 @@ class _Events:
                 self.event("response.failed", response=failed)]
 
 
+def stream_error(exc: RuvllmError, names: FieldNames) -> dict[str, Any]:
+    """A failure after the stream started, in OpenAI's error fields naming the field the client
+    sent (``names``: this API's table): this surface's one shape of an error inside a stream."""
+    return ruvllm_error_body(in_terms(exc, names))[1]["error"]
+
+
 def response_events(run: ChatRun, envelope: Envelope, names: FieldNames, *,
                     on_final: Callable[[dict[str, Any]], None] | None = None) -> AsyncIterator[str]:
     """The SSE body of a streamed response; the events ready together share one write, and a
     refusal's event names the field in this API's ``names``. ``on_final`` gets the response as
     its last event carries it (to store it)."""
-    events = _Events(envelope, len(run.prompt_ids), run.formatter.reasoning, on_final)
+    events = _Events(envelope, len(run.prompt_ids), run.reading.reasoning, names, on_final)
+    choice = run.reading.choice()
 
     def render(item: Arrival) -> list[str]:
         if isinstance(item, TokenOutput):
-            return events.token(run.formatter, item)
-        if isinstance(item, GenerationResult):
-            return events.finish(run.formatter, item)
-        return events.failure(in_terms(item, names))
+            events.reasoning_tokens.add(item)
+        return events.render(choice.of(item))
 
     return run.submission.writes(render, first=events.opening())

@@ -1,4 +1,6 @@
-"""Engine outputs in OpenAI's JSON shapes (chat.completion, text_completion and their chunks).
+"""OpenAI's JSON shapes (chat.completion, text_completion and their chunks): one renderer among
+the surfaces'. A chat answer comes as the lifecycle's neutral events, which the Responses API,
+Anthropic and Ollama render too; a text completion is its tokens' text as is.
 
 Usage is the engine's own token count: prompt tokens once per distinct prompt, completion
 tokens summed over every choice, as OpenAI bills them. Where speculative decoding drafted tokens
@@ -9,13 +11,28 @@ fields: how many were proposed, and how many of them are part of ``completion_to
 from __future__ import annotations
 
 import abc
+import json
 import time
 from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring
 from typing import Any, Protocol
 
-from ruvllm.reasoning import Reasoning, ReasoningSplitter
+import attrs
+
+from ruvllm.guided.tools import ToolCall, ToolPlan
+from ruvllm.reasoning import Reasoning
 from ruvllm.server.http.sse import sse_event
+from ruvllm.server.lifecycle.answer_events import AnswerEvents, ChoiceEvents
+from ruvllm.server.lifecycle.chat_run import ChatRun
+from ruvllm.server.lifecycle.events import (
+    Event,
+    Finish,
+    Logprobs,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprobs,
+    logprob_entry,
+)
 from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import GenerationResult, TokenLogprob, TokenOutput
 
@@ -59,7 +76,7 @@ class ChunkFormatter(Protocol):
 
     def token_event(self, index: int, out: TokenOutput) -> str | None: ...
 
-    def finish(self, index: int, reason: str) -> dict[str, Any]: ...
+    def finish(self, index: int, result: GenerationResult) -> dict[str, Any]: ...
 
     def finish_event(self, index: int, result: GenerationResult) -> str: ...
 
@@ -215,8 +232,8 @@ class _Base(abc.ABC):
         """The chunk carrying ``text`` for choice ``index`` (no logprobs, not finished)."""
 
     @abc.abstractmethod
-    def finish(self, index: int, reason: str) -> dict[str, Any]:
-        """The chunk that ends choice ``index`` with ``reason``."""
+    def finish(self, index: int, result: GenerationResult) -> dict[str, Any]:
+        """The chunk that ends choice ``index``, which ``result`` finished."""
 
     def finish_event(self, index: int, result: GenerationResult) -> str:
         """The SSE text that ends choice ``index`` (with the ids of its tokens no chunk carried yet,
@@ -228,7 +245,7 @@ class _Base(abc.ABC):
     def _finish_event(self, index: int, result: GenerationResult) -> str:
         """:meth:`finish_event`'s text; a formatter that holds chunks back (echo with logprobs)
         sends them here."""
-        return sse_event(self.finish(index, result.finish_reason.value))
+        return sse_event(self.finish(index, result))
 
     def token_event(self, index: int, out: TokenOutput) -> str | None:
         """The SSE event of one streamed token (None: nothing to send yet)."""
@@ -255,41 +272,54 @@ class _Base(abc.ABC):
 
 
 class ChatFormatter(_Base):
-    """With ``reasoning``, each choice's thinking goes out as ``reasoning_content`` (vLLM's and
-    llama-server's field), apart from ``content``."""
+    """OpenAI's chat shapes of the lifecycle's events (:mod:`ruvllm.server.lifecycle.answer_events`):
+    a choice's thinking as ``reasoning_content`` (vLLM's and llama-server's field) apart from
+    ``content``; its tool calls, read out of the answer where ``plan`` expects them, as
+    ``tool_calls`` (``index``, ``id``, ``type``, ``function.name``, ``function.arguments``, the
+    arguments a JSON string) with ``finish_reason: "tool_calls"``, in the stream with the finish
+    (a call is known whole only then); ``legacy_functions`` (the request used the deprecated
+    functions API) answers the one call as ``function_call``, finishing ``"function_call"``."""
 
     object_name = "chat.completion"
     chunk_name = "chat.completion.chunk"
 
-    def __init__(self, *args: Any, reasoning: Reasoning | None = None, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.reasoning = reasoning
-        self._splitters: dict[int, ReasoningSplitter] = {}
+    def __init__(self, response_id: str, model: str, tokenizer: Tokenizer, logprobs: int | None, *,
+                 reasoning: Reasoning | None = None, plan: ToolPlan | None = None, predicted: bool = False,
+                 legacy_functions: bool = False):
+        super().__init__(response_id, model, tokenizer, logprobs, predicted=predicted)
+        self.reading = AnswerEvents.of(tokenizer, logprobs, reasoning, plan)
+        self.legacy_functions = legacy_functions
+        self._choices: dict[int, ChoiceEvents] = {}
 
-    def _split(self, index: int, text: str | None) -> tuple[str, str]:
-        """``(thinking, answer)`` of the next text of choice ``index``; None: its end."""
-        if self.reasoning is None:
-            return "", text or ""
-        splitter = self._splitters.get(index)
-        if splitter is None:
-            splitter = self._splitters[index] = self.reasoning.splitter()
-        return splitter.flush() if text is None else splitter.feed(text)
+    @classmethod
+    def of(cls, run: ChatRun, model: str, *, legacy_functions: bool = False) -> ChatFormatter:
+        """The formatter of a started chat ``run`` answering as ``model``."""
+        reading = run.reading
+        return cls(run.submission.id, model, reading.tokenizer, reading.logprobs, reasoning=reading.reasoning,
+                   plan=reading.tools, predicted=run.predicted, legacy_functions=legacy_functions)
 
-    @staticmethod
-    def _delta(thinking: str, answer: str) -> dict[str, Any]:
-        delta = {"reasoning_content": thinking} if thinking else {}
-        if answer or not thinking:
-            delta["content"] = answer
-        return delta
+    def _choice(self, index: int) -> ChoiceEvents:
+        choice = self._choices.get(index)
+        if choice is None:
+            choice = self._choices[index] = self.reading.choice()
+        return choice
 
-    def _lp_entry(self, out: TokenOutput) -> dict[str, Any]:
-        text = self._token_text(out)
-        return {"token": text, "logprob": out.logprob, "bytes": list(text.encode()),
-                "top_logprobs": [self._alternative(t) for t in out.top_logprobs[: self.logprobs or 0]]}
+    def _name(self, token: TokenLogprob) -> str:
+        return self._shown(token.token_id, token.text)
 
-    def _alternative(self, t: TokenLogprob) -> dict[str, Any]:
-        shown = self._shown(t.token_id, t.text)
-        return {"token": shown, "logprob": t.logprob, "bytes": list(shown.encode())}
+    def _logprobs(self, tokens: Sequence[TokenLogprobs]) -> dict[str, Any]:
+        return {"content": [logprob_entry(t, self._name) for t in tokens]}
+
+    def _reason(self, reason: str) -> str:
+        return "function_call" if self.legacy_functions and reason == "tool_calls" else reason
+
+    def _calls(self, calls: Sequence[ToolCall], *, streamed: bool) -> tuple[str, Any]:
+        """The answer's calls as OpenAI returns them: ``tool_calls``, or the functions API's one
+        ``function_call`` (a plan for it allows one call)."""
+        if self.legacy_functions:
+            return "function_call", _function(calls[0])
+        return "tool_calls", [{**({"index": k} if streamed else {}), "id": c.id, "type": "function",
+                               "function": _function(c)} for k, c in enumerate(calls)]
 
     def _chunk(self, index: int, delta: dict[str, Any], finish: str | None,
                logprobs: Any = None) -> dict[str, Any]:
@@ -298,6 +328,18 @@ class ChatFormatter(_Base):
             choice["token_ids"] = self._take_ids(index)
         return self._envelope(self.chunk_name, [choice])
 
+    def _events_chunk(self, index: int, events: Sequence[Event]) -> dict[str, Any]:
+        """One chunk of a step's events: a token's, or the last (with the calls and the finish)."""
+        said = _Said.of(events)
+        delta = {"reasoning_content": said.thinking} if said.thinking else {}
+        if said.text or not (said.thinking or said.finish):
+            delta["content"] = said.text
+        if said.calls:
+            key, value = self._calls(said.calls, streamed=True)
+            delta[key] = value
+        return self._chunk(index, delta, self._reason(said.finish.reason) if said.finish else None,
+                           self._logprobs(said.logprobs) if said.logprobs else None)
+
     def opening(self, index: int) -> dict[str, Any]:
         return self._with_prompt_ids(index, self._chunk(index, {"role": "assistant", "content": ""}, None))
 
@@ -305,45 +347,62 @@ class ChatFormatter(_Base):
         return self._chunk(index, {"content": text}, None)
 
     def token(self, index: int, out: TokenOutput) -> dict[str, Any] | None:
-        has_lp = self._reports_lp(out)
-        thinking, text = self._split(index, out.text)
-        if not text and not thinking and not has_lp:
-            return None
-        return self._chunk(index, self._delta(thinking, text), None,
-                           {"content": [self._lp_entry(out)]} if has_lp else None)
+        events = self._choice(index).token(out)
+        return self._events_chunk(index, events) if events else None
 
     def _token_event(self, index: int, out: TokenOutput) -> str | None:
-        if self.reasoning is not None:
+        if self.reading.reasoning is not None or self.reading.tools is not None:
             chunk = self.token(index, out)
             return None if chunk is None else sse_event(chunk)
         return super()._token_event(index, out)
 
-    def finish(self, index: int, reason: str) -> dict[str, Any]:
-        thinking, text = self._split(index, None)
-        return self._chunk(index, self._delta(thinking, text) if thinking or text else {}, reason)
-
-    def _message(self, text: str) -> dict[str, Any]:
-        if self.reasoning is None:
-            return {"role": "assistant", "content": text}
-        thinking, answer = self.reasoning.split(text)
-        message = {"role": "assistant", "content": answer}
-        if thinking is not None:
-            message["reasoning_content"] = thinking
-        return message
+    def finish(self, index: int, result: GenerationResult) -> dict[str, Any]:
+        return self._events_chunk(index, self._choice(index).finish(result))
 
     def complete(self, outcomes, prompt_lengths) -> dict[str, Any]:
         choices = []
         for index, (outputs, result) in enumerate(outcomes):
-            lp = None
-            if self.logprobs is not None:
-                lp = {"content": [self._lp_entry(o) for o in outputs if self._reports_lp(o)]}
-            choices.append({"index": index, "message": self._message(result.text),
-                            "logprobs": lp, "finish_reason": result.finish_reason.value})
+            answer = self.reading.whole(outputs, result)
+            message: dict[str, Any] = {"role": "assistant",
+                                       "content": answer.text or (None if answer.calls else answer.text)}
+            if answer.reasoning is not None:
+                message["reasoning_content"] = answer.reasoning
+            if answer.calls:
+                key, value = self._calls(answer.calls, streamed=False)
+                message[key] = value
+            choices.append({"index": index, "message": message,
+                            "logprobs": None if answer.logprobs is None else self._logprobs(answer.logprobs),
+                            "finish_reason": self._reason(answer.finish.reason)})
         out = self._envelope(self.object_name, choices)
         results = [r for _, r in outcomes]
         out["usage"] = usage(sum(prompt_lengths), sum(r.usage.completion_tokens for r in results), results,
                              prompts=len(prompt_lengths), predicted=self.predicted)
         return out
+
+
+def _function(call: ToolCall) -> dict[str, str]:
+    """A call's ``function`` as OpenAI sends it: the arguments object encoded as JSON text."""
+    return {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}
+
+
+@attrs.frozen
+class _Said:
+    """What one step's events say, gathered for one chunk."""
+
+    thinking: str
+    text: str
+    logprobs: tuple[TokenLogprobs, ...]
+    calls: tuple[ToolCall, ...]
+    finish: Finish | None
+
+    @classmethod
+    def of(cls, events: Sequence[Event]) -> _Said:
+        thinking = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+        text = "".join(e.text for e in events if isinstance(e, TextDelta))
+        logprobs = tuple(t for e in events if isinstance(e, Logprobs) for t in e.tokens)
+        calls = tuple(e for e in events if isinstance(e, ToolCall))
+        finish = next((e for e in events if isinstance(e, Finish)), None)
+        return cls(thinking, text, logprobs, calls, finish)
 
 
 class CompletionFormatter(_Base):
@@ -398,8 +457,8 @@ class CompletionFormatter(_Base):
         self._offsets[index] = start + len(out.text)
         return self._chunk(index, out.text, None, self._legacy_lp([out], start) if has_lp else None)
 
-    def finish(self, index: int, reason: str) -> dict[str, Any]:
-        return self._chunk(index, "", reason)
+    def finish(self, index: int, result: GenerationResult) -> dict[str, Any]:
+        return self._chunk(index, "", result.finish_reason.value)
 
     def complete(self, outcomes, prompt_lengths) -> dict[str, Any]:
         choices = []
