@@ -84,10 +84,34 @@ def _effective_caps() -> int:
     return 0
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the process that made the cluster dies (a crashed
+    or killed test), which takes the host down with it (``unshare --kill-child``), so no Ray
+    process outlives its cluster's owner."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def _sh(*argv: str) -> None:
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
         raise ClusterStartError(f"`{' '.join(argv)}` failed: {done.stderr.strip()}")
+
+
+def sweep_stale(min_age: float = 300.0) -> None:
+    """Remove what clusters whose owner died left behind: their processes die with the owner
+    (see ``_die_with_parent``), their namespaces and bridge stay. A namespace of ours with no
+    process in it, made more than ``min_age`` s ago (a cluster still starting has an empty one
+    for a moment), goes, and its cluster's bridge with it."""
+    for path in Path("/run/netns").glob("rvl*-*"):
+        with contextlib.suppress(OSError):
+            if time.time() - path.stat().st_mtime < min_age:
+                continue
+        if subprocess.run(["ip", "netns", "pids", path.name], capture_output=True, text=True).stdout.strip():
+            continue
+        subprocess.run(["ip", "netns", "delete", path.name], capture_output=True)
+        subprocess.run(["ip", "link", "delete", path.name.split("-")[0]], capture_output=True)
 
 
 def free_subnet() -> int:
@@ -215,6 +239,7 @@ class NetnsCluster:
         reason = unavailable_reason()
         if reason is not None:
             raise NamespacesUnavailable(reason)
+        sweep_stale()
         try:
             self._make_network()
             for host in self.hosts:
@@ -257,13 +282,14 @@ class NetnsCluster:
 
     def _boot(self, host: Host) -> None:
         """Start the host's PID 1 in fresh PID and mount namespaces inside its network namespace,
-        with a tmpfs on /tmp; ``--kill-child``: if unshare dies, the host dies with it."""
+        with a tmpfs on /tmp; ``--kill-child``: if unshare dies, the host dies with it, and unshare
+        dies with this process."""
         script = f"mount -t tmpfs -o size={TMP_SIZE} tmpfs /tmp && exec {sys.executable} -c '{_REAPER}'"
         host.init = subprocess.Popen(
             host.wrap(["ip", "netns", "exec", host.netns, "unshare", "--pid", "--fork", "--kill-child",
                        "--mount-proc", "sh", "-c", script]),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=_die_with_parent)
         host.pid1  # noqa: B018 -- waits until the init process exists
 
     def command(self, host: Host, argv: Sequence[str]) -> list[str]:
