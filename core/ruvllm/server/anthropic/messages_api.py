@@ -46,7 +46,7 @@ from ruvllm.server.http.sse import named_sse_event
 from ruvllm.server.lifecycle.answering import answer
 from ruvllm.server.lifecycle.chat_run import ChatRun, chat_prompt, start_chat, thinks
 from ruvllm.server.lifecycle.completion_service import Outcome
-from ruvllm.server.lifecycle.events import Event, Failed, Finish, ReasoningDelta, TextDelta
+from ruvllm.server.lifecycle.events import Event, Finish, Step
 from ruvllm.server.lifecycle.model_pool import ModelPool
 from ruvllm.server.lifecycle.params import Limits
 from ruvllm.server.lifecycle.schemas import ChatCompletionRequest, RequestBody, StrictModel, type_tag
@@ -424,18 +424,16 @@ class _Blocks:
         """The stream events of the answer's events: thinking (when shown) and text deltas as they
         come, each tool call as a ``tool_use`` block, then the message's end (logprobs: none in
         this API)."""
-        out: list[str] = []
-        for event in events:
-            if isinstance(event, ReasoningDelta) and self.thinking:
-                out += self.delta("thinking", event.text)
-            elif isinstance(event, TextDelta):
-                out += self.delta("text", event.text)
-            elif isinstance(event, ToolCall):
-                out += self.tool_use(event)
-            elif isinstance(event, Finish):
-                out += self.finish(event)
-            elif isinstance(event, Failed):
-                out.append(stream_error(event.error, self.names))
+        step = Step.of(events)
+        out = self.delta("thinking", step.thinking) if step.thinking and self.thinking else []
+        if step.text:
+            out += self.delta("text", step.text)
+        for call in step.calls:
+            out += self.tool_use(call)
+        if step.finish is not None:
+            out += self.finish(step.finish)
+        if step.failed is not None:
+            out.append(stream_error(step.failed.error, self.names))
         return out
 
 

@@ -14,7 +14,7 @@ step adds the tool calls and ends with :class:`Finish`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -75,6 +75,30 @@ class Failed:
 #: One event of a chat answer: a tool call is :class:`ruvllm.guided.tools.ToolCall` (its name, id
 #: and arguments as an object).
 Event = TextDelta | ReasoningDelta | Logprobs | ToolCall | Finish | Failed
+
+
+@attrs.frozen
+class Step:
+    """What one streamed step's events say together. A step's events come in one order (its
+    logprobs, thinking, text, calls, then its end), so a surface writes a step as one object
+    (OpenAI's chunk, Ollama's line) or as its kinds in that order (Anthropic's blocks, the
+    Responses API's events) from these fields alone."""
+
+    thinking: str = ""
+    text: str = ""
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    calls: tuple[ToolCall, ...] = ()
+    finish: Finish | None = None
+    failed: Failed | None = None
+
+    @classmethod
+    def of(cls, events: Sequence[Event]) -> Step:
+        return cls(thinking="".join(e.text for e in events if isinstance(e, ReasoningDelta)),
+                   text="".join(e.text for e in events if isinstance(e, TextDelta)),
+                   logprobs=tuple(t for e in events if isinstance(e, Logprobs) for t in e.tokens),
+                   calls=tuple(e for e in events if isinstance(e, ToolCall)),
+                   finish=next((e for e in events if isinstance(e, Finish)), None),
+                   failed=next((e for e in events if isinstance(e, Failed)), None))
 
 
 @attrs.frozen

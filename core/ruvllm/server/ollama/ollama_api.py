@@ -39,16 +39,7 @@ from ruvllm.server.lifecycle.chat_run import prompt_reasoning, start_chat, think
 from ruvllm.server.lifecycle.completion_run import start_completion
 from ruvllm.server.lifecycle.completion_service import Outcome, Submission
 from ruvllm.server.lifecycle.embeddings import check_dimensions, input_ids, require_embeddings, split_inputs
-from ruvllm.server.lifecycle.events import (
-    Event,
-    Failed,
-    Finish,
-    Logprobs,
-    ReasoningDelta,
-    TextDelta,
-    TokenLogprobs,
-    logprob_entry,
-)
+from ruvllm.server.lifecycle.events import Event, Finish, Step, TokenLogprobs, logprob_entry
 from ruvllm.server.lifecycle.model_pool import ModelPool, Route
 from ruvllm.server.lifecycle.params import Limits, chat_prompt_ids, completion_prompts
 from ruvllm.server.lifecycle.schemas import ChatMessage, CompletionRequest
@@ -221,17 +212,14 @@ class _Exchange:
     def _lines_of(self, events: list[Event]) -> list[str]:
         """The lines of one step's events: what it says (thinking left out says nothing), then
         the final object when it ends the answer."""
-        thinking = "".join(e.text for e in events if isinstance(e, ReasoningDelta)) if self.thinking else ""
-        text = "".join(e.text for e in events if isinstance(e, TextDelta))
-        calls = [e for e in events if isinstance(e, ToolCall)]
-        logprobs = [t for e in events if isinstance(e, Logprobs) for t in e.tokens]
-        lines = [_line(self.piece(text, thinking, calls, logprobs or None))] \
-            if thinking or text or calls or logprobs else []
-        for event in events:
-            if isinstance(event, Finish):
-                lines.append(_line(self.final(event)))
-            elif isinstance(event, Failed):
-                lines.append(stream_error(event.error, self.names))
+        step = Step.of(events)
+        thinking = step.thinking if self.thinking else ""
+        lines = [_line(self.piece(step.text, thinking, step.calls, step.logprobs or None))] \
+            if thinking or step.text or step.calls or step.logprobs else []
+        if step.finish is not None:
+            lines.append(_line(self.final(step.finish)))
+        if step.failed is not None:
+            lines.append(stream_error(step.failed.error, self.names))
         return lines
 
     async def answer(self, stream: bool, request: Request) -> Response:

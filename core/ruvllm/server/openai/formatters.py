@@ -17,22 +17,12 @@ from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring
 from typing import Any, Protocol
 
-import attrs
-
 from ruvllm.guided.tools import ToolCall, ToolPlan
 from ruvllm.reasoning import Reasoning
 from ruvllm.server.http.sse import sse_event
 from ruvllm.server.lifecycle.answer_events import AnswerEvents, ChoiceEvents
 from ruvllm.server.lifecycle.chat_run import ChatRun
-from ruvllm.server.lifecycle.events import (
-    Event,
-    Finish,
-    Logprobs,
-    ReasoningDelta,
-    TextDelta,
-    TokenLogprobs,
-    logprob_entry,
-)
+from ruvllm.server.lifecycle.events import Event, Step, TokenLogprobs, logprob_entry
 from ruvllm.tokenizer import Tokenizer
 from ruvllm.types import GenerationResult, TokenLogprob, TokenOutput
 
@@ -330,15 +320,15 @@ class ChatFormatter(_Base):
 
     def _events_chunk(self, index: int, events: Sequence[Event]) -> dict[str, Any]:
         """One chunk of a step's events: a token's, or the last (with the calls and the finish)."""
-        said = _Said.of(events)
-        delta = {"reasoning_content": said.thinking} if said.thinking else {}
-        if said.text or not (said.thinking or said.finish):
-            delta["content"] = said.text
-        if said.calls:
-            key, value = self._calls(said.calls, streamed=True)
+        step = Step.of(events)
+        delta = {"reasoning_content": step.thinking} if step.thinking else {}
+        if step.text or not (step.thinking or step.finish):
+            delta["content"] = step.text
+        if step.calls:
+            key, value = self._calls(step.calls, streamed=True)
             delta[key] = value
-        return self._chunk(index, delta, self._reason(said.finish.reason) if said.finish else None,
-                           self._logprobs(said.logprobs) if said.logprobs else None)
+        return self._chunk(index, delta, self._reason(step.finish.reason) if step.finish else None,
+                           self._logprobs(step.logprobs) if step.logprobs else None)
 
     def opening(self, index: int) -> dict[str, Any]:
         return self._with_prompt_ids(index, self._chunk(index, {"role": "assistant", "content": ""}, None))
@@ -383,26 +373,6 @@ class ChatFormatter(_Base):
 def _function(call: ToolCall) -> dict[str, str]:
     """A call's ``function`` as OpenAI sends it: the arguments object encoded as JSON text."""
     return {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}
-
-
-@attrs.frozen
-class _Said:
-    """What one step's events say, gathered for one chunk."""
-
-    thinking: str
-    text: str
-    logprobs: tuple[TokenLogprobs, ...]
-    calls: tuple[ToolCall, ...]
-    finish: Finish | None
-
-    @classmethod
-    def of(cls, events: Sequence[Event]) -> _Said:
-        thinking = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
-        text = "".join(e.text for e in events if isinstance(e, TextDelta))
-        logprobs = tuple(t for e in events if isinstance(e, Logprobs) for t in e.tokens)
-        calls = tuple(e for e in events if isinstance(e, ToolCall))
-        finish = next((e for e in events if isinstance(e, Finish)), None)
-        return cls(thinking, text, logprobs, calls, finish)
 
 
 class CompletionFormatter(_Base):

@@ -39,15 +39,7 @@ from ruvllm.server.http.field_names import FieldNames, in_terms
 from ruvllm.server.http.sse import named_sse_event
 from ruvllm.server.lifecycle.chat_run import ChatRun
 from ruvllm.server.lifecycle.completion_service import Arrival, Outcome
-from ruvllm.server.lifecycle.events import (
-    Event,
-    Failed,
-    Finish,
-    Logprobs,
-    ReasoningDelta,
-    TextDelta,
-    logprob_entry,
-)
+from ruvllm.server.lifecycle.events import Event, Finish, Step, logprob_entry
 from ruvllm.server.openai.responses_schema import FunctionChoice, ResponsesRequest
 from ruvllm.types import GenerationResult, TokenOutput
 
@@ -273,22 +265,18 @@ class _Events:
         """The stream events of one step's events: its thinking (when shown) and its text as
         deltas (logprobs entries ride with the next text sent: a held tool call's tokens have
         entries and no text yet), then, at the finish, every item done and the response."""
-        out: list[str] = []
-        for event in events:
-            if isinstance(event, Logprobs):
-                entries = [logprob_entry(t) for t in event.tokens]
-                self.logprobs += entries
-                self.unsent += entries
-            elif isinstance(event, ReasoningDelta) and self.envelope.shows_reasoning:
-                out += self._think(event.text)
-            elif isinstance(event, TextDelta):
-                out += self._text(event.text)
-            elif isinstance(event, ToolCall):
-                self.calls.append(event)
-            elif isinstance(event, Finish):
-                out += self.finish(event)
-            elif isinstance(event, Failed):
-                out += self.failure(event.error)
+        step = Step.of(events)
+        entries = [logprob_entry(t) for t in step.logprobs]
+        self.logprobs += entries
+        self.unsent += entries
+        out = self._think(step.thinking) if step.thinking and self.envelope.shows_reasoning else []
+        if step.text:
+            out += self._text(step.text)
+        self.calls += step.calls
+        if step.finish is not None:
+            out += self.finish(step.finish)
+        if step.failed is not None:
+            out += self.failure(step.failed.error)
         return out
 
     def _text(self, text: str) -> list[str]:
