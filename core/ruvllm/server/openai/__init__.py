@@ -1,2 +1,2 @@
-"""OpenAI's API surface beyond chat and completions' routes (in app.py): their delivery, stored chat
-completions, the Responses and Conversations APIs."""
+"""OpenAI's API surface: chat, completions and embeddings' routes, their JSON and chunks and their
+delivery, stored chat completions, the Responses and Conversations APIs."""
