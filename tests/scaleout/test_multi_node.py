@@ -11,6 +11,8 @@ Skipped, with the reason, where namespaces cannot be made (not root, no CAP_NET_
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -65,11 +67,13 @@ class Setup:
                                                 temperature=0)
         return r.choices[0].message.content
 
-    def spread(self, ips: set[str], tries: int = 16) -> dict[str, dict]:
-        """Send prompts with distinct first blocks (distinct homes) until replicas on every node of
-        ``ips`` have reported; the live replicas by id."""
+    def spread(self, ips: set[str], tries: int = 16,
+               exclude: frozenset[str] = frozenset()) -> dict[str, dict]:
+        """Send prompts with distinct first blocks (distinct homes) until replicas (other than
+        ``exclude``) on every node of ``ips`` have reported; those replicas by id."""
         for n in range(tries):
-            live = {rid: r for rid, r in self.replicas().items() if r["node_ip"] in ips}
+            live = {rid: r for rid, r in self.replicas().items()
+                    if r["node_ip"] in ips and rid not in exclude}
             if {r["node_ip"] for r in live.values()} >= ips:
                 return live
             self.client.completions.create(model=self.model, max_tokens=1,
@@ -189,7 +193,7 @@ def test_feedback_reaches_the_replica_that_served_the_request(setup):
     assert unknown.status_code == 404
 
 
-# ---------------------------------------------------------------------------------- node loss
+# ----------------------------------------------------------------------- rolling restart, node loss
 
 class Tally:
     """What became of each request sent while a node died."""
@@ -205,6 +209,51 @@ class Tally:
             if outcome == "lost":
                 self.unclear.append(detail)
 
+
+#: Deploys the application again from the head, as an operator shipping new code would: Serve
+#: replaces the replicas (and the ingress) a few at a time while the old ones finish their
+#: requests. The same model and settings as ``ruvllm serve --ray --replicas 2 -o n_threads=1``.
+REDEPLOY = """
+import attrs, ray
+from ray import serve
+from ruvllm.config import load_config
+from ruvllm.scaleout.app import ScaleOutSettings, build_app
+ray.init(log_to_driver=False)
+config = load_config(overrides={"backend": "llamacpp", "model": "default"})
+config = attrs.evolve(config, backends={**config.backends,
+                                        "llamacpp": {**config.options_for("llamacpp"), "n_threads": 1}})
+serve.run(build_app(config, ScaleOutSettings(replicas=2)), name="ruvllm", route_prefix="/")
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_rolling_restart_under_load_loses_no_request(setup):
+    old = frozenset(setup.replicas())
+    redeploy = setup.cluster.popen(setup.cluster.head, [sys.executable, "-c", REDEPLOY],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tally = Tally()
+
+    def client(c: int) -> None:
+        i = 0
+        while redeploy.poll() is None:
+            i += 1
+            try:
+                tally.add("answered" if setup.chat(f"Client {c}, request {i}: hello?", max_tokens=8)
+                          else "lost", f"client {c} request {i}: empty answer")
+            except openai.APIError as exc:  # only a request cut after it started may fail
+                started = re.search(r"died after streaming [1-9]", str(exc))
+                tally.add("failed_after_start" if started else "lost", f"client {c} request {i}: {exc}")
+
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(client, range(3)))
+    out, _ = redeploy.communicate(timeout=10)
+    assert redeploy.returncode == 0, out[-3000:]
+    print(f"rolling restart: {dict(tally.outcomes)}")
+    assert tally.outcomes["lost"] == 0 and tally.outcomes["answered"] > 0, (tally.outcomes, tally.unclear)
+    setup.spread(setup.workers, exclude=old)  # new replicas, one per worker, serving
+
+
+# ---------------------------------------------------------------------------------- node loss
 
 def _stream_one(setup: Setup, i: int, tally: Tally, started: threading.Event) -> None:
     """One streamed chat: answered (a finish reason), failed with the replica-death error, or lost."""
