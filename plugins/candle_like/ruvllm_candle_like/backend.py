@@ -253,8 +253,8 @@ class CandleLikeBackend(LlmBackend):
             self._check_invariance()
         two_tier = None
         # A request may ask for the guarantee on its own where the mode's kernels hold here.
-        rows = (not batch_invariant and self.options.kv_cache != "two_tier"
-                and self._invariance_problem() is None)
+        offered = not batch_invariant and self.options.kv_cache != "two_tier"
+        rows_check = self._invariance_problem if offered else None
         if self.options.kv_cache == "two_tier":
             cfg = self._loaded.config
             two_tier = TwoTierSettings.from_options(self.options, cfg, self.model.max_positions)
@@ -265,7 +265,7 @@ class CandleLikeBackend(LlmBackend):
                                  max_batch_tokens=self.options.max_batch_tokens, kv_dtype=self.kv_dtype,
                                  adapters=self.adapters, two_tier=two_tier,
                                  max_seq_len=two_tier.max_tokens if two_tier else None,
-                                 batch_invariant=batch_invariant, invariant_rows=rows)
+                                 batch_invariant=batch_invariant, rows_check=rows_check)
         self._executor_kv = executor.describe()
         log.info("candle_like executor: %s", self._executor_kv)
         return executor

@@ -251,24 +251,26 @@ class PagedExecutor:
     def __init__(self, model: Transformer, *, max_sequences: int, block_size: int, num_tokens: int,
                  max_batch_tokens: int, kv_dtype: torch.dtype, adapters: AdapterRegistry | None = None,
                  two_tier: TwoTierSettings | None = None, max_seq_len: int | None = None,
-                 batch_invariant: bool = False, invariant_rows: bool = False):
+                 batch_invariant: bool = False, rows_check: Callable[[], str | None] | None = None):
         """``two_tier``: keep KV in the two-tier cache (packed cold store + 16-bit hot window)
         instead of the 16-bit pool. ``max_seq_len``: the most positions one sequence may hold
         (default and at most the model's context; the two-tier cache's ``max_kv_tokens``); the
         engine reads it as the context one request may use. ``batch_invariant``: compute every
         row as :mod:`ruvllm_candle_like.invariant` does (the caller has checked the kernels);
-        ``invariant_rows``: compute so only the entries marked ``invariant`` (a request's own
-        ``batch_invariant``), in a pass of their own beside the step's other rows."""
+        ``rows_check``: offer to compute so only the entries marked ``invariant`` (a request's own
+        ``batch_invariant``), in a pass of their own beside the step's other rows, once this
+        check of the machine's kernels (why not, or None) passes; run at the first request that
+        asks, since it takes seconds and most engines never need it."""
         if block_size < 1:
             raise InvalidRequest("block_size", f"must be >= 1; got {block_size}")
         if max_sequences < 1:
             raise InvalidRequest("max_sequences", f"must be >= 1; got {max_sequences}")
         #: The model on the mode's kernels (shares the weights), for the mode or marked rows.
-        self._twin = invariant_twin(model) if batch_invariant or invariant_rows else None
+        self._twin = invariant_twin(model) if batch_invariant or rows_check else None
         self.model = self._twin if batch_invariant else model
         self.batch_invariant = batch_invariant
-        #: Entries marked ``invariant`` are honoured (ruvllm.executor.BatchEntry.invariant).
-        self.invariant_rows = invariant_rows and not batch_invariant
+        self._rows_check = None if batch_invariant else rows_check
+        self._rows_ok: bool | None = None
         #: LoRA adapters by name; rows of one step are grouped per adapter (base rows: none).
         self.adapters = adapters or AdapterRegistry()
         self.block_size = block_size
@@ -387,10 +389,17 @@ class PagedExecutor:
         return _StepAttention(self, kv, decode_rows_t, decode_gather, decode_valid, prefills,
                               all_decode_in_order=not prefills)
 
+    @property
+    def invariant_rows(self) -> bool:
+        """Entries marked ``invariant`` are honoured (ruvllm.executor.BatchEntry.invariant)."""
+        if self._rows_ok is None:
+            self._rows_ok = self._rows_check is not None and self._rows_check() is None
+        return self._rows_ok
+
     @torch.inference_mode()
     def execute(self, batch: Sequence[BatchEntry]) -> np.ndarray:
         self._check(batch)
-        marked = [e.invariant for e in batch] if self.invariant_rows else []
+        marked = [e.invariant for e in batch] if self._rows_ok else []
         if not any(marked):
             return self._forward(batch, invariant=self.batch_invariant)
         if all(marked):
