@@ -284,19 +284,28 @@ def _stream_one(setup: Setup, i: int, tally: Tally, started: threading.Event) ->
 @pytest.mark.timeout(200)
 def test_losing_a_worker_node_loses_no_request(setup):
     sent = 12
-    tally, started = Tally(), threading.Event()
+    tally, started = Tally(), [threading.Event() for _ in range(sent)]
     victim = setup.cluster.hosts[1]
     with ThreadPoolExecutor(sent) as pool:
-        futures = [pool.submit(_stream_one, setup, i, tally, started) for i in range(sent // 2)]
-        assert started.wait(60), "no stream produced a token"
-        # A second wave, still without tokens when the node goes: these are to be resent.
-        futures += [pool.submit(_stream_one, setup, i, tally, threading.Event())
-                    for i in range(sent // 2, sent)]
+        futures = [pool.submit(_stream_one, setup, i, tally, started[i]) for i in range(sent // 2)]
+        # The first wave (spread over both nodes by their keys) all producing tokens...
+        deadline = time.monotonic() + 90
+        assert all(e.wait(max(0.0, deadline - time.monotonic())) for e in started[: sent // 2]), \
+            "the first wave did not all start streaming"
+        # ... and a second wave still without tokens when the node goes: these are to be resent.
+        futures += [pool.submit(_stream_one, setup, i, tally, started[i]) for i in range(sent // 2, sent)]
         time.sleep(0.3)
+        capacity = _metric(httpx.get(setup.url + "/metrics", timeout=10).text, "kv_cache_capacity_tokens")
         setup.cluster.kill_host(victim.name)
         for f in futures:
             f.result()
     after = [setup.chat(f"After {i}: hello?") for i in range(4)]
+    # The dead replica's gauges left /metrics (its streams failed), the live one's stayed.
+    deadline = time.monotonic() + 10
+    while (left := _metric(httpx.get(setup.url + "/metrics", timeout=10).text, "kv_cache_capacity_tokens")) \
+            != capacity / 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == capacity / 2, (capacity, left)
     ingress = httpx.get(setup.url + "/ray/replicas", timeout=10).json().get("ingress", {})
     print(f"node loss: sent {sent}, {dict(tally.outcomes)}, resent {ingress.get('resent')}; "
           f"then {len(after)} new requests answered")

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import time
 
 import attrs
 import pytest
 from ruvllm.errors import BackendError, ConfigError, ContextLengthExceeded, InvalidRequest, Overloaded
-from ruvllm.scaleout.metrics_board import ReplicaMetrics, combine, current
+from ruvllm.scaleout.metrics_board import MetricsBoard, ReplicaMetrics, combine, current
 from ruvllm.scaleout.prefix_router import AffinityPolicy, prefix_key
 from ruvllm.scaleout.wire import pack_error, unpack_error
 from ruvllm.serving import Histogram, MetricsSnapshot, PluginMetric
@@ -191,6 +192,10 @@ def test_a_replica_is_current_while_fresh_or_busy_and_not_seen_dying():
     assert ids(busy={"old"}) == ["edge", "fresh", "old"]  # a request of ours runs there
     assert ids(busy={"old"}, lost={"old": 90.0, "fresh": 105.0}) == ["edge"]  # died after reporting
     assert ids(lost={"fresh": 50.0}) == ["edge", "fresh"]  # it reported after the death seen
+    board = MetricsBoard()
+    board.report("fresh", 1, _snap(0, 0, (0, 0)))
+    board.retire("fresh")  # Serve stopped it (a redeploy): fresh, busy even, its gauges go
+    assert current(board.latest(), now=time.time(), busy={"fresh"}) == []
 
 
 # ---------------------------------------------------------------- Serve local testing mode

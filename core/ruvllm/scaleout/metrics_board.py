@@ -36,6 +36,8 @@ class ReplicaMetrics:
     node_ip: str = ""
     #: Feedback calls (``/v1/feedback``) the replica received: where feedback went.
     feedback: int = 0
+    #: Serve stopped the replica (a redeploy, a downscale): its gauges no longer count.
+    retired: bool = False
 
 
 class MetricsBoard:
@@ -48,6 +50,11 @@ class MetricsBoard:
                feedback: int = 0) -> None:
         self._latest[replica_id] = ReplicaMetrics(replica_id=replica_id, pid=pid, snapshot=snapshot,
                                                   reported_at=time.time(), node_ip=node_ip, feedback=feedback)
+
+    def retire(self, replica_id: str) -> None:
+        """The replica was stopped: keep its counters, drop its gauges (see ``current``)."""
+        if replica_id in self._latest:
+            self._latest[replica_id] = attrs.evolve(self._latest[replica_id], retired=True)
 
     def latest(self) -> dict[str, ReplicaMetrics]:
         return dict(self._latest)
@@ -79,9 +86,8 @@ def kill_board(name: str) -> None:
 _boards: dict[str, Any] = {}
 
 
-def report_to_board(name: str, replica_id: str, pid: int, snapshot: MetricsSnapshot,
-                    node_ip: str = "", feedback: int = 0) -> None:
-    """Post ``snapshot`` without waiting; a board that does not exist (yet) is skipped."""
+def _board(name: str) -> Any | None:
+    """The board's handle (cached), None while it does not exist."""
     import ray
 
     board = _boards.get(name)
@@ -89,11 +95,29 @@ def report_to_board(name: str, replica_id: str, pid: int, snapshot: MetricsSnaps
         try:
             board = _boards[name] = ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
-            return
+            return None
+    return board
+
+
+def report_to_board(name: str, replica_id: str, pid: int, snapshot: MetricsSnapshot,
+                    node_ip: str = "", feedback: int = 0) -> None:
+    """Post ``snapshot`` without waiting; a board that does not exist (yet) is skipped."""
+    board = _board(name)
+    if board is None:
+        return
     try:
         board.report.remote(replica_id, pid, snapshot, node_ip, feedback)
     except Exception:  # the board's owner (the ingress) is restarting: look it up again next time
         _boards.pop(name, None)
+
+
+def retire_on_board(name: str, replica_id: str) -> None:
+    """Tell the board that Serve stopped this replica, without waiting (best effort: a replica
+    that dies instead leaves the gauges when a stream of it fails, or after ``STALE_AFTER``)."""
+    with contextlib.suppress(Exception):
+        board = _board(name)
+        if board is not None:
+            board.retire.remote(replica_id)
 
 
 def _sum_histograms(hs: list[Histogram]) -> Histogram:
@@ -123,10 +147,12 @@ def current(latest: Mapping[str, ReplicaMetrics], *, now: float, stale_after: fl
     """The reports among ``latest`` whose gauges still describe a live replica: reported within
     ``stale_after`` seconds of ``now`` or running a request of this ingress (``busy``: a dead
     replica's streams fail at once, so it leaves ``busy`` at once), and not seen dying after the
-    report (``lost``: replica id -> when a stream of it failed because it died)."""
+    report (``lost``: replica id -> when a stream of it failed because it died), and not stopped
+    by Serve (``retired``: else a redeploy's old replicas would count beside the new ones for
+    ``stale_after`` seconds)."""
     lost = lost or {}
     return [m for m in latest.values()
-            if lost.get(m.replica_id, float("-inf")) < m.reported_at
+            if not m.retired and lost.get(m.replica_id, float("-inf")) < m.reported_at
             and (m.replica_id in busy or now - m.reported_at <= stale_after)]
 
 

@@ -27,7 +27,7 @@ from ruvllm.config import Config
 from ruvllm.errors import RuvllmError
 from ruvllm.guided import GrammarCache, GrammarSpec, GuidedProcessor, guided_processor
 from ruvllm.guided.request import grammar_engine_of
-from ruvllm.scaleout.metrics_board import report_to_board
+from ruvllm.scaleout.metrics_board import report_to_board, retire_on_board
 from ruvllm.scaleout.wire import (
     Accepted,
     FeedbackCall,
@@ -72,7 +72,10 @@ class EngineReplica:
         self._reports: set[asyncio.Future] = set()  # pending reports, referenced until they run
 
     def __del__(self) -> None:
-        """Serve calls this when it stops the replica: stop the model thread, free the model."""
+        """Serve calls this when it stops the replica: its gauges leave ``/metrics`` (the board
+        retires it), then stop the model thread and free the model."""
+        if getattr(self, "_board", None):
+            retire_on_board(self._board, self._id)
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.close()
