@@ -28,6 +28,7 @@ from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken
 
 from ruvllm_candle_like.cpu_dtype import bf16_note, warn_once
 from ruvllm_candle_like.embeddings import mean_pooled
+from ruvllm_candle_like.int4 import unavailable as int4_unavailable
 from ruvllm_candle_like.kv_contiguous import ContiguousCache
 from ruvllm_candle_like.kv_two_tier import TwoTierCache, TwoTierSettings
 from ruvllm_candle_like.loading import LoadedModel, load
@@ -123,9 +124,14 @@ class CandleLikeBackend(LlmBackend):
             torch.set_num_threads(opts.n_threads)
         if opts.prepack_weights and device.type == "cpu" and (note := unpacked_note(dtype)):
             warn_once(f"unpacked {dtype}", "candle_like: %s", note)  # once: every projection falls back
+        int4 = opts.int4_weights and device.type == "cpu" and model.format == "gguf"
+        if int4 and (why := int4_unavailable()):
+            warn_once("int4 unavailable", "candle_like: int4_weights has no effect: %s", why)
+            int4 = False
         try:
             loaded = load(model, dtype=dtype, device=device, context_length=opts.context_length,
-                          prepack=opts.prepack_weights)
+                          prepack=opts.prepack_weights, int4=int4,
+                          dense_rows=opts.dense_from_rows if opts.dense_weights else None)
         except RuvllmError:
             raise
         except Exception as exc:  # torch/safetensors errors become a load error with the reason

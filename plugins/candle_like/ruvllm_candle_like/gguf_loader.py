@@ -1,7 +1,9 @@
 """Read a GGUF file into Hugging Face-named float tensors, a config and tokenizer metadata.
 
 Every quantisation the ``gguf`` package can dequantise (Q4_0, Q4_1, Q8_0, the K-quants, F16,
-F32...) is expanded to float32 here; the model then runs in the configured dtype. llama.cpp's
+F32...) is expanded to float32 here; the model then runs in the configured dtype. Asked for blocks,
+the quantised projection matrices come as their GGUF blocks instead (rows un-permuted), for the
+model to run as packed int4 (:mod:`ruvllm_candle_like.int4`) or dequantise. llama.cpp's
 converter permutes the rows of ``attn_q``/``attn_k`` of Llama-architecture models so that its
 interleaved ("normal") RoPE applies; we undo that permutation so one model implementation with
 the Hugging Face (half-split) RoPE layout serves GGUF and HF weights alike. Qwen2 uses the
@@ -23,6 +25,7 @@ from ruvllm.gguf_file import GgufFile, read_gguf_file
 from ruvllm.hf_tokenizer import GgufVocab
 
 from ruvllm_candle_like.config import GGUF_ARCHITECTURES, ModelConfig
+from ruvllm_candle_like.int4 import GgufBlocks
 
 #: Architectures whose q/k rows llama.cpp's converter permuted.
 PERMUTED_ARCHITECTURES = ("llama", "mistral")
@@ -107,9 +110,10 @@ class GgufModel:
     def path(self) -> Path:
         return self.file.path
 
-    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
-        """(Hugging Face name, float32 array) for every weight, q/k rows un-permuted."""
-        yield from _read_tensors(self)
+    def tensors(self, *, blocks: bool = False) -> Iterator[tuple[str, np.ndarray | GgufBlocks]]:
+        """(Hugging Face name, float32 array) for every weight, q/k rows un-permuted; with
+        ``blocks``, the quantised projections' :class:`GgufBlocks` instead of float32."""
+        yield from _read_tensors(self, blocks)
 
 
 def read_gguf(path: str | Path) -> GgufModel:
@@ -176,7 +180,7 @@ def read_gguf(path: str | Path) -> GgufModel:
     )
 
 
-def _read_tensors(model: GgufModel) -> Iterator[tuple[str, np.ndarray]]:
+def _read_tensors(model: GgufModel, blocks: bool) -> Iterator[tuple[str, np.ndarray | GgufBlocks]]:
     import gguf
 
     cfg = model.config
@@ -187,6 +191,14 @@ def _read_tensors(model: GgufModel) -> Iterator[tuple[str, np.ndarray]]:
             if t.name in _IGNORED:
                 continue
             raise ModelLoadError(str(model.path), f"unexpected tensor {t.name!r} in the GGUF")
+        heads = cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads
+        permute = permuted and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name)
+        if blocks and name.endswith("_proj.weight") and t.type_name not in ("F32", "F16", "BF16"):
+            # A row's blocks are its bytes, so un-permuting the rows of bytes un-permutes the weights.
+            raw = model.file.tensor_data(t)
+            yield name, GgufBlocks(t.type_name, t.type, unpermute_rows(raw, heads) if permute else raw,
+                                   tuple(reversed(t.shape)))
+            continue
         try:
             arr = gguf.quants.dequantize(model.file.tensor_data(t), t.type)
         except NotImplementedError as exc:
@@ -196,8 +208,4 @@ def _read_tensors(model: GgufModel) -> Iterator[tuple[str, np.ndarray]]:
             ) from None
         # GGUF shapes are reversed (ne0 first); dequantize already returns rows x cols.
         arr = np.asarray(arr, dtype=np.float32).reshape(tuple(reversed(t.shape)))
-        if permuted and ".self_attn.q_proj." in name:
-            arr = unpermute_rows(arr, cfg.num_heads)
-        elif permuted and ".self_attn.k_proj." in name:
-            arr = unpermute_rows(arr, cfg.num_kv_heads)
-        yield name, arr
+        yield name, unpermute_rows(arr, heads) if permute else arr

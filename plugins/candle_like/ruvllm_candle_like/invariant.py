@@ -39,7 +39,8 @@ import math
 import torch
 
 from ruvllm_candle_like.model import Layer, Transformer
-from ruvllm_candle_like.projection import Projection
+from ruvllm_candle_like.projection import Int4Projection
+from ruvllm_candle_like.weights import AnyProjection
 
 #: Every matmul of the mode runs on a multiple of this many rows: MKL's K = 64 matmul blocks rows
 #: by four, oneDNN's linear is row-count invariant from two rows on.
@@ -61,15 +62,25 @@ def pad_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 class PaddedProjection:
-    """A projection that runs on whole :data:`ROW_BLOCK` s of rows."""
+    """A projection that runs on whole :data:`ROW_BLOCK` s of rows.
 
-    __slots__ = ("bias", "inner", "weight")
+    An int4 projection runs int4 at every row count here (its dense copy, taken from some row
+    count on, would give a row other bits in a larger step)."""
 
-    def __init__(self, inner: Projection):
-        self.inner = inner
-        # LoRA and writers read these, as on a plain Projection.
-        self.weight = inner.weight
+    __slots__ = ("bias", "inner")
+
+    def __init__(self, inner: AnyProjection):
+        self.inner = inner.int4_only() if isinstance(inner, Int4Projection) else inner
         self.bias = inner.bias
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The inner projection's (LoRA and writers read it, as on a plain Projection)."""
+        return self.inner.weight
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.inner.shape
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
@@ -132,7 +143,7 @@ def check_kernels(model: Transformer) -> str | None:
     layer = model.layers[0]
     for name, proj in (("qkv", layer.qkv), ("down", layer.down), ("output", model.lm_head)):
         padded = PaddedProjection(proj)
-        x = rand(17, proj.weight.shape[1])
+        x = rand(17, proj.shape[1])
         alone = torch.cat([padded(x[i:i + 1]) for i in range(17)])
         for rows in (2, 5, 17):
             if not torch.equal(padded(x[:rows]), alone[:rows]):

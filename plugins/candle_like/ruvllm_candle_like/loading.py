@@ -54,7 +54,9 @@ def hf_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load(source: ModelSource, *, dtype: torch.dtype, device: torch.device,
-         context_length: int | None = None, prepack: bool = True) -> LoadedModel:
+         context_length: int | None = None, prepack: bool = True, int4: bool = False,
+         dense_rows: int | None = None) -> LoadedModel:
+    """``int4``/``dense_rows``: see :class:`~ruvllm_candle_like.model.Transformer` (GGUF only)."""
     path = Path(source.path)
     if not path.exists():
         raise ModelLoadError(str(path), "the path does not exist")
@@ -62,10 +64,10 @@ def load(source: ModelSource, *, dtype: torch.dtype, device: torch.device,
         g = read_gguf(path)
         cfg = g.config
         tok = HfTokenizer.from_gguf_vocab(g.tokenizer, vocab_size=cfg.vocab_size, source=str(path))
-        weights = to_torch_weights(g.tensors())
+        weights = to_torch_weights(g.tensors(blocks=int4))
         ctx = context_length or cfg.max_position_embeddings
         model = Transformer(cfg, weights, dtype=dtype, device=device, max_positions=ctx,
-                            rope_freqs=g.rope_freqs, prepack=prepack)
+                            rope_freqs=g.rope_freqs, prepack=prepack, int4=int4, dense_rows=dense_rows)
         return LoadedModel(config=cfg, model=model, tokenizer=tok, chat_template=tok.chat_template,
                            name=g.name, quantization=g.quantization, rope_freqs=g.rope_freqs)
     cfg = read_hf_config(path)

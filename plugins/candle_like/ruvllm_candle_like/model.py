@@ -26,8 +26,10 @@ import torch.nn.functional as F
 from ruvllm.errors import ModelLoadError
 
 from ruvllm_candle_like.config import ModelConfig
+from ruvllm_candle_like.int4 import GgufBlocks
 from ruvllm_candle_like.lora import LoraPlan
-from ruvllm_candle_like.projection import Projection
+from ruvllm_candle_like.projection import Int4Projection, Projection
+from ruvllm_candle_like.weights import AnyProjection, ProjectionFactory, Weight, as_tensor
 
 
 class Attention(Protocol):
@@ -96,31 +98,39 @@ class Layer:
 
     def __init__(self) -> None:
         self.ln1: torch.Tensor
-        self.qkv: Projection
-        self.o: Projection
+        self.qkv: AnyProjection
+        self.o: AnyProjection
         self.ln2: torch.Tensor
-        self.gate_up: Projection
-        self.down: Projection
+        self.gate_up: AnyProjection
+        self.down: AnyProjection
 
 
 class Transformer:
     """Weights plus a functional forward pass; no nn.Module machinery on the hot path."""
 
-    def __init__(self, cfg: ModelConfig, weights: Mapping[str, torch.Tensor], *, dtype: torch.dtype,
+    def __init__(self, cfg: ModelConfig, weights: Mapping[str, Weight], *, dtype: torch.dtype,
                  device: torch.device, max_positions: int, rope_freqs: np.ndarray | None = None,
-                 prepack: bool = True):
+                 prepack: bool = True, int4: bool = False, dense_rows: int | None = None):
         """``prepack``: also keep oneDNN-packed copies of the projections (CPU only; they
-        double the projections' memory for 1.5x faster matmuls)."""
+        double the projections' memory for 1.5x faster matmuls). ``int4``: run the projections
+        given as GGUF blocks that map onto int4 on packed int4 weights, with a dense copy for
+        calls of ``dense_rows`` rows or more when that is set (weights.py)."""
         self.cfg = cfg
         self.dtype = dtype
         self.device = device
         self.max_positions = max_positions
         self.rope = RotaryTable(cfg, max_positions, device, rope_freqs)
 
-        def get(name: str) -> torch.Tensor:
+        def given(name: str) -> Weight:
             if name not in weights:
                 raise ModelLoadError("weights", f"missing tensor {name!r}")
-            return weights[name].to(device=device, dtype=dtype)
+            return weights[name]
+
+        def get(name: str) -> torch.Tensor:
+            return as_tensor(given(name)).to(device=device, dtype=dtype)
+
+        projection = ProjectionFactory(dtype=dtype, device=device, prepack=prepack, int4=int4,
+                                       dense_rows=dense_rows)
 
         self.embed = get("model.embed_tokens.weight")
         if self.embed.shape != (cfg.vocab_size, cfg.hidden_size):
@@ -137,28 +147,32 @@ class Transformer:
             layer = Layer()
             layer.ln1 = get(p + "input_layernorm.weight")
             layer.ln2 = get(p + "post_attention_layernorm.weight")
-            qkv = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)
             bias = None
             if cfg.attention_bias:
                 bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
-            layer.qkv = Projection(qkv, bias, prepack=prepack)
-            layer.o = Projection(get(p + "self_attn.o_proj.weight"), prepack=prepack)
-            gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], dim=0)
-            layer.gate_up = Projection(gate_up, prepack=prepack)
-            layer.down = Projection(get(p + "mlp.down_proj.weight"), prepack=prepack)
+
+            def named(*names: str, prefix: str = p) -> list[tuple[str, Weight]]:
+                return [(prefix + n, given(prefix + n)) for n in names]
+
+            layer.qkv = projection(named(*(f"self_attn.{n}_proj.weight" for n in "qkv")), bias)
+            layer.o = projection(named("self_attn.o_proj.weight"))
+            layer.gate_up = projection(named("mlp.gate_proj.weight", "mlp.up_proj.weight"))
+            layer.down = projection(named("mlp.down_proj.weight"))
             self.layers.append(layer)
         expected = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-        if self.layers and self.layers[0].qkv.weight.shape[0] != expected:
+        if self.layers and self.layers[0].qkv.shape[0] != expected:
             raise ModelLoadError("weights", "q/k/v projection shapes do not match the config's heads")
 
     def cast(self, dtype: torch.dtype) -> Transformer:
-        """A copy computing in ``dtype`` (self when it already does), without packed weights.
+        """A copy computing in ``dtype`` (self when it already does on plain weights only),
+        without packed weights.
 
         For training beside serving: SONA's backward in bf16 on a CPU without native bf16 falls
         to a slow reference gemm, so it trains on a float32 copy there while this model serves.
-        Gradients take the plain weights anyway, so packing the copy would only cost memory.
+        Gradients take the plain weights anyway, so packing the copy would only cost memory; int4
+        projections have no gradient formula, so the copy holds their weights dense.
         """
-        if dtype == self.dtype:
+        if dtype == self.dtype and not self.has_int4():
             return self
         twin = copy.copy(self)
         twin.dtype = dtype
@@ -179,13 +193,17 @@ class Transformer:
             twin.layers.append(new)
         return twin
 
+    def has_int4(self) -> bool:
+        return any(isinstance(layer.qkv, Int4Projection) or isinstance(layer.down, Int4Projection)
+                   for layer in self.layers)
+
     def parameter_count(self) -> int:
         n = self.embed.numel() + self.norm.numel()
         if self.lm_head.weight is not self.embed:
             n += self.lm_head.weight.numel()
         for layer in self.layers:
             n += layer.ln1.numel() + layer.ln2.numel()
-            n += sum(p.weight.numel() for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            n += sum(p.shape.numel() for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
         return n
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attention: Attention,
@@ -237,11 +255,11 @@ class Transformer:
         return F.rms_norm(x, (hidden,), self.norm, eps)
 
 
-def to_torch_weights(items: Iterable[tuple[str, Any]]) -> dict[str, torch.Tensor]:
-    """Name -> tensor from (name, numpy array or tensor) pairs."""
-    out = {}
+def to_torch_weights(items: Iterable[tuple[str, Any]]) -> dict[str, Weight]:
+    """Name -> weight from (name, numpy array, tensor or GGUF blocks) pairs."""
+    out: dict[str, Weight] = {}
     for name, arr in items:
         # np.require copies read-only (memory-mapped) arrays only: torch needs writable memory.
-        out[name] = arr if isinstance(arr, torch.Tensor) else torch.from_numpy(
+        out[name] = arr if isinstance(arr, torch.Tensor | GgufBlocks) else torch.from_numpy(
             np.require(arr, requirements="CW"))
     return out

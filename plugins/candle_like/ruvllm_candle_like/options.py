@@ -45,6 +45,14 @@ class BackendOptions:
     #: Keep a oneDNN-packed copy of every projection for faster CPU matmuls (costs as much
     #: memory again as the projection weights; ignored off CPU).
     prepack_weights: bool = attrs.field(default=True, validator=boolean())
+    #: GGUF on CPU: run the Q4_0/Q4_1 (exactly) and Q4_K (re-quantised) projections on torch's
+    #: packed int4 kernel, at about the GGUF's bytes; other types and devices run dense.
+    int4_weights: bool = attrs.field(default=True, validator=boolean())
+    #: With int4 weights: also keep a dense copy of them (in the compute dtype, packed per
+    #: prepack_weights) for steps of at least dense_from_rows rows, where dense matmuls are faster
+    #: (prefill chunks run 2-3x slower on int4). Off: about the GGUF's bytes, slow prefill.
+    dense_weights: bool = attrs.field(default=True, validator=boolean())
+    dense_from_rows: int = attrs.field(default=20, validator=positive_int())
     #: "fp16": unquantised 16-bit KV; "two_tier": FP16 hot tail + packed Q4/Q8 cold store.
     kv_cache: str = attrs.field(default="fp16", validator=one_of(KV_CACHES))
     #: Storage dtype of the unquantised cache: auto (float16, as llama.cpp's default cache,

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ruvllm_candle_like import cpu_dtype
+from ruvllm_candle_like.int4 import PackedInt4
 
 #: The dtypes oneDNN's linear-weight packing handles at all.
 PACKABLE = (torch.float32, torch.bfloat16)
@@ -59,7 +60,7 @@ def unpacked_note(dtype: torch.dtype) -> str | None:
             f"projections run plain matmuls: {why}")
 
 
-def _pack(weight: torch.Tensor) -> torch.Tensor | None:
+def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """oneDNN's packed copy of ``weight``, or None where the platform offers none."""
     if weight.device.type != "cpu" or packing_unavailable(weight.dtype) is not None:
         return None
@@ -75,9 +76,80 @@ class Projection:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, prepack: bool = True):
         self.weight = weight
         self.bias = bias
-        self.packed = _pack(weight) if prepack else None
+        self.packed = pack_weight(weight) if prepack else None
+
+    @property
+    def shape(self) -> torch.Size:
+        """``[out, in]``."""
+        return self.weight.shape
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None or (x.requires_grad and torch.is_grad_enabled()):
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class Int4Projection:
+    """A projection on packed int4 weights, plus optionally a dense copy for steps of many rows.
+
+    At a few rows a step is bound by the bytes of weights it reads, and int4 reads a fifth of
+    float32's; at many rows the int4 kernel's dequantisation costs more than it saves and the
+    dense matmul wins (the crossover on this project's CPUs is in docs/backends/candle_like.md).
+    So with a ``dense`` copy, a call of at least ``dense_rows`` rows takes it. Without one, every
+    call runs int4 and the weights cost about the GGUF's bytes.
+    """
+
+    __slots__ = ("bias", "dense", "dense_rows", "int4", "out_dtype")
+
+    def __init__(self, int4: PackedInt4, bias: torch.Tensor | None, *, dtype: torch.dtype,
+                 dense: torch.Tensor | None = None, dense_rows: int = 1 << 62):
+        """``dense``: the weight in ``dtype`` (plain, or oneDNN-packed where packing applies)."""
+        self.int4 = int4
+        self.bias = bias
+        self.out_dtype = dtype
+        self.dense = dense
+        self.dense_rows = dense_rows
+
+    @property
+    def shape(self) -> torch.Size:
+        """``[out, in]``."""
+        return torch.Size((self.int4.packed.shape[0], self.int4.packed.shape[1] * 2))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dense copy's weights, or else those the int4 kernel computes with, in the model's
+        dtype (either read back through its kernel on an identity: exact).
+
+        Built on each access, for readers that need a plain matrix (SONA's training copy, the
+        gradient path): no plain copy stays resident."""
+        if self.dense is not None:
+            return self._dense(torch.eye(self.shape[1], dtype=self.out_dtype)).T.contiguous()
+        eye = torch.eye(self.shape[1], dtype=torch.bfloat16)
+        return self.int4.matmul(eye).T.to(self.out_dtype)
+
+    def nbytes(self) -> int:
+        """Resident bytes: the int4 data plus the dense copy, if any."""
+        return self.int4.nbytes + (0 if self.dense is None else _dense_bytes(self.dense))
+
+    def int4_only(self) -> Int4Projection:
+        """This projection without its dense copy: one kernel at every row count."""
+        return Int4Projection(self.int4, self.bias, dtype=self.out_dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad and torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        if self.dense is not None and x.shape[0] >= self.dense_rows:
+            return self._dense(x, self.bias)
+        y = self.int4.matmul(x).to(self.out_dtype)
+        return y if self.bias is None else y + self.bias
+
+    def _dense(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        assert self.dense is not None
+        if self.dense.is_mkldnn:
+            return torch.ops.mkldnn._linear_pointwise(x, self.dense, bias, "none", [], "")
+        return F.linear(x, self.dense, bias)
+
+
+def _dense_bytes(t: torch.Tensor) -> int:
+    # An mkldnn tensor has no storage torch can measure; it holds the same elements.
+    return t.numel() * t.element_size()

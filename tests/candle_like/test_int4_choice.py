@@ -1,0 +1,78 @@
+"""The per-step choice of an int4 projection: int4 below ``dense_rows`` rows, its dense copy from
+there on (``dense_weights``), int4 at every row count without one; and the options that set it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from ruvllm_candle_like.backend import CandleLikeBackend
+from ruvllm_candle_like.int4 import PackedInt4, requantize
+from ruvllm_candle_like.projection import Int4Projection, Projection, pack_weight
+
+
+@pytest.fixture(scope="module")
+def weights():
+    gen = torch.Generator().manual_seed(0)
+    codes = requantize(torch.randn(96, 64, generator=gen).numpy())
+    return codes, torch.randn(20, 64, generator=gen)
+
+
+def _paths(proj: Int4Projection, x: torch.Tensor, dense: torch.Tensor) -> list[str]:
+    """Which kernel served each row count 1..len(x), told apart by their different bits."""
+    out = []
+    for rows in range(1, len(x) + 1):
+        got = proj(x[:rows])
+        if torch.equal(got, proj.int4.matmul(x[:rows]).float()):
+            out.append("int4")
+        elif torch.equal(got, F.linear(x[:rows], dense)):
+            out.append("dense")
+        else:
+            out.append("neither")
+    return out
+
+
+def test_with_a_dense_copy_rows_from_dense_rows_on_take_it(weights):
+    codes, x = weights
+    dense = torch.from_numpy(np.ascontiguousarray(codes.dequantize()))
+    proj = Int4Projection(PackedInt4.pack(codes), None, dtype=torch.float32, dense=dense, dense_rows=8)
+    assert _paths(proj, x, dense) == ["int4"] * 7 + ["dense"] * 13
+    # The oneDNN-packed copy (where this CPU packs float32) is served the same way.
+    onednn = pack_weight(dense)
+    if onednn is not None:
+        packed = Int4Projection(PackedInt4.pack(codes), None, dtype=torch.float32, dense=onednn, dense_rows=8)
+        assert torch.allclose(packed(x[8:]), F.linear(x[8:], dense), atol=1e-5)
+
+
+def test_without_a_dense_copy_every_row_count_runs_int4(weights):
+    codes, x = weights
+    dense = torch.from_numpy(np.ascontiguousarray(codes.dequantize()))
+    proj = Int4Projection(PackedInt4.pack(codes), None, dtype=torch.float32)
+    assert _paths(proj, x, dense) == ["int4"] * 20
+    assert _paths(Int4Projection(PackedInt4.pack(codes), None, dtype=torch.float32, dense=dense,
+                                 dense_rows=8).int4_only(), x, dense) == ["int4"] * 20
+
+
+@pytest.mark.parametrize(("options", "kind", "dense_rows"), [
+    ({}, Int4Projection, 20),
+    ({"dense_weights": False}, Int4Projection, None),
+    ({"dense_from_rows": 8}, Int4Projection, 8),
+    ({"int4_weights": False}, Projection, None),
+])
+def test_the_options_choose_the_projections(embedded_source, options, kind, dense_rows):
+    backend = CandleLikeBackend.load(embedded_source, {"dtype": "float32", **options})
+    try:
+        projections = [p for layer in backend.model.layers
+                       for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        assert all(type(p) is kind for p in projections)
+        if kind is Int4Projection:
+            assert all((p.dense is None) == (dense_rows is None) for p in projections)
+            if dense_rows is not None:
+                assert {p.dense_rows for p in projections} == {dense_rows}
+            else:
+                # About the GGUF's bytes: 0.5 byte a weight plus a bf16 scale and zero per 32.
+                resident = sum(p.nbytes() for p in projections)
+                assert resident == sum(p.shape.numel() for p in projections) * (0.5 + 4 / 32)
+    finally:
+        backend.close()
