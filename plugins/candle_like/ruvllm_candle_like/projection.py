@@ -129,7 +129,7 @@ class Int4Projection:
 
     def nbytes(self) -> int:
         """Resident bytes: the int4 data plus the dense copy, if any."""
-        return self.int4.nbytes + (0 if self.dense is None else _dense_bytes(self.dense))
+        return self.int4.nbytes + (0 if self.dense is None else tensor_bytes(self.dense))
 
     def int4_only(self) -> Int4Projection:
         """This projection without its dense copy: one kernel at every row count."""
@@ -150,6 +150,7 @@ class Int4Projection:
         return F.linear(x, self.dense, bias)
 
 
-def _dense_bytes(t: torch.Tensor) -> int:
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of ``t``'s elements, oneDNN-packed tensors included."""
     # An mkldnn tensor has no storage torch can measure; it holds the same elements.
     return t.numel() * t.element_size()
