@@ -100,7 +100,10 @@ def try_it(nodes: int) -> None:
     with NetnsCluster(workers=nodes) as cluster, tempfile.TemporaryDirectory() as tmp:
         served = serve_on_head(cluster, [*ENGINE, "--replicas", str(nodes)], log=Path(tmp) / "serve.log")
         hosts = ", ".join(f"{h.name} {h.ip}" for h in cluster.hosts)
-        print(f"cluster up: {hosts}; RAY_ADDRESS={cluster.address}\n"
+        env = " ".join(f"{k}={cluster.environ[k]}" for k in ("RAY_ADDRESS", "RAY_AUTH_MODE",
+                                                               "RAY_AUTH_TOKEN"))
+        shell = " ".join(cluster.command(cluster.head, ["bash"]))
+        print(f"cluster up: {hosts}\na shell on the head (try `.venv/bin/ray status`): env {env} {shell}\n"
               f"OpenAI API at {served.url}/v1 (also Anthropic /v1/messages, Ollama /api/chat); "
               f"per-replica counters at {served.url}/ray/replicas\nCtrl-C stops and removes everything")
         try:
