@@ -41,7 +41,7 @@ TMP_SIZE = "2g"
 #: Plasma store of each node: replicas exchange small messages only; Ray's default is 30 % of RAM.
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 #: Failure detection: the GCS checks every raylet each 0.5 s and declares a node dead after 4
-#: misses (Ray's defaults, 3 s x 5, take ~15 s to notice a dead host).
+#: misses (Ray's defaults: every 3 s, 5 misses), so a killed host shows dead within seconds.
 HEAD_ENV = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "1000",
             "RAY_health_check_failure_threshold": "4"}
 
@@ -155,8 +155,9 @@ class Host:
     name: str
     netns: str
     ip: str
-    #: CPUs every process of the host runs on (``taskset``); its Ray node's ``--num-cpus``.
+    #: Machine CPUs every process of the host runs on (``taskset``).
     cpus: tuple[int, ...]
+    #: CPUs its Ray node offers for scheduling (``ray start --num-cpus``).
     num_cpus: int
     head: bool = False
     #: ``unshare``, whose only child is the host's PID 1 (the reaper); None while the host is down.
