@@ -19,11 +19,12 @@ from ruvllm.registry import embedded_model_path
 from ruvllm.testing.parity import PROMPTS, LlamaCppReference, teacher_forced
 
 
-def candle_like_logits(dtype: str):
+def candle_like_logits(dtype: str, **options: object):
     import torch
     from ruvllm_candle_like.backend import CandleLikeBackend
 
-    backend = CandleLikeBackend.load(ModelSource.from_path(embedded_model_path()), {"dtype": dtype})
+    source = ModelSource.from_path(embedded_model_path())
+    backend = CandleLikeBackend.load(source, {"dtype": dtype, **options})
 
     @torch.inference_mode()
     def logits(sequence: list[int], first: int) -> np.ndarray:
@@ -55,6 +56,8 @@ def mlx_logits():
 TARGETS = {
     "candle_like float32": lambda: candle_like_logits("float32"),
     "candle_like bfloat16": lambda: candle_like_logits("bfloat16"),
+    # Every row on the int4 kernel (no dense copy), as decode steps run it.
+    "candle_like int4": lambda: candle_like_logits("float32", int4_weights=True, dense_weights=False),
     "mlx": mlx_logits,
 }
 

@@ -55,10 +55,10 @@ def test_without_a_dense_copy_every_row_count_runs_int4(weights):
 
 
 @pytest.mark.parametrize(("options", "kind", "dense_rows"), [
-    ({}, Int4Projection, 20),
-    ({"dense_weights": False}, Int4Projection, None),
-    ({"dense_from_rows": 8}, Int4Projection, 8),
-    ({"int4_weights": False}, Projection, None),
+    ({"int4_weights": True}, Int4Projection, 20),
+    ({"int4_weights": True, "dense_weights": False}, Int4Projection, None),
+    ({"int4_weights": True, "dense_from_rows": 8}, Int4Projection, 8),
+    ({}, Projection, None),
 ])
 def test_the_options_choose_the_projections(embedded_source, options, kind, dense_rows):
     backend = CandleLikeBackend.load(embedded_source, {"dtype": "float32", **options})
@@ -76,3 +76,23 @@ def test_the_options_choose_the_projections(embedded_source, options, kind, dens
                 assert resident == sum(p.shape.numel() for p in projections) * (0.5 + 4 / 32)
     finally:
         backend.close()
+
+
+def test_a_fused_matrix_with_an_unmapped_part_runs_dense_and_says_so(caplog):
+    """q/k Q4_1 with a Q6_K v (as in Q4_K_M files): the whole q/k/v runs dense, exactly dequantised,
+    after one log line naming the type."""
+    from ruvllm_candle_like import cpu_dtype
+    from ruvllm_candle_like.weights import ProjectionFactory
+
+    from .test_int4 import _random_blocks
+
+    q4 = _random_blocks("Q4_1", 64, 256, (0, 2))
+    q6 = _random_blocks("Q6_K", 32, 256, (208,))
+    factory = ProjectionFactory(dtype=torch.float32, device=torch.device("cpu"), prepack=False, int4=True)
+    cpu_dtype._warned.discard("int4 Q6_K")
+    with caplog.at_level("WARNING"):
+        proj = factory([("blk.0.attn_q.weight", q4), ("blk.0.attn_v.weight", q6)])
+    assert type(proj) is Projection
+    assert torch.equal(proj.weight, torch.from_numpy(np.concatenate([q4.dequantize(), q6.dequantize()])))
+    assert "Q6_K weights (first: blk.0.attn_v.weight) have no int4 mapping" in caplog.text
+    assert type(factory([("blk.0.attn_q.weight", q4)])) is Int4Projection
