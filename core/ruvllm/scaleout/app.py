@@ -30,10 +30,11 @@ from ruvllm.scaleout.replica import EngineReplica
 from ruvllm.scaleout.tokenizer_host import load_tokenizer_backend
 
 #: Serve settings of the ingress's and replicas' processes: user code and the router on the
-#: replica's own event loop instead of a loop each in another thread. Measured across nodes
-#: (benchmarks/multi_node.py, load 10-11): time to first token through Ray 14.3 and 13.8 ms above
-#: a direct server, against 18.4 and 20.2 ms with Serve's defaults (every request crossed two
-#: threads' loops in the ingress and one in the replica). The cost: user code that blocks its
+#: replica's own event loop instead of a loop each in another thread (every request crossed two
+#: threads' loops in the ingress and one in the replica). Measured across nodes
+#: (benchmarks/multi_node.py, load 9-13, runs vary by several ms): time to first token through
+#: Ray 15.7 ms above a direct server, median of 4 runs, against 18.4 ms, median of 5, with
+#: Serve's defaults. The cost: user code that blocks its
 #: loop also holds Serve's own calls (health checks, queue-length probes); ruvllm's blocking
 #: work runs on the engine's model thread and the ingress's tokenizer thread.
 SERVE_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
