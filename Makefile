@@ -36,6 +36,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject
 	# installed once, when missing (CI runs this as root on a fresh machine).
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
+	# The multi-node test's hosts are network, PID and mount namespaces (tests/scaleout/test_multi_node.py).
+	command -v ip >/dev/null && command -v unshare >/dev/null && command -v nsenter >/dev/null || { \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2 util-linux; }
 	touch $(STAMP)
 
 # The main job: show the backends, print one completion through `auto`, then serve the
