@@ -92,7 +92,8 @@ class BatchInvariantUnsupported(EngineOptionError):
     def __init__(self, backend: str, reason: str):
         self.backend = backend
         super().__init__("batch_invariant", f"backend {backend!r} cannot hold it: {reason}", True,
-                         fix="serve without batch_invariant, or on a backend that offers it (candle_like, llamacpp)")
+                         fix="serve without batch_invariant, or on a backend that offers it "
+                             "(candle_like, llamacpp)")
 
 
 class PluginError(RuvllmError):
