@@ -37,8 +37,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(unit))
     # Longest first, so the two workers end together: the scheduler hands out units in collection
     # order (the Makefile turns off xdist's reordering by test count, which put these one-test
-    # units, up to 3 minutes each, last of all), and the whole-suite runs are the longest.
-    items.sort(key=lambda item: item.get_closest_marker("spread") is None)
+    # units, up to 3 minutes each, last of all), and the whole-suite runs are the longest; then
+    # modules of minutes (``long_unit``: the multi-node cluster, which lengthened the run by its
+    # whole 2 minutes when it came last).
+    items.sort(key=lambda item: (item.get_closest_marker("spread") is None,
+                                 item.get_closest_marker("long_unit") is None))
 
 
 @pytest.hookimpl(optionalhook=True)

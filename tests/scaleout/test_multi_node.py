@@ -31,7 +31,7 @@ from ruvllm.scaleout.netns import NetnsCluster, RayServe, serve_on_head, unavail
 from scaleout_helpers import abandon_stream_and_see_cancel, finished
 
 #: Cluster start (~30 s), server start (~40 s) and the first test, under the suite's load.
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.long_unit]
 
 SYSTEM = ("You are a careful assistant for a library. Answer in one short sentence, never more, "
           "and do not repeat the question. The library opens at nine and closes at five on "

@@ -56,6 +56,20 @@ _REAPER = ("import os, time\n"
            "    except ChildProcessError:\n"
            "        time.sleep(0.5)\n")
 _CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
+#: Where a host's mount namespace keeps the machine's /tmp before its own tmpfs covers it (an
+#: empty directory every Debian has; the bind lives only in the host's namespace).
+HOST_SEES_TMP = "/mnt"
+
+
+def _keep_under_tmp() -> str:
+    """Shell that binds back, into a host's private /tmp, the directories under the machine's
+    /tmp this process runs from (a checkout and its virtualenv there, as CI's clone may be):
+    without them the host's PID 1, this same Python, would not exist inside it."""
+    tops = sorted({Path(p).resolve().relative_to("/tmp").parts[0]
+                   for p in (sys.prefix, os.getcwd())
+                   if Path(p).resolve().is_relative_to("/tmp") and Path(p).resolve() != Path("/tmp")})
+    return "".join(f" && mkdir -p /tmp/{top} && mount --bind {HOST_SEES_TMP}/{top} /tmp/{top}"
+                   for top in tops)
 
 
 def unavailable_reason() -> str | None:
@@ -287,7 +301,8 @@ class NetnsCluster:
         """Start the host's PID 1 in fresh PID and mount namespaces inside its network namespace,
         with a tmpfs on /tmp; ``--kill-child``: if unshare dies, the host dies with it, and unshare
         dies with this process."""
-        script = f"mount -t tmpfs -o size={TMP_SIZE} tmpfs /tmp && exec {sys.executable} -c '{_REAPER}'"
+        script = (f"mount --bind /tmp {HOST_SEES_TMP} && mount -t tmpfs -o size={TMP_SIZE} tmpfs /tmp"
+                  f"{_keep_under_tmp()} && exec {sys.executable} -c '{_REAPER}'")
         host.init = subprocess.Popen(
             host.wrap(["ip", "netns", "exec", host.netns, "unshare", "--pid", "--fork", "--kill-child",
                        "--mount-proc", "sh", "-c", script]),
