@@ -25,7 +25,7 @@ from ruvllm.gguf_file import GgufFile, read_gguf_file
 from ruvllm.hf_tokenizer import GgufVocab
 
 from ruvllm_candle_like.config import GGUF_ARCHITECTURES, ModelConfig
-from ruvllm_candle_like.int4 import GgufBlocks
+from ruvllm_candle_like.int4 import GgufBlocks, dequantize
 
 #: Architectures whose q/k rows llama.cpp's converter permuted.
 PERMUTED_ARCHITECTURES = ("llama", "mistral")
@@ -181,8 +181,6 @@ def read_gguf(path: str | Path) -> GgufModel:
 
 
 def _read_tensors(model: GgufModel, blocks: bool) -> Iterator[tuple[str, np.ndarray | GgufBlocks]]:
-    import gguf
-
     cfg = model.config
     permuted = model.architecture in PERMUTED_ARCHITECTURES
     for t in model.file.tensors:
@@ -199,13 +197,7 @@ def _read_tensors(model: GgufModel, blocks: bool) -> Iterator[tuple[str, np.ndar
             yield name, GgufBlocks(t.type_name, t.type, unpermute_rows(raw, heads) if permute else raw,
                                    tuple(reversed(t.shape)))
             continue
-        try:
-            arr = gguf.quants.dequantize(model.file.tensor_data(t), t.type)
-        except NotImplementedError as exc:
-            raise ModelLoadError(
-                str(model.path), f"tensor {t.name} uses {t.type_name}, which cannot be "
-                f"dequantised by the gguf package installed ({exc})"
-            ) from None
         # GGUF shapes are reversed (ne0 first); dequantize already returns rows x cols.
-        arr = np.asarray(arr, dtype=np.float32).reshape(tuple(reversed(t.shape)))
+        arr = dequantize(model.file.tensor_data(t), t.type, t.type_name, tuple(reversed(t.shape)),
+                         source=str(model.path), tensor=f"tensor {t.name}")
         yield name, unpermute_rows(arr, heads) if permute else arr

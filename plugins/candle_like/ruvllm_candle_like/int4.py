@@ -50,14 +50,21 @@ class GgufBlocks:
 
     def dequantize(self) -> np.ndarray:
         """llama.cpp's float32 values (the ``gguf`` package's reference dequantisation)."""
-        import gguf
+        return dequantize(self.raw, self.type, self.type_name, self.shape)
 
-        try:
-            values = gguf.quants.dequantize(self.raw, self.type)
-        except NotImplementedError as exc:
-            raise ModelLoadError("weights", f"a tensor uses {self.type_name}, which cannot be dequantised "
-                                 f"by the gguf package installed ({exc})") from None
-        return np.asarray(values, dtype=np.float32).reshape(self.shape)
+
+def dequantize(raw: np.ndarray, ggml_type: int, type_name: str, shape: tuple[int, ...], *,
+               source: str = "weights", tensor: str = "a tensor") -> np.ndarray:
+    """A GGUF tensor's bytes as llama.cpp's float32 values of ``shape`` (the ``gguf`` package's
+    reference dequantisation); a type that package cannot read is a ModelLoadError naming it."""
+    import gguf
+
+    try:
+        values = gguf.quants.dequantize(raw, ggml_type)
+    except NotImplementedError as exc:
+        raise ModelLoadError(source, f"{tensor} uses {type_name}, which cannot be dequantised by the "
+                             f"gguf package installed ({exc})") from None
+    return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
 @attrs.frozen(eq=False)
