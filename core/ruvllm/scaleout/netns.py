@@ -65,9 +65,9 @@ def _keep_under_tmp() -> str:
     """Shell that binds back, into a host's private /tmp, the directories under the machine's
     /tmp this process runs from (a checkout and its virtualenv there, as CI's clone may be):
     without them the host's PID 1, this same Python, would not exist inside it."""
-    tops = sorted({Path(p).resolve().relative_to("/tmp").parts[0]
-                   for p in (sys.prefix, os.getcwd())
-                   if Path(p).resolve().is_relative_to("/tmp") and Path(p).resolve() != Path("/tmp")})
+    paths = [Path(p).resolve() for p in (sys.prefix, os.getcwd())]
+    tmp = Path("/tmp")
+    tops = sorted({p.relative_to(tmp).parts[0] for p in paths if p.is_relative_to(tmp) and p != tmp})
     return "".join(f" && mkdir -p /tmp/{top} && mount --bind {HOST_SEES_TMP}/{top} /tmp/{top}"
                    for top in tops)
 

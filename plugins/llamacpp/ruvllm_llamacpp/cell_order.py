@@ -24,7 +24,6 @@ What llama.cpp's CPU kernels do with a row (ggml-cpu/ops.cpp, measured by
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -34,7 +33,7 @@ import numpy as np
 from ruvllm.errors import BackendError
 from ruvllm.executor import BatchEntry
 
-from ruvllm_llamacpp.parked import select
+from ruvllm_llamacpp.parked import restore_sequence, save_sequence, select
 
 #: Bytes of a sequence state with no cells: magic, sequence id, stream count, cell count.
 _EMPTY_STATE = 16
@@ -115,16 +114,13 @@ class CellOrder:
         self.compactions += 1
 
     def _save(self, seq_id: int) -> bytes:
-        size = self.lib.llama_state_seq_get_size(self.ctx, seq_id)
-        buf = (ctypes.c_uint8 * size)()
-        if self.lib.llama_state_seq_get_data(self.ctx, buf, size, seq_id) != size:
-            raise BackendError(f"llama.cpp could not save sequence {seq_id}'s KV ({size} bytes) to "
-                               "keep the pool in order")
-        return bytes(buf)
+        data = save_sequence(self.lib, self.ctx, seq_id)
+        if data is None:
+            raise BackendError(f"llama.cpp could not save sequence {seq_id}'s KV to keep the pool in order")
+        return data
 
     def _restore(self, seq_id: int, data: bytes) -> None:
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if self.lib.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id) != len(data):
+        if not restore_sequence(self.lib, self.ctx, seq_id, data):
             raise BackendError(f"llama.cpp could not restore sequence {seq_id}'s KV while keeping the "
                                "pool in order")
 
@@ -163,8 +159,7 @@ def check_rows(execute: Callable[[list[BatchEntry]], np.ndarray], free: Callable
         alone = execute([entry(0, prompt, 0)])[0]
         decode_alone = execute([entry(0, [tokens[40]], 40)])[0]
         execute([entry(1, other, 0, False)])
-        first = execute([entry(2, prompt[:13], 0, False), entry(1, [tokens[70]], 30, False)])
-        del first
+        execute([entry(2, prompt[:13], 0, False), entry(1, [tokens[70]], 30, False)])
         beside = execute([entry(1, [tokens[71]], 31), entry(2, prompt[13:], 13),
                           entry(3, other[:20], 0)])
         decode_beside = execute([entry(3, [tokens[90]], 20), entry(2, [tokens[40]], 40),

@@ -32,7 +32,6 @@ Every call must come from the engine's model thread (llama.cpp's OpenMP pool is 
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections.abc import Sequence
 from types import ModuleType
@@ -46,7 +45,7 @@ from ruvllm.executor import BatchEntry
 from ruvllm_llamacpp.batch_context import BatchContext
 from ruvllm_llamacpp.cell_order import INVARIANT_UBATCH, CellOrder, check_rows, needs_pad
 from ruvllm_llamacpp.kv_pool import KV_TYPES, LLAMA_MAX_SEQ, KvPool, plan_pool
-from ruvllm_llamacpp.parked import ParkedPrefix, truncate
+from ruvllm_llamacpp.parked import ParkedPrefix, restore_sequence, save_sequence, truncate
 
 log = logging.getLogger(__name__)
 
@@ -226,13 +225,11 @@ class LlamaCppExecutor:
         self.trim(seq_id, num_tokens)
         if not self.detached_donors or seq_id in self._parked:
             return
-        lib, ctx = self._lib, self._ctx
-        size = lib.llama_state_seq_get_size(ctx, seq_id)
-        buf = (ctypes.c_uint8 * size)()
-        if lib.llama_state_seq_get_data(ctx, buf, size, seq_id) != size:
-            raise BackendError(f"llama.cpp could not save sequence {seq_id}'s KV ({size} bytes)")
-        self._set_parked(seq_id, ParkedPrefix(bytes(buf), num_tokens))
-        lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+        data = save_sequence(self._lib, self._ctx, seq_id)
+        if data is None:
+            raise BackendError(f"llama.cpp could not save sequence {seq_id}'s KV")
+        self._set_parked(seq_id, ParkedPrefix(data, num_tokens))
+        self._lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
         if self.cell_order is not None:
             self.cell_order.freed(seq_id)
 
@@ -256,8 +253,7 @@ class LlamaCppExecutor:
             raise BackendError(f"sequence {src_seq_id} keeps {parked.num_tokens} positions; "
                                f"{num_tokens} were asked for")
         data = parked.data if num_tokens == parked.num_tokens else truncate(parked.data, num_tokens)
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if self._lib.llama_state_seq_set_data(self._ctx, buf, len(data), dst_seq_id) != len(data):
+        if not restore_sequence(self._lib, self._ctx, dst_seq_id, data):
             self._lib.llama_memory_seq_rm(self._mem, dst_seq_id, -1, -1)
             raise BackendError(f"llama.cpp could not restore a cached prefix of {num_tokens} tokens "
                                f"into sequence {dst_seq_id} (no free cells)")

@@ -25,6 +25,10 @@ which the batch-invariant mode's compaction restores (ruvllm_llamacpp.cell_order
 
 from __future__ import annotations
 
+import ctypes
+from types import ModuleType
+from typing import Any
+
 import attrs
 import numpy as np
 from ruvllm.errors import BackendError
@@ -40,6 +44,21 @@ class ParkedPrefix:
 
     data: bytes
     num_tokens: int
+
+
+def save_sequence(lib: ModuleType, ctx: Any, seq_id: int) -> bytes | None:
+    """``seq_id``'s state bytes (``llama_state_seq_get_data``), or None when llama.cpp wrote
+    fewer bytes than it said it would."""
+    size = lib.llama_state_seq_get_size(ctx, seq_id)
+    buf = (ctypes.c_uint8 * size)()
+    return bytes(buf) if lib.llama_state_seq_get_data(ctx, buf, size, seq_id) == size else None
+
+
+def restore_sequence(lib: ModuleType, ctx: Any, seq_id: int, data: bytes) -> bool:
+    """``data`` (a sequence's state bytes) restored into ``seq_id``'s cells; False when llama.cpp
+    took fewer bytes (no free cells for them)."""
+    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    return lib.llama_state_seq_set_data(ctx, buf, len(data), seq_id) == len(data)
 
 
 class _Reader:
