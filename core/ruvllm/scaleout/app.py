@@ -27,17 +27,8 @@ from ruvllm.options import positive_int
 from ruvllm.scaleout.metrics_board import HEAD_RESOURCE, start_board
 from ruvllm.scaleout.remote_engine import RemoteEngine
 from ruvllm.scaleout.replica import EngineReplica
+from ruvllm.scaleout.serve_env import PROXY_ENV, SERVE_ENV
 from ruvllm.scaleout.tokenizer_host import load_tokenizer_backend
-
-#: Serve settings of the ingress's and replicas' processes: user code and the router on the
-#: replica's own event loop instead of a loop each in another thread (every request crossed two
-#: threads' loops in the ingress and one in the replica). Measured across nodes
-#: (benchmarks/multi_node.py, load 9-13, runs vary by several ms): time to first token through
-#: Ray 15.7 ms above a direct server, median of 4 runs, against 18.4 ms, median of 5, with
-#: Serve's defaults. The cost: user code that blocks its
-#: loop also holds Serve's own calls (health checks, queue-length probes); ruvllm's blocking
-#: work runs on the engine's model thread and the ingress's tokenizer thread.
-SERVE_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
 
 @attrs.frozen(kw_only=True)
@@ -71,7 +62,8 @@ class ScaleOutSettings:
     #: of two choices), the baseline of benchmarks/ray_serve.py, under which /v1/feedback cannot
     #: be sent to the replica that served the request.
     prefix_affinity: bool = True
-    #: Environment of the ingress's and replicas' processes (added to their ``runtime_env``).
+    #: Environment of the ingress's and replicas' processes (added to their ``runtime_env``): Serve's
+    #: latency settings (``serve_env.SERVE_ENV``).
     serve_env: Mapping[str, str] = attrs.field(factory=lambda: dict(SERVE_ENV))
     #: Route each tenant's requests (OpenAI ``user``, Anthropic ``metadata.user_id``) to one
     #: replica, where SONA learns that tenant's adapter; None: when ``[sona]`` is enabled.
@@ -189,7 +181,9 @@ def build_app(config: Config, scale: ScaleOutSettings | None = None, *, served_n
 
 
 def init_ray(num_cpus: int | None = None) -> None:
-    """Join ``$RAY_ADDRESS`` when set, else start a local Ray instance (no dashboard)."""
+    """Join ``$RAY_ADDRESS`` when set, else start a local Ray instance (no dashboard) whose
+    processes, Serve's HTTP proxy among them, get ``PROXY_ENV`` where this environment does not
+    set those variables (a cluster's head gets them from its own ``ray start``'s environment)."""
     import ray
 
     if ray.is_initialized():
@@ -198,6 +192,8 @@ def init_ray(num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
+        for key, value in PROXY_ENV.items():
+            os.environ.setdefault(key, value)
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
