@@ -11,9 +11,12 @@ replica per worker node, every engine ``n_threads=1``):
 
 1. Router overhead, on one worker node (capped at 1 CPU's time; its replica and a direct
    ``ruvllm serve`` beside it answer under the same cap): time to first token (streamed
-   ``/v1/completions``, 8 tokens), p50 over ``--ttft-requests`` sequential requests sent
-   alternately to the direct server and to the Ray app on the head; the difference is what the
-   HTTP proxy, the ingress, the router and the cross-node hop add.
+   ``/v1/completions``, 8 tokens), p50 and p90 over ``--ttft-requests`` sequential request
+   pairs, one to the direct server and one to the Ray app on the head, which of the two goes
+   first alternating from pair to pair (``--ttft-gap`` seconds of idleness before each pair:
+   Serve's routers keep replicas' queue lengths for 10 s, so sparse traffic pays a probe);
+   the difference is what the HTTP proxy, the ingress, the router and the cross-node hop add.
+   The machine's load average is printed before and after.
 2. Aggregate throughput for each node count in ``--nodes``, every worker host capped at
    ``--cpu-per-node`` CPUs' time by a cgroup (equal CPU per node, which whole CPUs cannot give 3
    nodes on 2 cores): ``--clients-per-node`` x N concurrent clients, each sending
@@ -59,8 +62,8 @@ def load(base: str, clients: int, per_client: int, tokens: int) -> tuple[float, 
     return sum(n for _, n in results) / wall, statistics.median(t for t, _ in results)
 
 
-def overhead(a: argparse.Namespace, logs: Path) -> tuple[float, float]:
-    """TTFT p50 of a direct server inside the worker and of the Ray app on the head."""
+def overhead(a: argparse.Namespace, logs: Path) -> tuple[list[float], list[float]]:
+    """TTFTs of a direct server inside the worker and of the Ray app on the head, alternating."""
     with NetnsCluster(workers=1, cpu_quota=1.0) as cluster:
         served = serve_on_head(cluster, [*ENGINE, "--replicas", "1"], log=logs / "serve-ttft.log")
         w1 = cluster.hosts[1]
@@ -75,14 +78,20 @@ def overhead(a: argparse.Namespace, logs: Path) -> tuple[float, float]:
                     ttft(client, base, "Warm up.", 4)
                 d, r = [], []
                 for i in range(a.ttft_requests):
+                    time.sleep(a.ttft_gap)
                     prompt = f"Request {i}: list three fruits."
-                    d.append(ttft(client, direct, prompt, 8))
-                    r.append(ttft(client, served.url, prompt, 8))
+                    for base in (direct, served.url)[:: 1 if i % 2 == 0 else -1]:
+                        (d if base == direct else r).append(ttft(client, base, prompt, 8))
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
             served.stop()
-    return statistics.median(d), statistics.median(r)
+    return d, r
+
+
+def pct(xs: list[float], q: float) -> float:
+    """The ``q`` quantile of ``xs`` (nearest rank), in ms."""
+    return sorted(xs)[round(q * (len(xs) - 1))] * 1e3
 
 
 def throughput(nodes: int, a: argparse.Namespace, logs: Path) -> tuple[float, float]:
@@ -121,6 +130,7 @@ def main() -> None:
                     help="worker node counts to measure throughput at (none: skip)")
     ap.add_argument("--cpu-per-node", type=float, default=0.4, help="CPU time cap of each worker host")
     ap.add_argument("--ttft-requests", type=int, default=30, help="0: skip the router overhead")
+    ap.add_argument("--ttft-gap", type=float, default=0.0, help="idle seconds before each TTFT pair")
     ap.add_argument("--clients-per-node", type=int, default=3)
     ap.add_argument("--per-client", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32)
@@ -137,9 +147,15 @@ def main() -> None:
           f"{a.clients_per_node} clients per node x {a.per_client} chats x {a.tokens} tokens")
     with tempfile.TemporaryDirectory() as tmp:
         if a.ttft_requests:
+            before = os.getloadavg()
             d, r = overhead(a, Path(tmp))
-            print(f"TTFT p50, {a.ttft_requests} sequential requests, alternating: direct in the worker "
-                  f"{d * 1e3:.1f} ms, through Ray {r * 1e3:.1f} ms; Ray adds {(r - d) * 1e3:.1f} ms")
+            after = os.getloadavg()
+            paired = statistics.median(y - x for x, y in zip(d, r, strict=True)) * 1e3
+            print(f"TTFT, {a.ttft_requests} sequential pairs, alternating, gap {a.ttft_gap:g} s: direct in "
+                  f"the worker p50 {pct(d, .5):.1f} p90 {pct(d, .9):.1f} ms, through Ray p50 "
+                  f"{pct(r, .5):.1f} p90 {pct(r, .9):.1f} ms; Ray adds {pct(r, .5) - pct(d, .5):.1f} ms at "
+                  f"p50, {pct(r, .9) - pct(d, .9):.1f} at p90 (median of pairs {paired:.1f}); load average "
+                  f"{before[0]:.2f} before, {after[0]:.2f} after")
         rows = {n: throughput(n, a, Path(tmp)) for n in a.nodes}
     for n, (tok_s, p50) in rows.items():
         base = rows[min(rows)][0] / min(rows)
