@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
-from ruvllm.server.lifecycle.schemas import RequestBody
+from ruvllm.server.http.strict_fields import RequestBody
 from server_helpers import API_KEY, RunningServer
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "server.md"
@@ -691,8 +691,7 @@ def test_name_reaches_the_chat_template():
     """Honoured as vLLM honours it: handed to the template, which renders it where it has a place
     for it (``tool_call_id`` and ``tool_calls``: tests/server/test_tool_call_turns.py)."""
     from ruvllm.chat import render_chat
-    from ruvllm.server.lifecycle.params import message_dicts
-    from ruvllm.server.lifecycle.schemas import ChatMessage
+    from ruvllm.server.http.chat_messages import ChatMessage, message_dicts
 
     messages = message_dicts([ChatMessage(role="user", content="Say hello.", name="ada")])
     assert render_chat("{% for m in messages %}{{ m.name }}: {{ m.content }}{% endfor %}", messages) == \
@@ -723,13 +722,8 @@ def test_refuse_unknown_query_names_the_parameter():
 
 def test_request_bodies_share_one_base():
     """The bodies this server's own modules declare refuse unknown fields through one base."""
-    from ruvllm.server.lifecycle.embeddings import EmbeddingRequest
-    from ruvllm.server.lifecycle.schemas import (
-        ChatCompletionRequest,
-        CompletionRequest,
-        DetokenizeRequest,
-        TokenizeRequest,
-    )
+    from ruvllm.server.extensions.tokenize import DetokenizeRequest, TokenizeRequest
+    from ruvllm.server.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
     for model in (ChatCompletionRequest, CompletionRequest, EmbeddingRequest, TokenizeRequest,
                   DetokenizeRequest):
         assert issubclass(model, RequestBody), model

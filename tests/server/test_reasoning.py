@@ -22,6 +22,7 @@ import re
 import uuid
 
 import anthropic
+import attrs
 import httpx
 import ollama
 import openai
@@ -156,24 +157,28 @@ MAX_TOKENS = 100  # as _chat: the regex's longest answer fits, so every surface 
 @pytest.fixture
 def steered(monkeypatch):
     """Every surface's request steered as ``_chat`` steers chat completions."""
+    from ruvllm.guided.grammar import from_extensions
     from ruvllm.server.anthropic import messages_api
     from ruvllm.server.lifecycle import chat_run, completion_run
     from ruvllm.server.lifecycle.completion_service import CompletionService
     from ruvllm.server.ollama import ollama_api
     from ruvllm.server.openai import responses_api
 
-    start_chat = chat_run.start_chat
+    regex = from_extensions(guided_regex=THINK_THEN_ANSWER)
+    start_chat, start_completion = chat_run.start_chat, completion_run.start_completion
 
-    async def steered_start(route, body, limits, **kw):
-        steering = {"guided_regex": THINK_THEN_ANSWER, "cache_salt": uuid.uuid4().hex}
-        return await start_chat(route, body.model_copy(update=steering), limits, **kw)
+    async def steered_start(route, chat, limits, **kw):
+        return await start_chat(route, attrs.evolve(chat, grammar=regex, cache_salt=uuid.uuid4().hex),
+                                limits, **kw)
 
     for module in (messages_api, responses_api, ollama_api):
         monkeypatch.setattr(module, "start_chat", steered_start)
+
     # /api/generate runs a completion (completion_run's): the regex on it, and a salt on its submission.
-    constraint = completion_run.completion_constraint
-    monkeypatch.setattr(completion_run, "completion_constraint",
-                        lambda body: constraint(body.model_copy(update={"guided_regex": THINK_THEN_ANSWER})))
+    async def steered_completion(route, request, prompts, limits, **kw):
+        return await start_completion(route, attrs.evolve(request, grammar=regex), prompts, limits, **kw)
+
+    monkeypatch.setattr(ollama_api, "start_completion", steered_completion)
     submit = CompletionService.submit
 
     async def salted_submit(self, choices, **kw):

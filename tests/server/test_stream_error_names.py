@@ -19,9 +19,9 @@ from ruvllm.server.anthropic.messages_api import MessagesRequest
 from ruvllm.server.llama_server import llama_server_api
 from ruvllm.server.ollama import ollama_api
 from ruvllm.server.openai import delivery, responses_output
-from ruvllm.server.openai.completions_api import CHAT_NAMES, COMPLETION_NAMES
 from ruvllm.server.openai.responses_api import translate
 from ruvllm.server.openai.responses_schema import ResponsesRequest
+from ruvllm.server.openai.translation import CHAT_NAMES, COMPLETION_NAMES
 
 TOOL = {"name": "get_weather", "input_schema": {"type": "object"}}
 

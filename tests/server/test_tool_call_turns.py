@@ -7,8 +7,7 @@ import json
 import pytest
 from ruvllm.chat import render_chat
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.lifecycle.params import message_dicts
-from ruvllm.server.lifecycle.schemas import ChatMessage
+from ruvllm.server.http.chat_messages import ChatMessage, message_dicts
 
 #: The way Qwen2.5's and Hermes' templates render a previous call.
 TEMPLATE = (

@@ -1,11 +1,12 @@
-"""From an OpenAI request body to its output constraint and the processors that enforce it.
+"""From a request's output constraint to the processors that enforce it.
 
-The server's glue: which of ``response_format``, vLLM's ``structured_outputs`` (or the
-``guided_*`` fields it replaced) and an
-enforced ``tool_choice`` applies (they exclude each other, and a conflict is a 400 naming the
-field), whether the engine can enforce it at all (only where core's sampler chooses the tokens),
-and one fresh processor per choice under the serving engine's grammar engine (its
-``guided_decoding_backend`` option), compiled off the event loop.
+The server's glue: a request takes one constraint, whether its own (a surface reads it from its
+body's fields, ``response_format``, vLLM's ``structured_outputs``, Ollama's ``format``..., as a
+:class:`~ruvllm.guided.grammar.GrammarSpec` naming that field) or an enforced ``tool_choice``'s
+(they exclude each other, and a conflict is a 400 naming the field); whether the engine can
+enforce it at all (only where core's sampler chooses the tokens); and one fresh processor per
+choice under the serving engine's grammar engine (its ``guided_decoding_backend`` option),
+compiled off the event loop.
 
 The grammar engine is chosen per serving engine, not per request: vLLM's V0 took a request-level
 ``guided_decoding_backend``, and its V1 engine refuses one that differs from the server's, then
@@ -15,6 +16,7 @@ dropped the field; ruvllm follows V1.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -22,7 +24,7 @@ import attrs
 from ruvllm.errors import InvalidRequest
 from ruvllm.generation import require_core_sampler
 from ruvllm.guided.compile import GrammarCache
-from ruvllm.guided.grammar import GrammarSpec, from_extensions, from_response_format, from_structured_outputs
+from ruvllm.guided.grammar import GrammarSpec
 from ruvllm.guided.processor import GuidedProcessor
 from ruvllm.guided.tools import ToolPlan, plan_tools
 from ruvllm.serving import AsyncEngine
@@ -36,18 +38,8 @@ class RequestConstraint:
     tools: ToolPlan = attrs.field(factory=lambda: ToolPlan("none"))
 
 
-def _extensions(body: Any) -> GrammarSpec | None:
-    """vLLM's constraint fields: ``structured_outputs`` or the ``guided_*`` fields it replaced."""
-    guided = from_extensions(guided_regex=body.guided_regex, guided_grammar=body.guided_grammar,
-                             guided_choice=body.guided_choice, guided_json=body.guided_json)
-    so = body.structured_outputs
-    if so is None:
-        return guided
-    return _one(guided, from_structured_outputs(json_schema=so.json_schema, regex=so.regex, choice=so.choice,
-                                                grammar=so.grammar, json_object=so.json_object))
-
-
-def _one(*specs: GrammarSpec | None) -> GrammarSpec | None:
+def one_constraint(*specs: GrammarSpec | None) -> GrammarSpec | None:
+    """The one output constraint among ``specs`` (None: none); a second is refused, naming it."""
     given = [s for s in specs if s is not None]
     if len(given) > 1:
         raise InvalidRequest(given[1].field, f"cannot be combined with {given[0].field}: "
@@ -55,16 +47,12 @@ def _one(*specs: GrammarSpec | None) -> GrammarSpec | None:
     return given[0] if given else None
 
 
-def chat_constraint(body: Any, chat_template: str | None) -> RequestConstraint:
-    """The constraint of a chat completion request (``ChatCompletionRequest``)."""
-    plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, chat_template)
-    spec = _one(plan.grammar, from_response_format(body.response_format), _extensions(body))
-    return RequestConstraint(spec, plan)
-
-
-def completion_constraint(body: Any) -> RequestConstraint:
-    """The constraint of a legacy completions request (extension fields only)."""
-    return RequestConstraint(_extensions(body))
+def chat_constraint(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_calls: bool | None,
+                    grammar: GrammarSpec | None, chat_template: str | None) -> RequestConstraint:
+    """The constraint of a chat: its tools' plan on ``chat_template``, and its one grammar (the
+    tools' own, or the ``grammar`` the request set, which names the field it came from)."""
+    plan = plan_tools(tools, tool_choice, parallel_tool_calls, chat_template)
+    return RequestConstraint(one_constraint(plan.grammar, grammar), plan)
 
 
 def check_engine(engine: AsyncEngine, spec: GrammarSpec) -> None:

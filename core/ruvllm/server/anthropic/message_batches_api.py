@@ -26,9 +26,8 @@ from pydantic import Field
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.server.http.cursor_page import check_limit, ends, window
-from ruvllm.server.http.strict_fields import refuse_unknown_query
+from ruvllm.server.http.strict_fields import RequestBody, StrictModel, refuse_unknown_query
 from ruvllm.server.lifecycle.batch_lane import BatchBook, BatchLane, BatchLine, succeeded
-from ruvllm.server.lifecycle.schemas import RequestBody, StrictModel
 
 #: How long Anthropic gives a batch; here it only dates ``expires_at`` (a batch ends when its
 #: requests are answered, and none expires).

@@ -1,8 +1,9 @@
 """Anthropic's Messages API (``/v1/messages``, ``/v1/messages/count_tokens``) on the same engine.
 
 A thin surface: the body is checked here in Anthropic's terms (``max_tokens`` required,
-``temperature`` in [0, 1], content blocks), translated into the chat request every surface runs
-(:mod:`ruvllm.server.lifecycle.chat_run`: the same template, limits, grammar, tool plan, sampler), and the
+``temperature`` in [0, 1], content blocks), translated straight into the lifecycle's neutral chat
+request (:class:`~ruvllm.server.lifecycle.request_input.ChatInput`, run by
+:mod:`ruvllm.server.lifecycle.chat_run`: the same template, limits, grammar, tool plan, sampler), and the
 outputs are written back as a ``message`` or as Anthropic's stream of named events
 (``message_start``, ``content_block_start`` / ``_delta`` / ``_stop``, ``message_delta``,
 ``message_stop``). Tool calls become ``tool_use`` blocks and a ``tool_result`` block a tool turn.
@@ -36,20 +37,22 @@ from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Discriminator, Field, Tag, ValidationError
+from pydantic import Discriminator, Field, Tag
 
 from ruvllm.errors import InvalidRequest, RuvllmError
+from ruvllm.guided.grammar import from_response_format
 from ruvllm.guided.tools import ToolCall
 from ruvllm.server.http.errors import anthropic_error_body, ruvllm_error_body
 from ruvllm.server.http.field_names import FieldNames, in_terms
 from ruvllm.server.http.sse import named_sse_event
+from ruvllm.server.http.strict_fields import RequestBody, StrictModel, type_tag
 from ruvllm.server.lifecycle.answering import answer
 from ruvllm.server.lifecycle.chat_run import ChatRun, chat_prompt, start_chat, thinks
 from ruvllm.server.lifecycle.completion_service import Outcome
 from ruvllm.server.lifecycle.events import Event, Finish, Step
 from ruvllm.server.lifecycle.model_pool import ModelPool
 from ruvllm.server.lifecycle.params import Limits
-from ruvllm.server.lifecycle.schemas import ChatCompletionRequest, RequestBody, StrictModel, type_tag
+from ruvllm.server.lifecycle.request_input import ChatInput, Sampling
 from ruvllm.types import GenerationResult
 
 _Text = Annotated[str, Field(min_length=1)]
@@ -190,9 +193,9 @@ def _text(content: str | list[TextBlock]) -> str:
 
 
 def _chat_messages(body: _Conversation) -> tuple[list[dict[str, Any]], list[str]]:
-    """The conversation as chat messages, and the field each came from: ``tool_use`` blocks
-    become the assistant's ``tool_calls``, ``tool_result`` blocks ``tool`` messages (before the
-    turn's text)."""
+    """The conversation as the chat template's messages, and the field each came from:
+    ``tool_use`` blocks become the assistant's ``tool_calls`` (their input the arguments object),
+    ``tool_result`` blocks ``tool`` messages (before the turn's text)."""
     out: list[dict[str, Any]] = []
     origins: list[str] = []
 
@@ -228,7 +231,7 @@ def _chat_messages(body: _Conversation) -> tuple[list[dict[str, Any]], list[str]
         for result, at in results:
             add(result, at)
         if calls:
-            add({"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls},
+            add({"role": "assistant", "content": "".join(texts), "tool_calls": calls},
                 f"messages[{i}]")
         elif texts or not results:
             add({"role": m.role, "content": "".join(texts)}, f"messages[{i}]")
@@ -285,7 +288,7 @@ def _tool_fields(body: _Conversation) -> dict[str, Any]:
     return fields
 
 
-#: Chat's fields -> the Messages API's, for the refusals of the shared chat path (field_names).
+#: The neutral request's fields -> the Messages API's, for the lifecycle's refusals (field_names).
 _ANTHROPIC_FIELDS = {
     "tools[*].function": "tools[*]", "tools[*].function.parameters": "tools[*].input_schema",
     "tool_choice.function": "tool_choice", "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
@@ -294,29 +297,28 @@ _ANTHROPIC_FIELDS = {
 }
 
 
-def chat_request(body: MessagesRequest | CountTokensRequest) -> tuple[ChatCompletionRequest, FieldNames]:
-    """The chat request that ``body`` asks for (what every surface runs), and the names of its
-    fields in ``body``'s terms."""
+def chat_request(body: MessagesRequest | CountTokensRequest) -> tuple[ChatInput, FieldNames]:
+    """The neutral chat request that ``body`` asks for, and the names of its fields in ``body``'s
+    terms; a refusal while it is built names the field ``body`` sent."""
     messages, origins = _chat_messages(body)
     names = FieldNames.of(_ANTHROPIC_FIELDS, origins)
-    fields: dict[str, Any] = {"model": body.model, "messages": messages, **_tool_fields(body)}
     config = body.output_config
     if config is not None and config.effort is not None:
         raise InvalidRequest("output_config.effort", "ruvllm cannot set a model's reasoning effort (a "
                              "thinking model thinks as its chat template has it); leave it out")
-    if config is not None and config.format is not None:
-        fields["response_format"] = {"type": "json_schema",
-                                     "json_schema": {"name": "output", "schema": config.format.schema_}}
-    if isinstance(body, MessagesRequest):
-        fields.update(max_tokens=body.max_tokens, stream=body.stream, stop=body.stop_sequences,
-                      temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                      user=body.metadata.user_id if body.metadata is not None else None)
-    try:
-        return ChatCompletionRequest(**fields), names
-    except ValidationError as exc:  # a value Anthropic's schema admits and the chat request does not
-        first = exc.errors()[0]
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
-        raise InvalidRequest(names.field(path), first["msg"]) from None
+    with names.speaking():
+        grammar = None
+        if config is not None and config.format is not None:
+            schema = {"name": "output", "schema": config.format.schema_}
+            grammar = from_response_format({"type": "json_schema", "json_schema": schema})
+        sampling = Sampling()
+        tenant = None
+        if isinstance(body, MessagesRequest):
+            sampling = Sampling(max_tokens=body.max_tokens, stop=body.stop_sequences,
+                                temperature=body.temperature, top_p=body.top_p, top_k=body.top_k)
+            tenant = body.metadata.user_id if body.metadata is not None else None
+        return ChatInput(messages=messages, sampling=sampling, grammar=grammar, tenant=tenant,
+                         **_tool_fields(body)), names
 
 
 _STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}

@@ -35,9 +35,8 @@ from ruvllm.errors import BatchFileError, InvalidRequest
 from ruvllm.server.batches.batch_file import BATCH_URLS, parse_batch
 from ruvllm.server.batches.file_store import FileStore
 from ruvllm.server.http.cursor_page import page
-from ruvllm.server.http.strict_fields import refuse_unknown_query
+from ruvllm.server.http.strict_fields import RequestBody, StrictModel, refuse_unknown_query
 from ruvllm.server.lifecycle.batch_lane import BatchBook, BatchLane, BatchLine, succeeded
-from ruvllm.server.lifecycle.schemas import RequestBody, StrictModel
 
 #: The endpoints a batch may run: OpenAI's batch endpoints this server has (a batch file's routes
 #: but Anthropic's, which its own Message Batches run).

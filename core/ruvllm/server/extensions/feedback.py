@@ -17,7 +17,7 @@ from pydantic import StrictFloat, StrictInt
 
 from ruvllm.errors import FeedbackNotFound
 from ruvllm.feedback import check_score
-from ruvllm.server.lifecycle.schemas import RequestBody
+from ruvllm.server.http.strict_fields import RequestBody
 
 
 class FeedbackRequest(RequestBody):

@@ -21,9 +21,9 @@ from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ruvllm.errors import InvalidRequest, ModelNotFound
+from ruvllm.server.http.strict_fields import RequestBody
 from ruvllm.server.lifecycle.adapter_control import adapter_control
 from ruvllm.server.lifecycle.model_pool import ModelPool
-from ruvllm.server.lifecycle.schemas import RequestBody
 
 
 class LoadLoraRequest(RequestBody):

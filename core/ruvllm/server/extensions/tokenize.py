@@ -11,21 +11,70 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI, Request
+from pydantic import model_validator
 
+from ruvllm.errors import InvalidRequest
 from ruvllm.guided.tools import plan_tools
 from ruvllm.server.extensions.tokenizer_info import QUERY_PARAMETERS, tokenizer_info
-from ruvllm.server.http.strict_fields import refuse_unknown_query
+from ruvllm.server.http.chat_messages import ChatMessage, ChatTemplateFields, message_dicts
+from ruvllm.server.http.strict_fields import RequestBody, refuse_unknown_query
 from ruvllm.server.lifecycle.model_pool import ModelPool
 from ruvllm.server.lifecycle.params import chat_prompt_ids
-from ruvllm.server.lifecycle.schemas import DetokenizeRequest, TokenizeRequest
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable, require_in_vocabulary, token_piece
+
+
+class TokenizeRequest(RequestBody, ChatTemplateFields):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    #: With ``prompt``: add the model's BOS. With ``messages`` the chat template places the special
+    #: tokens, so only false (vLLM's default for chat) is accepted.
+    add_special_tokens: bool = True
+    #: With ``messages``: the chat request's tools (under ``tool_choice`` auto), so that the count
+    #: is that request's, tools and all (vLLM's).
+    tools: list[dict[str, Any]] | None = None
+    #: llama-server's request: ``content`` is the text, tokenized without the BOS and with special
+    #: tokens written as text parsed unless ``add_special`` / ``parse_special`` say otherwise;
+    #: ``with_pieces`` answers each token as ``{"id", "piece"}``.
+    content: str | None = None
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+    @model_validator(mode="after")
+    def _special_tokens_with_messages(self) -> TokenizeRequest:
+        given = [name for name in ("prompt", "content", "messages") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise InvalidRequest(given[1] if given else "prompt",
+                                 "give exactly one of prompt (vLLM's), content (llama-server's) or messages")
+        llama = sorted({"add_special", "parse_special"} & self.model_fields_set)
+        if llama and self.content is None:
+            raise InvalidRequest(llama[0], "goes with content (llama-server's request); with prompt send "
+                                 "add_special_tokens")
+        if self.content is not None and "add_special_tokens" in self.model_fields_set:
+            raise InvalidRequest("add_special_tokens", "goes with prompt (vLLM's request); with content send "
+                                 "add_special (llama-server's)")
+        if self.messages is not None and self.add_special_tokens and \
+                "add_special_tokens" in self.model_fields_set:
+            raise InvalidRequest("add_special_tokens", "cannot be true with messages: the chat template "
+                                 "places the special tokens; leave it out (or false) with messages")
+        template_fields = sorted((ChatTemplateFields.model_fields.keys() | {"tools"}) & self.model_fields_set)
+        if self.messages is None and template_fields:
+            raise InvalidRequest(template_fields[0], "is for the chat template, which renders messages; "
+                                 "a prompt is tokenized as is")
+        return self
+
+
+class DetokenizeRequest(RequestBody):
+    model: str | None = None
+    tokens: list[int]
 
 
 async def _tokenize(body: TokenizeRequest, engine: AsyncEngine) -> dict[str, Any]:
     if body.messages is not None:
         tools = plan_tools(body.tools, None, None, engine.info.chat_template)
-        ids = await chat_prompt_ids(engine, body.messages, tools, body.template_options())
+        ids = await chat_prompt_ids(engine, message_dicts(body.messages), tools, body.template_options())
     else:
         field, add, parse = ("prompt", body.add_special_tokens, False) if body.content is None \
             else ("content", body.add_special, body.parse_special)

@@ -4,6 +4,8 @@ OpenAI's own server ignores unknown fields; for ruvllm that would be silent misb
 client sending vLLM's ``allowed_token_ids`` or a misspelt ``temprature`` would get an answer made
 without it and never know. The accepted names are the model's declared fields (and their
 aliases), so fields other modules add to a request model are accepted with no list to update.
+Every surface's request bodies derive from :class:`RequestBody`, the objects inside them from
+:class:`StrictModel`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from ruvllm.errors import InvalidRequest
 
@@ -37,6 +39,31 @@ def refuse_unknown_fields(model: type[BaseModel], data: Any) -> Any:
                 f"accept {them}; remove {them} (the accepted fields are listed in docs/server.md and in "
                 "/openapi.json)")
     return data
+
+
+class StrictModel(BaseModel):
+    """An object inside a request body: a field it does not declare is a 400 naming it with its
+    path (``messages[0].nmae``, pydantic's ``extra_forbidden`` mapped by ruvllm.server.http.errors)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class RequestBody(StrictModel):
+    """A request body: the fields it does not declare are all named in one 400."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields_only(cls, data: Any) -> Any:
+        return refuse_unknown_fields(cls, data)
+
+
+def type_tag(value: Any, default: str | None = None) -> str:
+    """The tag (``type=text``) that picks a member of a union tagged by its ``type`` field, read
+    from a body's dict or a parsed model alike. Anything else a client sends where such an object
+    belongs (a list, a number, a ``type`` that is an object) gets a tag no member has, so that it is
+    a 400 naming the field rather than an error inside the discriminator."""
+    kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
+    return f"type={kind}"
 
 
 def refuse_unknown_query(names: Iterable[str], accepted: Iterable[str], route: str) -> None:

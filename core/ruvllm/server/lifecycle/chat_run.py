@@ -5,9 +5,10 @@ what happens to a conversation: the prompt is the model's chat template over the
 taught where the template cannot render them), the parameters are checked against the server's
 limits and the model's context, the grammar (tools, structured output) is compiled, and every
 choice is submitted through the :class:`~ruvllm.server.lifecycle.completion_service.CompletionService`.
-A surface translates its body into a :class:`~ruvllm.server.lifecycle.schemas.ChatCompletionRequest` and
-renders what comes back, read as neutral events (:mod:`ruvllm.server.lifecycle.answer_events`: the
-thinking split off, tool calls read out, logprobs looked up); everything in between is here, once.
+A surface translates its body into a neutral :class:`~ruvllm.server.lifecycle.request_input.ChatInput`
+(OpenAI's chat as every other: no surface's schema is the lifecycle's) and renders what comes
+back, read as neutral events (:mod:`ruvllm.server.lifecycle.answer_events`: the thinking split
+off, tool calls read out, logprobs looked up); everything in between is here, once.
 """
 
 from __future__ import annotations
@@ -24,16 +25,9 @@ from ruvllm.reasoning import Reasoning, reasoning_for
 from ruvllm.server.lifecycle.answer_events import AnswerEvents
 from ruvllm.server.lifecycle.completion_service import ChoiceRequest, CompletionService, Submission
 from ruvllm.server.lifecycle.model_pool import Route
-from ruvllm.server.lifecycle.params import (
-    Limits,
-    chat_prompt_ids,
-    message_dicts,
-    prediction_ids,
-    seeded,
-    truncated,
-)
+from ruvllm.server.lifecycle.params import Limits, chat_prompt_ids, prediction_ids, seeded, truncated
+from ruvllm.server.lifecycle.request_input import ChatInput
 from ruvllm.server.lifecycle.scheduling import submit_options
-from ruvllm.server.lifecycle.schemas import ChatCompletionRequest
 
 
 @attrs.frozen
@@ -46,18 +40,18 @@ class ChatRun:
     predicted: bool = False
 
 
-async def chat_prompt(route: Route, body: ChatCompletionRequest) -> list[int]:
+async def chat_prompt(route: Route, chat: ChatInput) -> list[int]:
     """The prompt's token ids, as :func:`start_chat` would run them (count_tokens, tokenize)."""
-    return (await _constrained_prompt(route, body))[1]
+    return (await _constrained_prompt(route, chat))[1]
 
 
-async def _constrained_prompt(route: Route,
-                              body: ChatCompletionRequest) -> tuple[RequestConstraint, list[int]]:
-    constraint = chat_constraint(body, route.engine.info.chat_template)
-    options = body.template_options()
-    ids = truncated(await chat_prompt_ids(route.engine, body.messages, constraint.tools, options),
-                    body.truncate_prompt_tokens, body.truncation_side, route.engine.info.context_length)
-    if constraint.spec is not None and options.continues(message_dicts(body.messages)):
+async def _constrained_prompt(route: Route, chat: ChatInput) -> tuple[RequestConstraint, list[int]]:
+    constraint = chat_constraint(chat.tools, chat.tool_choice, chat.parallel_tool_calls, chat.grammar,
+                                 route.engine.info.chat_template)
+    options = chat.template
+    ids = truncated(await chat_prompt_ids(route.engine, chat.messages, constraint.tools, options),
+                    chat.truncate_prompt_tokens, chat.truncation_side, route.engine.info.context_length)
+    if constraint.spec is not None and options.continues([dict(m) for m in chat.messages]):
         raise InvalidRequest(constraint.spec.field, "cannot constrain a continued final message (assistant "
                              "prefill): the grammar starts at the answer's first token, and this answer "
                              "starts inside the final message; drop one (continue_final_message: false "
@@ -65,22 +59,22 @@ async def _constrained_prompt(route: Route,
     return constraint, ids
 
 
-async def start_chat(route: Route, body: ChatCompletionRequest, limits: Limits, *, id_prefix: str,
+async def start_chat(route: Route, chat: ChatInput, limits: Limits, *, id_prefix: str,
                      extra_params: Mapping[str, Any] | None = None) -> ChatRun:
-    """Check ``body``, submit its choices on ``route`` and return them running (a refusal raises
-    before anything runs). ``extra_params``: GenerationParams a surface sets beyond a chat
+    """Check ``chat``, submit its choices on ``route`` and return them running (a refusal raises
+    before anything runs). ``extra_params``: GenerationParams a surface sets beyond the neutral
     request's fields (Ollama's llama.cpp penalty window and Mirostat)."""
     service = CompletionService(route, limits)
     engine = route.engine
-    constraint, ids = await _constrained_prompt(route, body)
-    params = attrs.evolve(service.choice_params(body, ids), **(extra_params or {}),
-                          banned_sequences=await service.bad_word_sequences(body.bad_words))
-    procs = await guided_processors(engine, constraint.spec, body.n)
-    predicted = await prediction_ids(engine, body.prediction)
+    constraint, ids = await _constrained_prompt(route, chat)
+    params = attrs.evolve(service.choice_params(chat, ids), **(extra_params or {}),
+                          banned_sequences=await service.bad_word_sequences(chat.sampling.bad_words))
+    procs = await guided_processors(engine, constraint.spec, chat.n)
+    predicted = await prediction_ids(engine, chat.prediction)
     submission = await service.submit(
         [ChoiceRequest(index=i, prompt_ids=ids, params=seeded(params, i), processors=procs[i])
-         for i in range(body.n)],
-        id_prefix=id_prefix, prediction=predicted, **submit_options(body.priority, body.cache_salt, engine))
+         for i in range(chat.n)],
+        id_prefix=id_prefix, prediction=predicted, **submit_options(chat.priority, chat.cache_salt, engine))
     reading = AnswerEvents.of(engine.tokenizer, params.logprobs, prompt_reasoning(route, limits, ids),
                               constraint.tools)
     return ChatRun(submission, reading, ids, predicted=bool(predicted))

@@ -1,7 +1,8 @@
 """A completion's request lifecycle, the same for every API surface.
 
-A surface (OpenAI chat and legacy completions today; other APIs next) turns its body into
-prompt ids and :class:`~ruvllm.types.GenerationParams` and the outputs back into its own JSON.
+A surface turns its body into the lifecycle's neutral request
+(:mod:`ruvllm.server.lifecycle.request_input`), which becomes prompt ids and
+:class:`~ruvllm.types.GenerationParams`, and the outputs back into its own JSON.
 Everything in between lives here, so that every surface refuses, cancels and batches alike:
 
 - Each choice is its own engine request, and all of them are submitted before the first is
@@ -29,7 +30,7 @@ from ruvllm.generation import check_prompt
 from ruvllm.sampling import LogitsProcessor
 from ruvllm.server.lifecycle.model_pool import Route
 from ruvllm.server.lifecycle.params import Limits, generation_params
-from ruvllm.server.lifecycle.schemas import ChatCompletionRequest, CompletionRequest
+from ruvllm.server.lifecycle.request_input import RequestInput
 from ruvllm.serving import AsyncEngine, RequestHandle
 from ruvllm.tokenizer import require_encodable
 from ruvllm.types import FinishReason, GenerationParams, GenerationResult, TokenOutput
@@ -264,10 +265,9 @@ class CompletionService:
         check_prompt(prompt_ids, params, self.context_length, self.engine.info.vocab_size,
                      limit_note=self.limit_note)
 
-    def choice_params(self, body: ChatCompletionRequest | CompletionRequest,
-                      prompt_ids: Sequence[int]) -> GenerationParams:
-        """The GenerationParams of ``body``'s choices on ``prompt_ids``, refused unless they fit."""
-        params = generation_params(body, limits=self.limits, room=self.room_after(prompt_ids),
+    def choice_params(self, request: RequestInput, prompt_ids: Sequence[int]) -> GenerationParams:
+        """The GenerationParams of ``request``'s choices on ``prompt_ids``, refused unless they fit."""
+        params = generation_params(request, limits=self.limits, room=self.room_after(prompt_ids),
                                    logprobs_supported=self.engine.capabilities.logprobs)
         self.check_context(prompt_ids, params)
         return params

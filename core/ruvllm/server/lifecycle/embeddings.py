@@ -13,35 +13,17 @@ import asyncio
 import base64
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.server.lifecycle.model_pool import Route
-from ruvllm.server.lifecycle.schemas import RequestBody, TruncateTokens
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable
 
 #: OpenAI's limit on inputs per request.
 MAX_INPUTS = 2048
-
-
-class EmbeddingRequest(RequestBody):
-    """OpenAI's fields; any other is a 400 naming it (a misspelt ``encoding_fromat`` must not
-    quietly give floats), as on every endpoint."""
-
-    input: str | list[str] | list[int] | list[list[int]]
-    model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    #: Refused when set (check_dimensions says why).
-    dimensions: int | None = None
-    #: OpenAI's end-user id: accepted, never used (docs/server.md says why).
-    user: str | None = None
-    #: vLLM's: each input cut to this many tokens (-1: the embedding limit), from
-    #: ``truncation_side`` (params.truncated); left out, a longer input is a 400.
-    truncate_prompt_tokens: TruncateTokens | None = None
-    truncation_side: Literal["left", "right"] | None = None
 
 
 def require_embeddings(route: Route, model: str | None, endpoint: str) -> None:

@@ -1,7 +1,9 @@
-"""From an OpenAI request body to what the engine takes: prompt ids and GenerationParams.
+"""From a surface's neutral request (:mod:`ruvllm.server.lifecycle.request_input`) to what the
+engine takes: prompt ids and GenerationParams.
 
-Every refusal is an :class:`ruvllm.errors.InvalidRequest` naming the OpenAI field, so the
-client sees ``400`` with ``param`` set rather than a quietly ignored option. Prompts are tokenized
+Every refusal is an :class:`ruvllm.errors.InvalidRequest` naming the request's field, which each
+surface's field table says in its client's words, so the client sees ``400`` with ``param`` set
+rather than a quietly ignored option. Prompts are tokenized
 by the engine (``encode_async``: on its model thread, between two steps), never on the event
 loop, so a long prompt does not hold up the other requests' streams.
 """
@@ -9,8 +11,7 @@ loop, so a long prompt does not hold up the other requests' streams.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import attrs
@@ -19,13 +20,7 @@ from ruvllm.chat import DEFAULT_OPTIONS, TemplateOptions, render_chat
 from ruvllm.errors import InvalidRequest
 from ruvllm.fim import infill_ids
 from ruvllm.guided.tools import ToolPlan, taught_conversation
-from ruvllm.server.lifecycle.schemas import (
-    MAX_COMPLETION_LOGPROBS,
-    ChatCompletionRequest,
-    ChatMessage,
-    CompletionRequest,
-    Prediction,
-)
+from ruvllm.server.lifecycle.request_input import RequestInput
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable
 from ruvllm.types import MAX_LOGPROBS, GenerationParams
@@ -47,119 +42,20 @@ class Limits:
         return min(model_context, self.max_context) if self.max_context else model_context
 
 
-def message_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """Plain dicts for the chat template: text content parts joined, an assistant's ``refusal``
-    as its content, ``tool_calls`` with their arguments as objects, a ``developer`` turn (what
-    OpenAI's newer clients send for instructions) as the system turn chat templates know, for chat
-    and the Responses API alike. The deprecated functions API's turns are the tool turns they
-    stand for: an assistant's ``function_call`` its one tool call, a ``function`` message that
-    call's answer. What cannot be rendered (image or audio parts, a reference to an audio answer)
-    is a 400 naming it, never dropped."""
-    out = []
-    legacy_call: str | None = None
-    for i, m in enumerate(messages):
-        at = f"messages[{i}]"
-        if m.audio is not None:
-            _refuse(f"{at}.audio", _AUDIO_REFERENCE)
-        content = _content_text(m.content, at)
-        if m.refusal:
-            if m.role != "assistant":
-                _refuse(f"{at}.refusal", f"belongs to an assistant message; this one's role is {m.role!r}")
-            if content:
-                _refuse(f"{at}.refusal", "give the assistant's turn as content or as refusal, not both")
-            content = m.refusal
-        role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
-        d: dict[str, Any] = {"role": role, "content": content}
-        if m.name:
-            d["name"] = m.name
-        if m.tool_call_id is not None:
-            d["tool_call_id"] = m.tool_call_id
-        if m.tool_calls is not None:
-            d["tool_calls"] = _template_tool_calls(m.tool_calls, f"{at}.tool_calls")
-        if m.function_call is not None:
-            if m.role != "assistant" or m.tool_calls is not None:
-                _refuse(f"{at}.function_call", "is an assistant's call of the deprecated functions API; "
-                        "give it on an assistant message without tool_calls")
-            legacy_call = f"call_{i}"
-            d["tool_calls"] = _template_tool_calls([{"id": legacy_call, "type": "function",
-                                                     "function": m.function_call}], f"{at}.function_call")
-        if m.role == "function":
-            if not m.name or legacy_call is None:
-                _refuse(f"{at}.name" if not m.name else f"{at}.role",
-                        "a function message answers the assistant's function_call before it, by the "
-                        "function's name")
-            d["tool_call_id"] = legacy_call
-        out.append(d)
-    return out
-
-
-_AUDIO_REFERENCE = ("refers to an earlier audio answer, and ruvllm serves text models; send that answer's "
-                    "transcript as content (or audio: null)")
-#: The keys of a text content part (the ``openai`` client's ChatCompletionContentPartTextParam).
-_TEXT_PART_KEYS = frozenset({"type", "text"})
-
-
-def _content_text(content: str | list[dict[str, Any]] | None, at: str) -> str:
-    """A message's content as one string: text parts joined; any other part, or a key a text part
-    does not have, is a 400 naming it."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    texts = []
-    for j, part in enumerate(content):
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            _refuse(f"{at}.content[{j}]", f"only text parts are supported; got type {part.get('type')!r}")
-        unknown = sorted(set(part) - _TEXT_PART_KEYS)
-        if unknown:
-            _refuse(f"{at}.content[{j}].{unknown[0]}", f"unknown field{'s' if len(unknown) > 1 else ''} "
-                    f"{', '.join(unknown)} of a text part (it has type and text); remove "
-                    f"{'them' if len(unknown) > 1 else 'it'}")
-        texts.append(part["text"])
-    return "".join(texts)
-
-
-def _template_tool_calls(calls: Any, field: str) -> list[Any]:
-    """An assistant turn's ``tool_calls`` as chat templates read them: ``arguments`` as an object.
-
-    OpenAI clients send the arguments as a JSON string; tool-use templates (transformers'
-    convention, which vLLM follows) render ``arguments | tojson``, so a string would reach the
-    model quoted twice.
-    """
-    if not isinstance(calls, list):
-        raise InvalidRequest(field, f"must be a list of tool calls, got {type(calls).__name__}")
-    out = []
-    for j, call in enumerate(calls):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise InvalidRequest(f"{field}[{j}]", 'must be {"type": "function", "function": '
-                                 '{"name": ..., "arguments": ...}} as the API returned it')
-        arguments = function.get("arguments", "{}")
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments or "{}")
-            except json.JSONDecodeError as exc:
-                raise InvalidRequest(f"{field}[{j}].function.arguments",
-                                     f"is not valid JSON ({exc.msg} at character {exc.pos}); send the "
-                                     "arguments string the API returned for this call") from None
-        out.append({**call, "function": {**function, "arguments": arguments}})
-    return out
-
-
-def chat_prompt_text(engine: AsyncEngine, messages: Sequence[ChatMessage], tools: ToolPlan | None = None,
-                     options: TemplateOptions = DEFAULT_OPTIONS) -> str:
-    """``messages`` (and the plan's tools) in the model's own chat template (as
-    ``LLM.chat_prompt``), rendered as the request asks (``options``); a template that renders no
-    tools gets them taught in the conversation."""
+def chat_prompt_text(engine: AsyncEngine, messages: Sequence[Mapping[str, Any]],
+                     tools: ToolPlan | None = None, options: TemplateOptions = DEFAULT_OPTIONS) -> str:
+    """``messages`` (as chat templates read them: ChatInput.messages) and the plan's tools in the
+    model's own chat template (as ``LLM.chat_prompt``), rendered as the request asks
+    (``options``); a template that renders no tools gets them taught in the conversation."""
     st = engine.info.special_tokens
-    dicts = message_dicts(messages)
+    dicts = [dict(m) for m in messages]
     if tools is not None:
         dicts = taught_conversation(dicts, tools)
     return render_chat(engine.info.chat_template, dicts, bos_token=st.bos_text, eos_token=st.eos_text,
                        tools=tools and tools.rendered, options=options)
 
 
-async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[ChatMessage],
+async def chat_prompt_ids(engine: AsyncEngine, messages: Sequence[Mapping[str, Any]],
                           tools: ToolPlan | None = None,
                           options: TemplateOptions = DEFAULT_OPTIONS) -> list[int]:
     """Token ids of :func:`chat_prompt_text`: the special tokens the template wrote are parsed."""
@@ -178,11 +74,11 @@ async def piece_ids(engine: AsyncEngine, field: str, text: str, *, bos: bool = F
                                      parse_special=parse_special)
 
 
-async def prediction_ids(engine: AsyncEngine, prediction: Prediction | None) -> list[int]:
-    """OpenAI's predicted output as token ids (answer text)."""
-    if prediction is None:
+async def prediction_ids(engine: AsyncEngine, prediction: str | None) -> list[int]:
+    """A predicted output's token ids (answer text; none without one)."""
+    if not prediction:
         return []
-    return await piece_ids(engine, "prediction", _content_text(prediction.content, "prediction"))
+    return await piece_ids(engine, "prediction", prediction)
 
 
 async def infill_prompts(engine: AsyncEngine, prefixes: Sequence[str], suffix: str) -> list[list[int]]:
@@ -279,84 +175,47 @@ def _refuse(field: str, why: str) -> NoReturn:
     raise InvalidRequest(field, why)
 
 
-def _check_common(req: ChatCompletionRequest | CompletionRequest, limits: Limits) -> None:
-    if not 1 <= req.n <= limits.max_n:
-        _refuse("n", f"must be between 1 and {limits.max_n} on this server; got {req.n}")
-    if req.best_of not in (None, 1):
-        _refuse("best_of", "is not supported by ruvllm; use n for several completions")
-    if req.stream_options is not None and not req.stream:
-        _refuse("stream_options", "is only allowed when stream is true")
-    if req.stream_options is not None and req.stream_options.include_obfuscation:
-        _refuse("stream_options.include_obfuscation", "ruvllm does not pad stream chunks with OpenAI's "
-                "random obfuscation field; leave it out (or false), and serve over TLS or loopback")
-
-
-def generation_params(req: ChatCompletionRequest | CompletionRequest, *, limits: Limits,
-                      room: int, logprobs_supported: bool) -> GenerationParams:
-    """GenerationParams for one choice; ``room`` is how many tokens fit after the prompt."""
-    _check_common(req, limits)
-    lp_field = "logprobs"
-    fewest = 1
-    if isinstance(req, ChatCompletionRequest):
-        max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        logprobs: int | None = None
-        if req.top_logprobs is not None and not req.logprobs:
-            _refuse("top_logprobs", "needs logprobs: true")
-        if req.logprobs:
-            logprobs = req.top_logprobs or 0
-            if not 0 <= logprobs <= MAX_LOGPROBS:
-                _refuse("top_logprobs", f"must be between 0 and {MAX_LOGPROBS}; got {logprobs}")
-            lp_field = "top_logprobs" if req.top_logprobs else "logprobs"
-    else:
-        if req.suffix and req.echo:
-            _refuse("echo", "cannot be used with suffix: a fill-in-the-middle prompt is not the text sent "
-                    "(OpenAI refuses the pair too); leave one out")
-        max_field, max_tokens = "max_tokens", req.max_tokens
-        logprobs = req.logprobs
-        if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
-            _refuse("logprobs", f"must be between 0 and {MAX_COMPLETION_LOGPROBS}; got {logprobs}")
-        if max_tokens == 0 and not req.echo:
-            _refuse("max_tokens", "may be 0 only with echo: true (to score the prompt); got 0")
-        if req.echo:
-            fewest = 0  # the prompt alone, scored (with logprobs); nothing is generated
-    if logprobs is not None and not logprobs_supported:
-        _refuse(lp_field, "this model's backend cannot report logprobs (see `ruvllm backends`)")
+def generation_params(request: RequestInput, *, limits: Limits, room: int,
+                      logprobs_supported: bool) -> GenerationParams:
+    """GenerationParams for one of ``request``'s choices, checked against the server's ``limits``;
+    ``room`` is how many tokens fit after the prompt."""
+    s = request.sampling
+    if not 1 <= request.n <= limits.max_n:
+        _refuse("n", f"must be between 1 and {limits.max_n} on this server; got {request.n}")
+    if s.logprobs is not None:
+        if not 0 <= s.logprobs <= MAX_LOGPROBS:
+            _refuse("logprobs", f"must be between 0 and {MAX_LOGPROBS}; got {s.logprobs}")
+        if not logprobs_supported:
+            _refuse("logprobs", "this model's backend cannot report logprobs (see `ruvllm backends`)")
+    max_tokens = s.max_tokens
     if max_tokens is None:
         max_tokens = max(1, min(limits.max_tokens, room))
-    elif max_tokens < fewest:
-        _refuse(max_field, f"must be at least {fewest}; got {max_tokens}")
+    elif max_tokens < 0:
+        _refuse("max_tokens", f"must be at least 0; got {max_tokens}")
     elif max_tokens > limits.max_tokens:
-        _refuse(max_field, f"must be at most {limits.max_tokens} on this server; got {max_tokens}")
+        _refuse("max_tokens", f"must be at most {limits.max_tokens} on this server; got {max_tokens}")
     values: dict[str, Any] = {
         "max_tokens": max_tokens,
-        "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p,
-        "presence_penalty": req.presence_penalty,
-        "frequency_penalty": req.frequency_penalty,
-        "stop": req.stop,
-        "seed": req.seed,
-        "logprobs": logprobs,
-        "ignore_eos": req.ignore_eos,
-        "min_tokens": req.min_tokens,
-        "skip_special_tokens": req.skip_special_tokens,
-        "include_stop_str_in_output": req.include_stop_str_in_output,
-        "stop_token_ids": req.stop_token_ids,
-        "logit_bias": req.logit_bias,
-        "allowed_token_ids": req.allowed_token_ids or (),
-        "tenant": req.user,  # a learning plugin (SONA) learns per end user
-        "batch_invariant": req.batch_invariant,
+        "temperature": 1.0 if s.temperature is None else s.temperature,
+        "top_p": 1.0 if s.top_p is None else s.top_p,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "stop": s.stop,
+        "seed": s.seed,
+        "logprobs": s.logprobs,
+        "prompt_logprobs": s.prompt_logprobs,
+        "ignore_eos": s.ignore_eos,
+        "min_tokens": s.min_tokens,
+        "skip_special_tokens": s.skip_special_tokens,
+        "include_stop_str_in_output": s.include_stop_str_in_output,
+        "stop_token_ids": s.stop_token_ids,
+        "logit_bias": s.logit_bias,
+        "allowed_token_ids": s.allowed_token_ids or (),
+        "tenant": request.tenant,  # a learning plugin (SONA) learns per end user
+        "batch_invariant": s.batch_invariant,
     }
-    if isinstance(req, CompletionRequest) and req.echo and logprobs is not None:
-        values["prompt_logprobs"] = logprobs  # OpenAI's echo + logprobs: the prompt's logprobs too
-    if req.prompt_logprobs is not None:
-        if req.stream:
-            _refuse("prompt_logprobs", "cannot be streamed: the prompt's logprobs reach the server with the "
-                    "end of the answer; ask without stream (or use echo with logprobs on /v1/completions, "
-                    "whose stream sends them first)")
-        values["prompt_logprobs"] = max(req.prompt_logprobs, values.get("prompt_logprobs") or 0)
     for name in ("top_k", "min_p", "repetition_penalty"):
-        value = getattr(req, name)
+        value = getattr(s, name)
         if value is not None:
             values[name] = value
     return GenerationParams(**values)

@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from ruvllm.errors import InvalidRequest, RuvllmError
 from ruvllm.fim import extra_pieces, fit_infill, infill_ids
 from ruvllm.guided.tools import plan_tools
+from ruvllm.server.http.chat_messages import message_dicts
 from ruvllm.server.http.errors import ruvllm_error_body
 from ruvllm.server.http.field_names import FieldNames, in_terms
 from ruvllm.server.http.sse import SSEResponse, sse_event
@@ -35,16 +36,17 @@ from ruvllm.server.lifecycle.completion_run import start_completion
 from ruvllm.server.lifecycle.completion_service import CompletionService, Submission
 from ruvllm.server.lifecycle.model_pool import ModelPool, Route
 from ruvllm.server.lifecycle.params import Limits, chat_prompt_text, penalty_window, piece_ids, prompt_head
-from ruvllm.server.lifecycle.schemas import CompletionRequest
+from ruvllm.server.lifecycle.request_input import RequestInput, Sampling
 from ruvllm.server.llama_server.llama_server_schemas import (
     ApplyTemplateRequest,
     LlamaCompletionRequest,
     LlamaInfillRequest,
     bias_entries,
+    grammar,
     infill_sampling,
     llama_sampler_params,
     samplers_run,
-    sampling_fields,
+    sampling,
     temperature_last,
 )
 from ruvllm.serving import AsyncEngine
@@ -361,10 +363,10 @@ def _fields(obj: dict[str, Any], paths: Sequence[str] | None) -> dict[str, Any]:
     return out
 
 
-async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sampling: dict[str, Any],
+async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, asked: Sampling,
                  prompts: list[list[int]]) -> _Exchange:
-    """Submit one answer per prompt with ``sampling`` (:func:`sampling_fields`): the shared core's
-    checks, with the fields llama-server's."""
+    """Submit one answer per prompt with ``asked`` (llama_server_schemas.sampling): the shared
+    core's checks, with the fields llama-server's."""
     engine = route.engine
     if body.n_probs and not engine.capabilities.logprobs:
         raise InvalidRequest("n_probs", "this model's backend cannot report logprobs (see `ruvllm backends`)")
@@ -383,7 +385,8 @@ async def _start(route: Route, limits: Limits, body: LlamaCompletionRequest, sam
                                 infill_sampling=infill_sampling(body))
 
         # n_cmpl answers per prompt, prompt after prompt: the completion's n choices.
-        completion = CompletionRequest(prompt=prompts[0], logit_bias=bias, n=body.n_cmpl, **sampling)
+        completion = RequestInput(n=body.n_cmpl, sampling=attrs.evolve(asked, logit_bias=bias),
+                                  grammar=grammar(body))
         run = await start_completion(route, completion, prompts, limits, id_prefix="llama", adjust=rules)
     answers = {c.index: _Answer(index=c.index, prompt_ids=c.prompt_ids, n_indent=body.n_indent,
                                 max_predict_ms=body.t_max_predict_ms, evaluate_only=body.n_predict == 0,
@@ -397,19 +400,19 @@ def register_llama_server_routes(app: FastAPI, pool: ModelPool, limits: Limits) 
 
     @app.post("/completion")
     async def completion(body: LlamaCompletionRequest, request: Request) -> Response:
-        sampling = sampling_fields(body)
+        asked = sampling(body)
         async with pool.route(body.model) as route:
             prompts = [await _prompt_ids(route.engine, p, at) for at, p in _prompts(body.prompt)]
-            exchange = await _start(route, limits, body, sampling, prompts)
+            exchange = await _start(route, limits, body, asked, prompts)
             return await exchange.answer(request)
 
     @app.post("/infill")
     async def infill(body: LlamaInfillRequest, request: Request) -> Response:
-        sampling = sampling_fields(body)
+        asked = sampling(body)
         async with pool.route(body.model) as route:
             context = CompletionService(route, limits).context_length
             prompt = await _infill_ids(route.engine, body, context)
-            exchange = await _start(route, limits, body, sampling, [prompt])
+            exchange = await _start(route, limits, body, asked, [prompt])
             return await exchange.answer(request)
 
     @app.post("/apply-template")
@@ -419,4 +422,5 @@ def register_llama_server_routes(app: FastAPI, pool: ModelPool, limits: Limits) 
         async with pool.route(body.model) as route:
             engine = route.engine
         tools = plan_tools(body.tools, None, None, engine.info.chat_template)
-        return {"prompt": chat_prompt_text(engine, body.messages, tools, body.template_options())}
+        messages = message_dicts(body.messages)
+        return {"prompt": chat_prompt_text(engine, messages, tools, body.template_options())}

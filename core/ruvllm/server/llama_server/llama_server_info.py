@@ -19,14 +19,14 @@ from pydantic import Field, model_validator
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.server.http.field_names import FieldNames
-from ruvllm.server.http.strict_fields import refuse_unknown_query
+from ruvllm.server.http.strict_fields import RequestBody, refuse_unknown_query
 from ruvllm.server.lifecycle.completion_service import CompletionService
 from ruvllm.server.lifecycle.embeddings import input_ids, require_embeddings, split_inputs
 from ruvllm.server.lifecycle.model_pool import ModelPool
 from ruvllm.server.lifecycle.params import Limits, generation_params
-from ruvllm.server.lifecycle.schemas import CompletionRequest, RequestBody
+from ruvllm.server.lifecycle.request_input import RequestInput
 from ruvllm.server.llama_server.llama_server_api import generation_settings, llama_cpp_rules
-from ruvllm.server.llama_server.llama_server_schemas import LlamaCompletionRequest, sampling_fields
+from ruvllm.server.llama_server.llama_server_schemas import LlamaCompletionRequest, sampling
 
 #: llama.cpp's max-absolute normalisation scales into int16's range.
 _INT16_SCALE = 32760.0
@@ -76,7 +76,7 @@ def register_llama_server_info_routes(app: FastAPI, pool: ModelPool, limits: Lim
             context = CompletionService(route, limits).context_length
             body = LlamaCompletionRequest(prompt="")
             # A request that sets nothing: core's defaults, with what fits after a one-token prompt.
-            params = generation_params(CompletionRequest(prompt=[0], **sampling_fields(body)), limits=limits,
+            params = generation_params(RequestInput(sampling=sampling(body)), limits=limits,
                                        room=context - 1, logprobs_supported=engine.capabilities.logprobs)
             params = llama_cpp_rules(params, body, engine)
             info, name = engine.info, route.served_name

@@ -20,7 +20,10 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.lifecycle.schemas import ChatMessage, ChatTemplateFields, RequestBody, StrictModel
+from ruvllm.guided.grammar import GrammarSpec, from_extensions
+from ruvllm.server.http.chat_messages import ChatMessage, ChatTemplateFields
+from ruvllm.server.http.strict_fields import RequestBody, StrictModel
+from ruvllm.server.lifecycle.request_input import Sampling
 from ruvllm.types import MAX_LOGIT_BIAS, MAX_LOGPROBS
 
 _Text = Annotated[str, Field(min_length=1)]
@@ -169,8 +172,8 @@ def _chain(samplers: list[str] | str | None) -> set[str]:
     return named & set(_SAMPLER_FIELDS)
 
 
-def sampling_fields(body: LlamaCompletionRequest) -> dict[str, Any]:
-    """The completion request fields (``max_tokens``, ``temperature``...) ``body`` sets; what core
+def sampling(body: LlamaCompletionRequest) -> Sampling:
+    """The neutral request's sampling (``max_tokens``, ``temperature``...) ``body`` sets; what core
     cannot do is refused naming the field sent. ``n_predict`` 0 evaluates the prompt only."""
     _refuse_unsupported(body)
     running = _chain(body.samplers)
@@ -179,7 +182,6 @@ def sampling_fields(body: LlamaCompletionRequest) -> dict[str, Any]:
         # llama.cpp's -1 (and its 32-bit "default seed") is a random seed.
         "seed": body.seed if body.seed is not None and 0 <= body.seed < 0xFFFFFFFF else None,
         "stop": body.stop or None, "ignore_eos": body.ignore_eos,
-        "guided_json": body.json_schema, "guided_grammar": body.grammar,
     }
     if "temperature" in running and body.temperature is not None:
         values["temperature"] = max(body.temperature, 0.0)  # below 0: greedy, as llama.cpp's
@@ -192,7 +194,13 @@ def sampling_fields(body: LlamaCompletionRequest) -> dict[str, Any]:
     if "penalties" in running:
         values.update(repetition_penalty=body.repeat_penalty, presence_penalty=body.presence_penalty,
                       frequency_penalty=body.frequency_penalty)
-    return {k: v for k, v in values.items() if v is not None}
+    return Sampling(**{k: v for k, v in values.items() if v is not None})
+
+
+def grammar(body: LlamaCompletionRequest) -> GrammarSpec | None:
+    """The answer's constraint, ``json_schema`` or ``grammar`` (the shared core's ``guided_json``
+    and ``guided_grammar``, which the field table names as sent)."""
+    return from_extensions(guided_json=body.json_schema, guided_grammar=body.grammar)
 
 
 def llama_sampler_params(body: LlamaCompletionRequest) -> dict[str, Any]:

@@ -4,7 +4,8 @@ of a served model; the routes that change Ollama's model store are refused by na
 
 A thin surface, as :mod:`ruvllm.server.anthropic.messages_api` is. A chat body is checked in Ollama's
 terms (:mod:`ruvllm.server.ollama.ollama_schemas`) and translated into the chat request every surface
-runs (:mod:`ruvllm.server.lifecycle.chat_run`: the model's template, tools taught where it renders none,
+runs, the lifecycle's neutral :class:`~ruvllm.server.lifecycle.request_input.ChatInput`
+(:mod:`ruvllm.server.lifecycle.chat_run`: the model's template, tools taught where it renders none,
 limits, grammar, the one sampler). ``/api/generate`` is a completion on token ids: the prompt in
 the chat template (or as is with ``raw``) after the token ``context`` of an earlier answer, run
 through the same :class:`~ruvllm.server.lifecycle.completion_service.CompletionService` as
@@ -42,7 +43,7 @@ from ruvllm.server.lifecycle.embeddings import check_dimensions, input_ids, requ
 from ruvllm.server.lifecycle.events import Event, Finish, Step, TokenLogprobs, logprob_entry
 from ruvllm.server.lifecycle.model_pool import ModelPool, Route
 from ruvllm.server.lifecycle.params import Limits, chat_prompt_ids, completion_prompts
-from ruvllm.server.lifecycle.schemas import ChatMessage, CompletionRequest
+from ruvllm.server.lifecycle.request_input import RequestInput
 from ruvllm.server.ollama.ollama_models import Catalogue, iso_time, pool_name
 from ruvllm.server.ollama.ollama_schemas import (
     OllamaChatRequest,
@@ -55,11 +56,11 @@ from ruvllm.server.ollama.ollama_schemas import (
     chat_request,
     check_generate,
     check_think,
-    format_schema,
+    format_grammar,
     keep_alive_seconds,
     llama_cpp_params,
     refuse_embedding_options,
-    sampling_fields,
+    sampling,
     top_logprobs,
 )
 from ruvllm.tokenizer import require_in_vocabulary
@@ -99,13 +100,16 @@ def _line(obj: dict[str, Any]) -> str:
     return _encode(obj) + "\n"
 
 
-def ollama_names(prompt_field: str) -> FieldNames:
-    """The shared core's fields as an Ollama client sent them; the prompt is ``prompt_field``."""
-    return FieldNames.of({**_OLLAMA_FIELDS, "prompt": prompt_field, "input": prompt_field})
+def ollama_names(prompt_field: str, *, alternatives: bool = False) -> FieldNames:
+    """The shared core's fields as an Ollama client sent them; the prompt is ``prompt_field``, and
+    the logprobs ``top_logprobs`` where the client asked for ``alternatives``."""
+    asked = {"logprobs": "top_logprobs"} if alternatives else {}
+    return FieldNames.of({**_OLLAMA_FIELDS, **asked, "prompt": prompt_field, "input": prompt_field})
 
 
 @contextlib.contextmanager
-def _in_ollama_terms(prompt_field: str, num_ctx: int | None = None) -> Iterator[None]:
+def _in_ollama_terms(prompt_field: str, num_ctx: int | None = None, *,
+                     alternatives: bool = False) -> Iterator[None]:
     """Re-raise the shared core's refusals naming the field the Ollama client sent; a prompt
     that does not fit a smaller ``num_ctx`` names that option."""
     try:
@@ -118,7 +122,7 @@ def _in_ollama_terms(prompt_field: str, num_ctx: int | None = None) -> Iterator[
                              f"num_ctx is {num_ctx}; raise num_ctx, shorten the {prompt_field} or lower "
                              "options.num_predict", num_ctx) from None
     except InvalidRequest as exc:
-        ollama_names(prompt_field).renamed(exc)
+        ollama_names(prompt_field, alternatives=alternatives).renamed(exc)
         raise
 
 
@@ -244,8 +248,8 @@ async def _generate_ids(route: Route, body: OllamaGenerateRequest) -> list[int]:
     context = body.context or []
     require_in_vocabulary("context", context, engine.info.vocab_size,
                           "; send the context an earlier answer of this model returned")
-    turn = [ChatMessage(role="system", content=body.system)] if body.system else []
-    return [*context, *await chat_prompt_ids(engine, [*turn, ChatMessage(role="user", content=body.prompt)])]
+    turn = [{"role": "system", "content": body.system}] if body.system else []
+    return [*context, *await chat_prompt_ids(engine, [*turn, {"role": "user", "content": body.prompt}])]
 
 
 @contextlib.asynccontextmanager
@@ -294,7 +298,7 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
         async with _route(pool, body.model, body.keep_alive) as (route, load):
             check_think(body.think, thinks(route, limits))
             num_ctx = _num_ctx(body.options)
-            with _in_ollama_terms("messages", num_ctx):
+            with _in_ollama_terms("messages", num_ctx, alternatives=bool(body.top_logprobs)):
                 run = await start_chat(route, chat_body, _request_limits(limits, num_ctx), id_prefix="ollama",
                                        extra_params=llama_cpp_params(body.options,
                                                                      route.engine.capabilities.core_sampler))
@@ -310,7 +314,7 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
         if not body.prompt:
             return JSONResponse(await _load_or_unload(pool, body.model, body.keep_alive, chat=False))
         logprobs = top_logprobs(body)
-        sampling = {**sampling_fields(body.options), "guided_json": format_schema(body.format)}
+        asked = sampling(body.options)
         async with _route(pool, body.model, body.keep_alive) as (route, load):
             engine = route.engine
             templated = not body.raw and not body.suffix
@@ -323,7 +327,8 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
                 ids = await _generate_ids(route, body)
                 extra = {"logprobs": logprobs,
                          **llama_cpp_params(body.options, engine.capabilities.core_sampler)}
-                run = await start_completion(route, CompletionRequest(prompt=ids, **sampling), [ids],
+                completion = RequestInput(sampling=asked, grammar=format_grammar(body.format))
+                run = await start_completion(route, completion, [ids],
                                              _request_limits(limits, num_ctx), id_prefix="ollama",
                                              adjust=lambda params: attrs.evolve(params, **extra))
             reading = AnswerEvents(engine.tokenizer, logprobs,

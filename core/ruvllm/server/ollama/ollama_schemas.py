@@ -8,7 +8,7 @@ naming it, as on every endpoint of this server. Ollama itself logs and drops an 
 not know: here a misspelt ``temprature`` must not give a quietly different answer.
 
 ``options`` carries Ollama's sampling options, which map onto the sampler every surface shares
-(:func:`sampling_fields`), and the options Ollama's runner reads when it loads a model (threads,
+(:func:`sampling`), and the options Ollama's runner reads when it loads a model (threads,
 GPU layers, batch size, memory mapping): here the server's configuration loads the model, so
 those change speed and memory, never the tokens, and are accepted unused. A sampler the core
 does not have (Mirostat, tail-free, locally typical sampling; a penalty window) is refused
@@ -20,12 +20,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.guided.grammar import GrammarSpec, from_extensions
+from ruvllm.server.http.strict_fields import RequestBody, StrictModel
 from ruvllm.server.lifecycle.model_pool import KeepAlive as PoolKeepAlive
 from ruvllm.server.lifecycle.params import penalties_on, penalty_window
-from ruvllm.server.lifecycle.schemas import ChatCompletionRequest, RequestBody, StrictModel
+from ruvllm.server.lifecycle.request_input import ChatInput, Sampling
 from ruvllm.types import MAX_LOGPROBS
 
 _Text = Annotated[str, Field(min_length=1)]
@@ -198,9 +200,10 @@ def llama_cpp_params(options: OllamaOptions | None, core_sampler: bool) -> dict[
     return out
 
 
-def sampling_fields(options: OllamaOptions | None) -> dict[str, Any]:
-    """The chat and completion request fields (``max_tokens``, ``temperature``...) that
-    ``options`` set; what the core's sampler cannot do is refused naming ``options.<name>``.
+def sampling(options: OllamaOptions | None, logprobs: int | None = None) -> Sampling:
+    """The neutral request's sampling (``max_tokens``, ``temperature``...) that ``options`` set,
+    with ``logprobs`` alternatives per token (None: no logprobs); what the core's sampler cannot
+    do is refused naming ``options.<name>``.
 
     Unset options keep this server's defaults, the same on every surface (temperature 1, no
     top-k, no penalties), not Ollama's Modelfile defaults: the models here have no Modelfile.
@@ -228,7 +231,7 @@ def sampling_fields(options: OllamaOptions | None) -> dict[str, Any]:
         "repetition_penalty": o.repeat_penalty, "presence_penalty": o.presence_penalty,
         "frequency_penalty": o.frequency_penalty, "stop": o.stop,
     }
-    return {k: v for k, v in values.items() if v is not None}
+    return Sampling(logprobs=logprobs, **{k: v for k, v in values.items() if v is not None})
 
 
 def check_think(think: bool | str | None, thinks: bool) -> None:
@@ -245,11 +248,11 @@ def check_think(think: bool | str | None, thinks: bool) -> None:
                              "to false")
 
 
-def format_schema(fmt: str | dict[str, Any] | None) -> dict[str, Any] | None:
-    """The JSON schema ``format`` constrains the answer to: any object for ``"json"``."""
-    if isinstance(fmt, dict):
-        return fmt
-    return {"type": "object"} if fmt == "json" else None
+def format_grammar(fmt: str | dict[str, Any] | None) -> GrammarSpec | None:
+    """The JSON schema ``format`` constrains the answer to (any object for ``"json"``), as the
+    grammar of the shared core's ``guided_json`` (which the field table names ``format``)."""
+    schema = fmt if isinstance(fmt, dict) else {"type": "object"} if fmt == "json" else None
+    return from_extensions(guided_json=schema)
 
 
 def top_logprobs(body: _Generation) -> int | None:
@@ -292,29 +295,26 @@ def keep_alive_seconds(keep_alive: float | str | None) -> float | PoolKeepAlive 
     return None if seconds < 0 else seconds
 
 
-def chat_request(body: OllamaChatRequest) -> ChatCompletionRequest:
-    """The chat request ``body`` asks for: Ollama's messages (tool calls' arguments objects,
-    ``tool_name`` as the tool message's ``name``), tools, ``format`` and ``options``."""
+def chat_request(body: OllamaChatRequest) -> ChatInput:
+    """The neutral chat request ``body`` asks for: Ollama's messages as the chat template reads
+    them (tool calls' arguments objects, ``tool_name`` as the tool message's ``name``), tools,
+    ``format`` and ``options``."""
     messages = []
     for i, m in enumerate(body.messages):
         refuse_images(m.images, f"messages[{i}].images")
-        message: dict[str, Any] = {"role": m.role, "content": m.content or "", "name": m.tool_name,
-                                   "tool_call_id": m.tool_call_id}
+        message: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        if m.tool_name:
+            message["name"] = m.tool_name
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
         if m.tool_calls:
             message["tool_calls"] = [{"type": "function", **({"id": c.id} if c.id else {}), "function": {
                 "name": c.function.name, "arguments": c.function.arguments}} for c in m.tool_calls]
         messages.append(message)
     logprobs = top_logprobs(body)
-    schema = format_schema(body.format)
-    fields: dict[str, Any] = {
-        "model": body.model, "messages": messages, **sampling_fields(body.options),
-        "tools": [t.model_dump() for t in body.tools] if body.tools else None,
-        "guided_json": schema, "logprobs": logprobs is not None, "top_logprobs": logprobs or None}
-    try:
-        return ChatCompletionRequest(**fields)
-    except ValidationError as exc:  # a value Ollama's schema admits and the chat request does not
-        first = exc.errors()[0]
-        raise InvalidRequest(".".join(str(p) for p in first["loc"]), first["msg"]) from None
+    return ChatInput(messages=messages, sampling=sampling(body.options, logprobs),
+                     tools=[t.model_dump() for t in body.tools] if body.tools else None,
+                     grammar=format_grammar(body.format))
 
 
 def check_generate(body: OllamaGenerateRequest) -> None:

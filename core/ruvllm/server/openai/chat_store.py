@@ -16,9 +16,9 @@ from fastapi import FastAPI, Request
 
 from ruvllm.errors import InvalidRequest
 from ruvllm.server.http.cursor_page import page
-from ruvllm.server.http.strict_fields import refuse_unknown_query
-from ruvllm.server.lifecycle.schemas import ChatCompletionRequest, Metadata, RequestBody
+from ruvllm.server.http.strict_fields import RequestBody, refuse_unknown_query
 from ruvllm.server.openai.newest_kept import NewestKept
+from ruvllm.server.openai.schemas import ChatCompletionRequest, Metadata
 
 #: OpenAI's limits on a page of completions or messages.
 MAX_PAGE = 100

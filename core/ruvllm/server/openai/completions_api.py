@@ -1,6 +1,7 @@
 """OpenAI's ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings`` routes.
 
-Thin handlers, as every surface's are: parse the body, start it on the lifecycle
+Thin handlers, as every surface's are: parse the body, translate it into the lifecycle's neutral
+request (:mod:`ruvllm.server.openai.translation`), start it on the lifecycle
 (:func:`~ruvllm.server.lifecycle.chat_run.start_chat`,
 :func:`~ruvllm.server.lifecycle.completion_run.start_completion`), and render what comes back in
 OpenAI's shapes (:mod:`ruvllm.server.openai.formatters`), whole or streamed
@@ -16,11 +17,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from ruvllm.server.http.field_names import FieldNames
 from ruvllm.server.lifecycle.chat_run import start_chat
 from ruvllm.server.lifecycle.completion_run import start_completion
 from ruvllm.server.lifecycle.embeddings import (
-    EmbeddingRequest,
     check_dimensions,
     embedding_limit,
     embeddings_response,
@@ -30,18 +29,12 @@ from ruvllm.server.lifecycle.embeddings import (
 )
 from ruvllm.server.lifecycle.model_pool import ModelPool
 from ruvllm.server.lifecycle.params import Limits, completion_prompts, truncated
-from ruvllm.server.lifecycle.schemas import ChatCompletionRequest, CompletionRequest
 from ruvllm.server.openai.chat_store import ChatCompletionStore, refuse_storing_nowhere
 from ruvllm.server.openai.delivery import answer
 from ruvllm.server.openai.echo import completion_formatter
 from ruvllm.server.openai.formatters import ChatFormatter
-
-#: Chat's refusals in its own body's names: the prompt a chat request is rendered into is its
-#: ``messages`` (a context overflow names the prompt), as the other surfaces' tables say too.
-CHAT_NAMES = FieldNames.of({"prompt": "messages"})
-
-#: A text completion's fields are the shared request's own.
-COMPLETION_NAMES = FieldNames.of({})
+from ruvllm.server.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from ruvllm.server.openai.translation import COMPLETION_NAMES, chat_input, chat_names, completion_input
 
 
 def register_completion_routes(app: FastAPI, pool: ModelPool, limits: Limits,
@@ -52,13 +45,14 @@ def register_completion_routes(app: FastAPI, pool: ModelPool, limits: Limits,
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         refuse_storing_nowhere(body, chat_store)
+        names = chat_names(body)
         async with pool.route(body.model) as route:
-            with CHAT_NAMES.speaking():
-                run = await start_chat(route, body, limits, id_prefix="chatcmpl")
+            with names.speaking():
+                run = await start_chat(route, chat_input(body), limits, id_prefix="chatcmpl")
             keep = functools.partial(chat_store.keep, body) if body.store else None
             fmt = ChatFormatter.of(run, route.served_name, legacy_functions=body.legacy_functions)
             fmt.answer_as_asked(body, dict.fromkeys(range(body.n), run.prompt_ids))
-            return await answer(run.submission, fmt, request, body, [len(run.prompt_ids)], CHAT_NAMES,
+            return await answer(run.submission, fmt, request, body, [len(run.prompt_ids)], names,
                                 on_answer=keep)
 
     @app.post("/v1/completions")
@@ -68,7 +62,7 @@ def register_completion_routes(app: FastAPI, pool: ModelPool, limits: Limits,
             prompts = [truncated(ids, body.truncate_prompt_tokens, body.truncation_side,
                                  engine.info.context_length)
                        for ids in await completion_prompts(engine, body.prompt, body.suffix)]
-            run = await start_completion(route, body, prompts, limits, id_prefix="cmpl")
+            run = await start_completion(route, completion_input(body), prompts, limits, id_prefix="cmpl")
             echoes = [engine.tokenizer.decode(ids) for ids in prompts] if body.echo else None
             echo = {i: echoes[p] for i, p in enumerate(run.prompt_of)} if echoes is not None else None
             of_choice = run.choice_prompts()

@@ -20,11 +20,11 @@ from pydantic import Field, model_validator
 
 from ruvllm.errors import InvalidRequest, StoredObjectNotFound
 from ruvllm.server.http.cursor_page import page
-from ruvllm.server.http.strict_fields import refuse_unknown_query
-from ruvllm.server.lifecycle.schemas import Metadata, RequestBody
+from ruvllm.server.http.strict_fields import RequestBody, refuse_unknown_query
 from ruvllm.server.openai.newest_kept import NewestKept
 from ruvllm.server.openai.response_store import dumped, with_ids
 from ruvllm.server.openai.responses_schema import Item, refuse_unserved_items
+from ruvllm.server.openai.schemas import Metadata
 
 #: OpenAI's limit on the items one create or add call carries.
 MAX_ITEMS_PER_CALL = 20

@@ -21,8 +21,8 @@ from ruvllm.server.http.field_names import FieldNames, in_terms
 from ruvllm.server.http.sse import DONE, sse_event
 from ruvllm.server.lifecycle import answering
 from ruvllm.server.lifecycle.completion_service import Outcome, Submission
-from ruvllm.server.lifecycle.schemas import ChatCompletionRequest, CompletionRequest
 from ruvllm.server.openai.formatters import ChunkFormatter
+from ruvllm.server.openai.schemas import ChatCompletionRequest, CompletionRequest
 from ruvllm.types import GenerationResult, TokenOutput
 
 

@@ -2,8 +2,9 @@
 
 A thin surface, as :mod:`ruvllm.server.anthropic.messages_api` is for Anthropic's API: the body is checked
 here in the Responses API's terms (``input`` items, ``instructions``, flat function tools,
-``text.format``, ``max_output_tokens``), translated into the chat request every surface runs
-(:mod:`ruvllm.server.lifecycle.chat_run`: the same template, limits, grammar, tool plan, sampler), and the
+``text.format``, ``max_output_tokens``), translated straight into the lifecycle's neutral chat request
+(:class:`~ruvllm.server.lifecycle.request_input.ChatInput`, run by
+:mod:`ruvllm.server.lifecycle.chat_run`: the same template, limits, grammar, tool plan, sampler), and the
 outputs are written back as a ``response`` object or as its stream of typed events
 (:mod:`ruvllm.server.openai.responses_output`). A refusal raised by the shared chat path names the
 Responses field, not the chat one (``max_output_tokens``, ``text.format.schema``, ``input[3]``).
@@ -43,6 +44,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from ruvllm.errors import InvalidRequest, RuvllmError, StoredObjectNotFound
+from ruvllm.guided.grammar import from_response_format
 from ruvllm.guided.tools import REPLY_OR_CALL, tool_format
 from ruvllm.server.http.cursor_page import page
 from ruvllm.server.http.errors import ruvllm_error_body
@@ -53,7 +55,7 @@ from ruvllm.server.lifecycle.chat_run import ChatRun, start_chat, thinks
 from ruvllm.server.lifecycle.completion_service import Outcome
 from ruvllm.server.lifecycle.model_pool import ModelPool
 from ruvllm.server.lifecycle.params import Limits
-from ruvllm.server.lifecycle.schemas import ChatCompletionRequest
+from ruvllm.server.lifecycle.request_input import ChatInput, Sampling
 from ruvllm.server.openai.conversations_api import Conversation, ConversationStore, conversation_id
 from ruvllm.server.openai.response_store import ResponseStore, StoredResponse, dumped, with_ids
 from ruvllm.server.openai.responses_output import Envelope, response_events, whole_response
@@ -118,12 +120,11 @@ def _text(content: str | list[Any]) -> str:
 
 
 def _messages(body: ResponsesRequest) -> tuple[list[dict[str, Any]], list[str]]:
-    """The conversation as chat messages, and the Responses field each came from.
+    """The conversation as the chat template's messages, and the Responses field each came from.
 
-    ``developer`` turns stay ``developer``: chat's message_dicts makes them the system turns
-    chat templates know, for both surfaces. A model's ``function_call`` items join the assistant
-    turn they follow (text, then its calls, as the model answered), and each
-    ``function_call_output`` is a tool message."""
+    ``developer`` turns are the system turns chat templates know. A model's ``function_call``
+    items join the assistant turn they follow (text, then its calls, as the model answered), and
+    each ``function_call_output`` is a tool message."""
     out: list[dict[str, Any]] = []
     origins: list[str] = []
 
@@ -139,7 +140,8 @@ def _messages(body: ResponsesRequest) -> tuple[list[dict[str, Any]], list[str]]:
     for i, item in enumerate(body.input):
         at = f"input[{i}]"
         if isinstance(item, MessageItem):
-            add({"role": item.role, "content": _text(item.content)}, at)
+            add({"role": "system" if item.role == "developer" else item.role, "content": _text(item.content)},
+                at)
         elif isinstance(item, FunctionCallItem):
             try:  # decoded once here: the chat template renders the object
                 arguments = json.loads(item.arguments or "{}")
@@ -151,7 +153,7 @@ def _messages(body: ResponsesRequest) -> tuple[list[dict[str, Any]], list[str]]:
             if out and out[-1]["role"] == "assistant":
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
-                add({"role": "assistant", "content": None, "tool_calls": [call]}, at)
+                add({"role": "assistant", "content": "", "tool_calls": [call]}, at)
         elif isinstance(item, ReasoningItem):
             continue  # an earlier answer's thinking: templates render earlier answers without it
         else:
@@ -183,7 +185,7 @@ def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
     return {"type": fmt.type} if fmt is not None else None
 
 
-#: Chat's fields -> the Responses API's, for the refusals of the shared chat path (field_names).
+#: The neutral request's fields -> the Responses API's, for the lifecycle's refusals (field_names).
 _RESPONSES_FIELDS = {
     "max_tokens": "max_output_tokens", "response_format": "text.format",
     "response_format.json_schema": "text.format", "tools[*].function": "tools[*]",
@@ -193,27 +195,31 @@ _RESPONSES_FIELDS = {
 
 @attrs.frozen
 class Translation:
-    """A Responses body as the chat request it asks for."""
+    """A Responses body as the neutral chat request it asks for."""
 
-    chat: ChatCompletionRequest
+    chat: ChatInput
     #: The chat request's fields in this API's names (``input[3]``, ``max_output_tokens``).
     names: FieldNames
 
 
 def translate(body: ResponsesRequest) -> Translation:
-    """The chat request that ``body`` asks for (what every surface runs), with what cannot be
-    honoured refused by name."""
+    """The neutral chat request that ``body`` asks for, with what cannot be honoured refused by
+    name (in this API's names)."""
     _refuse_unserved(body)
     logprobs = _logprobs(body)
     messages, origins = _messages(body)
-    fields = {"model": body.model, "messages": messages, "max_tokens": body.max_output_tokens,
-              "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed, "top_k": body.top_k,
-              "min_p": body.min_p, "repetition_penalty": body.repetition_penalty, "logprobs": logprobs,
-              "top_logprobs": body.top_logprobs, "response_format": _response_format(body.text),
-              "user": body.user, **_tool_fields(body)}
-    # The ranges of ResponsesRequest are chat's, so every body that parsed is a valid chat request.
-    names = FieldNames.of(_RESPONSES_FIELDS, origins, words={"max_tokens": "max_output_tokens"})
-    return Translation(ChatCompletionRequest(**fields), names)
+    # A refusal of the logprobs names include, or top_logprobs where alternatives were asked for.
+    asked = {"logprobs": "top_logprobs"} if body.top_logprobs else {}
+    names = FieldNames.of({**_RESPONSES_FIELDS, **asked}, origins, words={"max_tokens": "max_output_tokens"})
+    # The ranges of ResponsesRequest are the lifecycle's, so every body that parsed is in range.
+    sampling = Sampling(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p,
+                        seed=body.seed, top_k=body.top_k, min_p=body.min_p,
+                        repetition_penalty=body.repetition_penalty,
+                        logprobs=(body.top_logprobs or 0) if logprobs else None)
+    with names.speaking():
+        grammar = from_response_format(_response_format(body.text))
+    return Translation(ChatInput(messages=messages, sampling=sampling, grammar=grammar, tenant=body.user,
+                                 **_tool_fields(body)), names)
 
 
 def check_strict(body: ResponsesRequest, chat_template: str | None) -> None:

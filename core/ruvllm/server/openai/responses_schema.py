@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.lifecycle.schemas import Metadata, RequestBody, StrictModel, type_tag
+from ruvllm.server.http.strict_fields import RequestBody, StrictModel, type_tag
+from ruvllm.server.openai.schemas import Metadata
 from ruvllm.types import MAX_LOGPROBS
 
 _Text = Annotated[str, Field(min_length=1)]

@@ -21,10 +21,10 @@ from fastapi import FastAPI
 from pydantic import Field, model_validator
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.server.http.strict_fields import RequestBody, StrictModel
 from ruvllm.server.lifecycle.embeddings import embed_texts, embedding_limit, require_embeddings
 from ruvllm.server.lifecycle.model_pool import ModelPool
 from ruvllm.server.lifecycle.params import truncated
-from ruvllm.server.lifecycle.schemas import RequestBody, StrictModel
 
 #: Cohere's limit on the inputs of one call.
 MAX_INPUTS = 96

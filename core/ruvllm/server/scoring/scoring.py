@@ -25,9 +25,9 @@ from fastapi import FastAPI
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from ruvllm.errors import InvalidRequest
+from ruvllm.server.http.strict_fields import RequestBody, StrictModel
 from ruvllm.server.lifecycle.embeddings import MAX_INPUTS, embed_texts, require_embeddings
 from ruvllm.server.lifecycle.model_pool import ModelPool
-from ruvllm.server.lifecycle.schemas import RequestBody, StrictModel
 from ruvllm.serving import AsyncEngine
 
 _Texts = str | list[str]

@@ -1,13 +1,14 @@
-"""OpenAI request bodies as pydantic models.
+"""OpenAI's request bodies (``/v1/chat/completions``, ``/v1/completions``) as pydantic models: this
+surface's wire schema, which :mod:`ruvllm.server.openai.translation` translates into the
+lifecycle's neutral request as every other surface translates its own.
 
 Every field of every body is honoured, refused with a 400 naming it when set to a value ruvllm
-cannot honour (``best_of``, ``suffix``... checked by :mod:`ruvllm.server.lifecycle.params`), or accepted
-for a stated reason (``user``); docs/server.md's "Request fields" table says which, and
+cannot honour (``best_of``, ``suffix``... checked by :mod:`ruvllm.server.openai.translation`), or
+accepted for a stated reason (``user``); docs/server.md's "Request fields" table says which, and
 tests/server/test_field_table.py fails when a field here has no decision there. Unknown fields
 are refused (400 naming them), at any depth: a client that sends ``allowed_token_ids``, a misspelt
-option or a misspelt message field must not get a quietly different answer. Request bodies
-derive from :class:`RequestBody`, the objects inside them from :class:`StrictModel`. The numeric
-ranges here are the ones the server enforces, so the published OpenAPI schema (which
+option or a misspelt message field must not get a quietly different answer. The numeric ranges
+here are the ones the server enforces, so the published OpenAPI schema (which
 :mod:`ruvllm.server.openapi` completes with the server's own limits) states the real constraints.
 """
 
@@ -15,11 +16,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
-from ruvllm.chat import TemplateOptions
 from ruvllm.errors import InvalidRequest
-from ruvllm.server.http.strict_fields import refuse_unknown_fields
+from ruvllm.server.http.chat_messages import ChatMessage, ChatTemplateFields
+from ruvllm.server.http.strict_fields import RequestBody, StrictModel
 from ruvllm.types import MAX_LOGIT_BIAS, MAX_LOGPROBS
 
 #: Legacy completions cap ``logprobs`` at 5; chat's ``top_logprobs`` at 20.
@@ -27,6 +28,9 @@ MAX_COMPLETION_LOGPROBS = 5
 
 _Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
 _Text = _StopString = Annotated[str, Field(min_length=1)]
+_TokenId = Annotated[int, Field(ge=0)]
+
+
 #: vLLM's ``truncate_prompt_tokens``: a number of tokens, or -1 (the model's limit).
 def _not_zero(n: int) -> int:
     if n == 0:
@@ -37,35 +41,10 @@ def _not_zero(n: int) -> int:
 
 TruncateTokens = Annotated[int, Field(ge=-1), AfterValidator(_not_zero)]
 
-_TokenId = Annotated[int, Field(ge=0)]
 
+class CommonRequest(RequestBody):
+    """The fields OpenAI's chat and text completion bodies share (with vLLM's extensions)."""
 
-class StrictModel(BaseModel):
-    """An object inside a request body: a field it does not declare is a 400 naming it with its
-    path (``messages[0].nmae``, pydantic's ``extra_forbidden`` mapped by ruvllm.server.http.errors)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class RequestBody(StrictModel):
-    """A request body: the fields it does not declare are all named in one 400."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_fields_only(cls, data: Any) -> Any:
-        return refuse_unknown_fields(cls, data)
-
-
-def type_tag(value: Any, default: str | None = None) -> str:
-    """The tag (``type=text``) that picks a member of a union tagged by its ``type`` field, read
-    from a body's dict or a parsed model alike. Anything else a client sends where such an object
-    belongs (a list, a number, a ``type`` that is an object) gets a tag no member has, so that it is
-    a 400 naming the field rather than an error inside the discriminator."""
-    kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
-    return f"type={kind}"
-
-
-class _Request(RequestBody):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -164,29 +143,6 @@ class StreamOptions(StrictModel):
     include_obfuscation: bool = False
 
 
-class ChatMessage(StrictModel):
-    """One message, with the fields the ``openai`` client's message types carry (and an OpenAI
-    response message replayed as history: ``message.model_dump()``); params.message_dicts turns
-    it into what the chat template reads and refuses what it cannot render."""
-
-    role: str
-    content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
-    #: An assistant turn's calls: a list of ``{"type": "function", "function": ...}`` (checked
-    #: by params.message_dicts, which names what is malformed).
-    tool_calls: Any = None
-    tool_call_id: str | None = None
-    #: An assistant turn's refusal text (rendered as its content).
-    refusal: str | None = None
-    #: Accepted only as null: a reference to an earlier audio answer.
-    audio: dict[str, Any] | None = None
-    #: An assistant turn's call in the deprecated functions API (``{"name", "arguments"}``),
-    #: rendered as its one tool call; a ``function`` message after it is that call's answer.
-    function_call: dict[str, Any] | None = None
-    #: URL citations of an earlier OpenAI answer: accepted, not rendered (docs/server.md).
-    annotations: list[Any] | None = None
-
-
 #: OpenAI's ``metadata``: up to 16 string pairs (keys up to 64 characters, values up to 512).
 Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
                      Field(max_length=16)]
@@ -200,23 +156,7 @@ class Prediction(StrictModel):
     content: str | list[dict[str, Any]]
 
 
-class ChatTemplateFields(BaseModel):
-    """vLLM's fields for how the messages become a prompt (ruvllm.chat.TemplateOptions), shared by
-    chat and ``/tokenize`` so that a count is the chat request's."""
-
-    #: More variables for the model's chat template (Qwen3's ``enable_thinking``).
-    chat_template_kwargs: dict[str, Any] | None = None
-    #: End the prompt with the header of a new answer (default: unless the final message is continued).
-    add_generation_prompt: bool | None = None
-    #: Leave the final message open for the model to continue (default: a final assistant message).
-    continue_final_message: bool | None = None
-
-    def template_options(self) -> TemplateOptions:
-        return TemplateOptions(self.add_generation_prompt, self.continue_final_message,
-                               self.chat_template_kwargs)
-
-
-class ChatCompletionRequest(_Request, ChatTemplateFields):
+class ChatCompletionRequest(CommonRequest, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     #: OpenAI's stored completions: true keeps the answer for ``GET /v1/chat/completions``
     #: (server/openai/chat_store.py).
@@ -277,7 +217,7 @@ class ChatCompletionRequest(_Request, ChatTemplateFields):
         return self
 
 
-class CompletionRequest(_Request):
+class CompletionRequest(CommonRequest):
     prompt: (_Text | Annotated[list[_Text], Field(min_length=1)]
              | Annotated[list[_TokenId], Field(min_length=1)]
              | Annotated[list[Annotated[list[_TokenId], Field(min_length=1)]], Field(min_length=1)])
@@ -288,53 +228,23 @@ class CompletionRequest(_Request):
     suffix: str | None = None
 
 
-class TokenizeRequest(RequestBody, ChatTemplateFields):
+class EmbeddingRequest(RequestBody):
+    """OpenAI's fields; any other is a 400 naming it (a misspelt ``encoding_fromat`` must not
+    quietly give floats), as on every endpoint."""
+
+    input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    #: With ``prompt``: add the model's BOS. With ``messages`` the chat template places the special
-    #: tokens, so only false (vLLM's default for chat) is accepted.
-    add_special_tokens: bool = True
-    #: With ``messages``: the chat request's tools (under ``tool_choice`` auto), so that the count
-    #: is that request's, tools and all (vLLM's).
-    tools: list[dict[str, Any]] | None = None
-    #: llama-server's request: ``content`` is the text, tokenized without the BOS and with special
-    #: tokens written as text parsed unless ``add_special`` / ``parse_special`` say otherwise;
-    #: ``with_pieces`` answers each token as ``{"id", "piece"}``.
-    content: str | None = None
-    add_special: bool = False
-    parse_special: bool = True
-    with_pieces: bool = False
-
-    @model_validator(mode="after")
-    def _special_tokens_with_messages(self) -> TokenizeRequest:
-        given = [name for name in ("prompt", "content", "messages") if getattr(self, name) is not None]
-        if len(given) != 1:
-            raise InvalidRequest(given[1] if given else "prompt",
-                                 "give exactly one of prompt (vLLM's), content (llama-server's) or messages")
-        llama = sorted({"add_special", "parse_special"} & self.model_fields_set)
-        if llama and self.content is None:
-            raise InvalidRequest(llama[0], "goes with content (llama-server's request); with prompt send "
-                                 "add_special_tokens")
-        if self.content is not None and "add_special_tokens" in self.model_fields_set:
-            raise InvalidRequest("add_special_tokens", "goes with prompt (vLLM's request); with content send "
-                                 "add_special (llama-server's)")
-        if self.messages is not None and self.add_special_tokens and \
-                "add_special_tokens" in self.model_fields_set:
-            raise InvalidRequest("add_special_tokens", "cannot be true with messages: the chat template "
-                                 "places the special tokens; leave it out (or false) with messages")
-        template_fields = sorted((ChatTemplateFields.model_fields.keys() | {"tools"}) & self.model_fields_set)
-        if self.messages is None and template_fields:
-            raise InvalidRequest(template_fields[0], "is for the chat template, which renders messages; "
-                                 "a prompt is tokenized as is")
-        return self
+    encoding_format: Literal["float", "base64"] = "float"
+    #: Refused when set (check_dimensions says why).
+    dimensions: int | None = None
+    #: OpenAI's end-user id: accepted, never used (docs/server.md says why).
+    user: str | None = None
+    #: vLLM's: each input cut to this many tokens (-1: the embedding limit), from
+    #: ``truncation_side`` (params.truncated); left out, a longer input is a 400.
+    truncate_prompt_tokens: TruncateTokens | None = None
+    truncation_side: Literal["left", "right"] | None = None
 
 
-class DetokenizeRequest(RequestBody):
-    model: str | None = None
-    tokens: list[int]
-
-
-_Request.model_rebuild()
+CommonRequest.model_rebuild()
 ChatCompletionRequest.model_rebuild()
 CompletionRequest.model_rebuild()
