@@ -39,10 +39,10 @@ from ruvllm.executor import BatchEntry
 from ruvllm_candle_like.attention_ops import attend_decode_batch, attend_sequence
 from ruvllm_candle_like.invariant import (
     attend_tiled,
+    hidden_keys,
     invariant_twin,
     pad_rows,
     tiled_length,
-    visible_keys,
     whole_blocks,
 )
 from ruvllm_candle_like.kv_paged_two_tier import MIB, PagedTwoTier, TwoTierStep
@@ -182,7 +182,7 @@ class _InvariantAttention(_KvAccess):
                 pos = torch.cat([pos, pos.new_zeros(whole_blocks(len(pos)) - len(pos))])
                 length = tiled_length(len(gather))
                 self.chunks.append((slice(row, row + n), self._padded(gather, length),
-                                    visible_keys(pos, length)[None, None]))
+                                    hidden_keys(pos, length)[None, None]))
             row += n
         self.decode: tuple[slice | torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         if decode_rows:
@@ -190,11 +190,11 @@ class _InvariantAttention(_KvAccess):
             gathers = torch.stack([self._padded(x, length) for x in decode_gathers])
             pos = torch.zeros((len(decode_rows), whole_blocks(g)), dtype=torch.long, device=dev)
             pos[:, :g] = torch.tensor([len(x) - 1 for x in decode_gathers], device=dev)[:, None]
-            visible = torch.arange(length, device=dev)[None, None, :] <= pos[:, :, None]
+            hidden = torch.arange(length, device=dev)[None, None, :] > pos[:, :, None]
             # A step of decodes alone has them in rows 0..B-1: a slice, not a gather and a scatter.
             leading = decode_rows == list(range(len(decode_rows)))
             rows = slice(0, len(decode_rows)) if leading else torch.tensor(decode_rows, device=dev)
-            self.decode = (rows, gathers, visible[None])
+            self.decode = (rows, gathers, hidden[None])
 
     def _padded(self, gather: np.ndarray, length: int) -> torch.Tensor:
         """The slots of ``gather``, then its first slot again up to ``length`` (masked keys)."""
@@ -222,21 +222,21 @@ class _InvariantAttention(_KvAccess):
         h_kv, g = k.shape[1], self.group
         out = q.new_empty((t, h * d))
         if self.decode is not None:
-            rows, gathers, visible = self.decode
+            rows, gathers, hidden = self.decode
             b, length = gathers.shape
             keys, values = read(gathers.reshape(-1))
             # [B, Hkv, G, D] -> [G, Hkv, B, D], padded -> [Hkv, B, rows, D]
             qd = pad_rows(q[rows].view(b, h_kv, g, d).permute(2, 1, 0, 3)).permute(1, 2, 0, 3)
-            att = attend_tiled(qd, keys.view(h_kv, b, length, d), values.view(h_kv, b, length, d), visible)
+            att = attend_tiled(qd, keys.view(h_kv, b, length, d), values.view(h_kv, b, length, d), hidden)
             att = att[:, :, :g].permute(1, 0, 2, 3).reshape(b, h * d)
             if not self.chunks and isinstance(rows, slice):
                 return att
             out[rows] = att
-        for span, gather, visible in self.chunks:
+        for span, gather, hidden in self.chunks:
             keys, values = read(gather)
             n = span.stop - span.start
             qp = pad_rows(q[span].view(n, h_kv, g, d).permute(2, 0, 1, 3).reshape(g * n, h_kv, d))
-            att = attend_tiled(qp.transpose(0, 1)[:, None], keys[:, None], values[:, None], visible)
+            att = attend_tiled(qp.transpose(0, 1)[:, None], keys[:, None], values[:, None], hidden)
             out[span] = att[:, 0, : g * n].reshape(h_kv, g, n, d).permute(2, 0, 1, 3).reshape(n, h * d)
         return out
 

@@ -45,8 +45,10 @@ from ruvllm_candle_like.weights import AnyProjection
 #: Every matmul of the mode runs on a multiple of this many rows: MKL's K = 64 matmul blocks rows
 #: by four, oneDNN's linear is row-count invariant from two rows on.
 ROW_BLOCK = 4
-#: Keys per attention tile: PV is accumulated one tile at a time, in position order.
-KV_TILE = 256
+#: Keys per attention tile: PV is accumulated one tile at a time, in position order. Small, so
+#: a sequence's keys are padded by at most 63 (the gather and the products over padding are most
+#: of the mode's cost at short contexts); one batched matmul computes every tile's product.
+KV_TILE = 64
 
 
 def whole_blocks(rows: int) -> int:
@@ -106,27 +108,32 @@ def tiled_length(length: int) -> int:
     return -(-length // KV_TILE) * KV_TILE
 
 
-def attend_tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+def attend_tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """``q`` [B, Hkv, R, D] (R whole row blocks), ``k``/``v`` [B, Hkv, L, D] with L whole tiles,
-    ``visible`` bool [B, 1, R, L] (every row sees key 0) -> [B, Hkv, R, D].
+    ``hidden`` bool [B, 1, R, L], True where a row may not see a key (every row sees key 0)
+    -> [B, Hkv, R, D].
 
-    A row's bits depend on its query, its visible keys and L's tiles only: the softmax is over
-    the row (masked keys are exact zeros), and PV adds one tile after another."""
+    A row's bits depend on its query, its visible keys and the tiles only: the softmax is over
+    the row (masked keys are exact zeros), PV is one product per tile, all tiles in one batched
+    matmul, and the tiles' products are added one after another in position order (a tile past
+    the row's position adds an exact zero, so a longer neighbour's tiles change nothing)."""
     # Contiguous operands: a view's strides could send the same rows to another GEMM variant.
     q = (q * (1.0 / math.sqrt(q.shape[-1]))).contiguous()
-    k, v = k.contiguous(), v.contiguous()
-    scores = torch.matmul(q, k.transpose(-1, -2))
-    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
-    out = torch.matmul(probs[..., :KV_TILE].contiguous(), v[..., :KV_TILE, :])
-    for start in range(KV_TILE, k.shape[2], KV_TILE):
-        tile = slice(start, start + KV_TILE)
-        out = out + torch.matmul(probs[..., tile].contiguous(), v[..., tile, :])
+    scores = torch.matmul(q, k.contiguous().transpose(-1, -2))
+    probs = torch.softmax(scores.masked_fill_(hidden, float("-inf")), dim=-1)
+    *lead, rows, length = probs.shape
+    tiles = length // KV_TILE
+    per_tile = torch.matmul(probs.view(*lead, rows, tiles, KV_TILE).transpose(-3, -2).contiguous(),
+                            v.contiguous().view(*lead, tiles, KV_TILE, v.shape[-1]))
+    out = per_tile[..., 0, :, :]
+    for tile in range(1, tiles):
+        out = out + per_tile[..., tile, :, :]
     return out
 
 
-def visible_keys(positions: torch.Tensor, length: int) -> torch.Tensor:
-    """Bool [R, length]: row ``r`` (a query at ``positions[r]``) sees keys 0 .. positions[r]."""
-    return torch.arange(length, device=positions.device)[None, :] <= positions[:, None]
+def hidden_keys(positions: torch.Tensor, length: int) -> torch.Tensor:
+    """Bool [R, length]: row ``r`` (a query at ``positions[r]``) may not see keys past positions[r]."""
+    return torch.arange(length, device=positions.device)[None, :] > positions[:, None]
 
 
 def check_kernels(model: Transformer) -> str | None:
@@ -155,9 +162,9 @@ def check_kernels(model: Transformer) -> str | None:
         length = tiled_length(max(lengths))
         keys = torch.stack([torch.cat([k[:n], rand(length - n, d)]) for n in lengths])[:, None]
         values = torch.stack([torch.cat([v[:n], rand(length - n, d)]) for n in lengths])[:, None]
-        visible = visible_keys(torch.tensor(positions * len(lengths)), length).view(
+        hidden = hidden_keys(torch.tensor(positions * len(lengths)), length).view(
             len(lengths), 1, len(positions), length)
-        return attend_tiled(queries, keys, values, visible)
+        return attend_tiled(queries, keys, values, hidden)
 
     alone = attend(pad_rows(q[None])[None, None], [pos] + [0] * (ROW_BLOCK - 1), [pos + 1])[0, 0, 0]
     # The query as row 8 of 9: a partial row block unless padded.
