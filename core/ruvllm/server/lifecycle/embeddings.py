@@ -1,20 +1,22 @@
-"""``POST /v1/embeddings``: OpenAI's embeddings endpoint over the engine's backend.
+"""Embeddings, in no API's words: what every surface that serves them (OpenAI's ``/v1/embeddings``,
+Ollama's ``/api/embed`` and ``/api/embeddings``, llama-server's ``/embedding``, Cohere's embed,
+the relevance scores) shares, returning vectors and token counts that each renders in its own shape.
 
 The whole request's inputs are one batch, run by the backend on the engine's model thread
 between two generation steps (``AsyncEngine.embed_async``), so concurrent embeddings and
 completions never touch the model from two threads. Vectors are the mean of each input's final
-hidden states, L2-normalised (``LlmBackend.embed_batch``); ``encoding_format: "base64"`` sends
-the little-endian float32 bytes, as OpenAI does (and as the ``openai`` client asks by default).
+hidden states, L2-normalised (``LlmBackend.embed_batch``). The refusals name the lifecycle's
+``input`` / ``input[i]``; a surface whose client sent another field says it in its own words
+(:mod:`ruvllm.server.http.field_names`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
 
+import attrs
 import numpy as np
 
 from ruvllm.errors import InvalidRequest
@@ -22,8 +24,24 @@ from ruvllm.server.lifecycle.model_pool import Route
 from ruvllm.serving import AsyncEngine
 from ruvllm.tokenizer import require_encodable
 
-#: OpenAI's limit on inputs per request.
+#: The most inputs one request may embed (OpenAI's limit, which every surface keeps).
 MAX_INPUTS = 2048
+
+
+@attrs.frozen(eq=False)
+class Embedded:
+    """A request's inputs embedded: one unit vector a row, in the order sent, and the tokens each
+    input was embedded from; each surface renders them in its own shape."""
+
+    #: float32 ``[inputs, dimensions]``, each row L2-normalised; no rows for no inputs.
+    vectors: np.ndarray
+    #: The tokens of each input, as embedded (after any cut).
+    token_counts: tuple[int, ...]
+
+    @property
+    def tokens(self) -> int:
+        """All the tokens embedded: what a surface reports as the request's usage."""
+        return sum(self.token_counts)
 
 
 def require_embeddings(route: Route, model: str | None, endpoint: str) -> None:
@@ -72,6 +90,17 @@ async def input_ids(engine: AsyncEngine, items: list[str | list[int]], *,
         for item in items)))
 
 
+async def embed_inputs(engine: AsyncEngine, items: list[str | list[int]], *,
+                       cut: Callable[[list[int]], list[int]] | None = None) -> Embedded:
+    """``items`` (what :func:`split_inputs` gives; none: no vectors) tokenized and embedded in one
+    batch, each from the ids ``cut(ids)`` keeps (None: all of them)."""
+    ids = await input_ids(engine, items) if items else []
+    if cut is not None:
+        ids = [cut(x) for x in ids]
+    vectors = np.asarray(await engine.embed_async(ids)) if ids else np.zeros((0, 0), dtype=np.float32)
+    return Embedded(vectors, tuple(len(x) for x in ids))
+
+
 async def embed_texts(engine: AsyncEngine, named: Sequence[tuple[str, str]],
                       cut: Callable[[str, list[int]], list[int]] | None = None) -> tuple[np.ndarray, int]:
     """Unit vectors of the texts of ``named`` ((field, text) pairs; a bad text is refused naming
@@ -112,20 +141,3 @@ def check_dimensions(dimensions: int | None) -> None:
     if dimensions is not None:
         raise InvalidRequest("dimensions", "is not supported: this model is not Matryoshka-trained, so a "
                              "shortened vector would not be a valid embedding; remove dimensions", dimensions)
-
-
-def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
-    if encoding_format == "base64":
-        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
-    return vector.astype(np.float32).tolist()
-
-
-def embeddings_response(vectors: np.ndarray, *, model: str, encoding_format: str,
-                        prompt_tokens: int) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": encode_vector(v, encoding_format)}
-                 for i, v in enumerate(vectors)],
-        "model": model,
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    }

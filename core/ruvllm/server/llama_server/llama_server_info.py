@@ -21,7 +21,7 @@ from ruvllm.errors import InvalidRequest
 from ruvllm.server.http.field_names import FieldNames
 from ruvllm.server.http.strict_fields import RequestBody, refuse_unknown_query
 from ruvllm.server.lifecycle.completion_service import CompletionService
-from ruvllm.server.lifecycle.embeddings import input_ids, require_embeddings, split_inputs
+from ruvllm.server.lifecycle.embeddings import embed_inputs, require_embeddings, split_inputs
 from ruvllm.server.lifecycle.model_pool import ModelPool
 from ruvllm.server.lifecycle.params import Limits, generation_params
 from ruvllm.server.lifecycle.request_input import RequestInput
@@ -98,11 +98,10 @@ def register_llama_server_info_routes(app: FastAPI, pool: ModelPool, limits: Lim
     @app.post("/embeddings")
     async def embedding(body: LlamaEmbeddingRequest) -> list[dict[str, Any]]:
         async with pool.route(body.model) as route:
-            engine = route.engine
             require_embeddings(route, body.model, "/embedding")
-            # The shared checks name OpenAI's ``input``; this client may have sent ``content``.
+            # The lifecycle's refusals name ``input``; this client may have sent ``content``.
             with FieldNames.of({"input": "content"} if body.content is not None else {}).speaking():
                 items = split_inputs(body.content if body.content is not None else body.input)
-                vectors = await engine.embed_async(await input_ids(engine, items))
-        vectors = normalized(np.asarray(vectors, dtype=np.float64), body.embd_normalize)
+                embedded = await embed_inputs(route.engine, items)
+        vectors = normalized(np.asarray(embedded.vectors, dtype=np.float64), body.embd_normalize)
         return [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)]

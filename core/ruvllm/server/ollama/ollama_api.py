@@ -39,7 +39,13 @@ from ruvllm.server.lifecycle.answering import answer
 from ruvllm.server.lifecycle.chat_run import prompt_reasoning, start_chat, thinks
 from ruvllm.server.lifecycle.completion_run import start_completion
 from ruvllm.server.lifecycle.completion_service import Outcome, Submission
-from ruvllm.server.lifecycle.embeddings import check_dimensions, input_ids, require_embeddings, split_inputs
+from ruvllm.server.lifecycle.embeddings import (
+    Embedded,
+    check_dimensions,
+    embed_inputs,
+    require_embeddings,
+    split_inputs,
+)
 from ruvllm.server.lifecycle.events import Event, Finish, Step, TokenLogprobs, logprob_entry
 from ruvllm.server.lifecycle.model_pool import ModelPool, Route
 from ruvllm.server.lifecycle.params import Limits, chat_prompt_ids, completion_prompts
@@ -352,13 +358,11 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
             return catalogue.show(route)
 
     async def vectors_of(model: str, inputs: list[str | list[int]],
-                         keep_alive: float | str | None) -> tuple[list[list[int]], Any, int]:
-        """The inputs' token ids, their vectors (as /v1/embeddings') and the model's load time."""
+                         keep_alive: float | str | None) -> tuple[Embedded, int]:
+        """The inputs embedded (as /v1/embeddings' vectors) and the model's load time."""
         async with _route(pool, model, keep_alive) as (route, load):
-            engine = route.engine
             require_embeddings(route, model, "/api/embed")
-            ids = await input_ids(engine, inputs) if inputs else []
-            return ids, (await engine.embed_async(ids) if ids else []), load
+            return await embed_inputs(route.engine, inputs), load
 
     @app.post("/api/embed")
     async def embed(body: OllamaEmbedRequest) -> dict[str, Any]:
@@ -367,19 +371,18 @@ def register_ollama_routes(app: FastAPI, pool: ModelPool, limits: Limits) -> Non
         check_dimensions(body.dimensions)
         # Ollama answers an empty input with no vectors (having loaded the model).
         inputs = split_inputs(body.input) if body.input not in ("", []) else []
-        ids, vectors, load = await vectors_of(body.model, inputs, body.keep_alive)
-        return {"model": body.model, "embeddings": [v.tolist() for v in vectors],
+        embedded, load = await vectors_of(body.model, inputs, body.keep_alive)
+        return {"model": body.model, "embeddings": [v.tolist() for v in embedded.vectors],
                 "total_duration": time.monotonic_ns() - started, "load_duration": load,
-                "prompt_eval_count": sum(len(x) for x in ids)}
+                "prompt_eval_count": embedded.tokens}
 
     @app.post("/api/embeddings")
     async def embeddings(body: OllamaEmbeddingsRequest) -> dict[str, Any]:
         """Ollama's older endpoint: one prompt, one vector (normalised here, as /api/embed's)."""
         refuse_embedding_options(body.options)
         with _in_ollama_terms("prompt"):
-            inputs = [body.prompt] if body.prompt else []
-            _, vectors, _ = await vectors_of(body.model, inputs, body.keep_alive)
-        return {"embedding": vectors[0].tolist() if body.prompt else []}
+            embedded, _ = await vectors_of(body.model, [body.prompt] if body.prompt else [], body.keep_alive)
+        return {"embedding": embedded.vectors[0].tolist() if body.prompt else []}
 
     @app.get("/api/version")
     async def version() -> dict[str, str]:

@@ -3,9 +3,10 @@
 Thin handlers, as every surface's are: parse the body, translate it into the lifecycle's neutral
 request (:mod:`ruvllm.server.openai.translation`), start it on the lifecycle
 (:func:`~ruvllm.server.lifecycle.chat_run.start_chat`,
-:func:`~ruvllm.server.lifecycle.completion_run.start_completion`), and render what comes back in
-OpenAI's shapes (:mod:`ruvllm.server.openai.formatters`), whole or streamed
-(:mod:`ruvllm.server.openai.delivery`). They live here, beside the Responses and Conversations
+:func:`~ruvllm.server.lifecycle.completion_run.start_completion`,
+:func:`~ruvllm.server.lifecycle.embeddings.embed_inputs`), and render what comes back in OpenAI's
+shapes (:mod:`ruvllm.server.openai.formatters`, :mod:`ruvllm.server.openai.embeddings`), whole or
+streamed (:mod:`ruvllm.server.openai.delivery`). They live here, beside the Responses and Conversations
 APIs, so that ``app.py`` only assembles the surfaces and none of them is the server's own.
 """
 
@@ -21,9 +22,8 @@ from ruvllm.server.lifecycle.chat_run import start_chat
 from ruvllm.server.lifecycle.completion_run import start_completion
 from ruvllm.server.lifecycle.embeddings import (
     check_dimensions,
+    embed_inputs,
     embedding_limit,
-    embeddings_response,
-    input_ids,
     require_embeddings,
     split_inputs,
 )
@@ -32,6 +32,7 @@ from ruvllm.server.lifecycle.params import Limits, completion_prompts, truncated
 from ruvllm.server.openai.chat_store import ChatCompletionStore, refuse_storing_nowhere
 from ruvllm.server.openai.delivery import answer
 from ruvllm.server.openai.echo import completion_formatter
+from ruvllm.server.openai.embeddings import embeddings_response
 from ruvllm.server.openai.formatters import ChatFormatter
 from ruvllm.server.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from ruvllm.server.openai.translation import COMPLETION_NAMES, chat_input, chat_names, completion_input
@@ -80,8 +81,6 @@ def register_completion_routes(app: FastAPI, pool: ModelPool, limits: Limits,
             require_embeddings(route, body.model, "/v1/embeddings")
             check_dimensions(body.dimensions)
             most = embedding_limit(engine)
-            ids = [truncated(x, body.truncate_prompt_tokens, body.truncation_side, most)
-                   for x in await input_ids(engine, split_inputs(body.input))]
-            vectors = await engine.embed_async(ids)
-        return embeddings_response(vectors, model=route.served_name, encoding_format=body.encoding_format,
-                                   prompt_tokens=sum(len(x) for x in ids))
+            embedded = await embed_inputs(engine, split_inputs(body.input), cut=lambda ids: truncated(
+                ids, body.truncate_prompt_tokens, body.truncation_side, most))
+        return embeddings_response(embedded, model=route.served_name, encoding_format=body.encoding_format)
