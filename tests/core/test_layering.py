@@ -2,11 +2,14 @@
 
 ``lint-imports`` runs the contracts: core's layers (front ends above the engine and the LLM facade,
 those above core's shared modules), no cycle between siblings at any depth, no server API surface
-importing another, core importing no plugin, backend plugins independent. The second test runs the
-same contracts over a copy of core with a deliberate upward import, a deliberate cycle (the two the
-code used to have: ``guided/`` importing the server, and ``server/extensions/lora.py`` <->
-``server/lifecycle/model_pool.py``) and one surface importing another (Ollama's through OpenAI's
-Responses API), and expects each to be reported: a check that cannot fail would prove nothing.
+importing another, the server's lifecycle and http packages importing no surface, core importing
+no plugin, backend plugins independent. The second test runs the same contracts over a copy of
+core with a deliberate upward import, a deliberate cycle (the two the code used to have:
+``guided/`` importing the server, and ``server/extensions/lora.py`` <->
+``server/lifecycle/model_pool.py``), one surface importing another (Ollama's through OpenAI's
+Responses API) and the lifecycle speaking a surface's dialect (its embeddings writing OpenAI's
+list, as they once did), and expects each to be reported: a check that cannot fail would prove
+nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def lint_imports(cwd: Path, *, pythonpath: Path | None = None) -> subprocess.Com
 def test_the_code_keeps_its_layers():
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 5 kept, 0 broken." in result.stdout, result.stdout
+    assert "Contracts: 6 kept, 0 broken." in result.stdout, result.stdout
 
 
 def _append(path: Path, text: str) -> None:
@@ -50,13 +53,18 @@ def test_an_upward_import_and_a_cycle_break_the_contracts(tmp_path):
             "\n\ndef _probe():\n    import ruvllm.server.extensions.lora  # noqa\n")
     _append(copy / "server" / "ollama" / "ollama_api.py",
             "\n\ndef _probe():\n    import ruvllm.server.openai.responses_api  # noqa\n")
+    _append(copy / "server" / "lifecycle" / "embeddings.py",
+            "\n\ndef _probe():\n    import ruvllm.server.openai.embeddings  # noqa\n")
     result = lint_imports(tmp_path, pythonpath=tmp_path / "core")
     out = result.stdout
     assert result.returncode != 0, out
-    assert "Contracts: 2 kept, 3 broken." in out, out
+    assert "Contracts: 2 kept, 4 broken." in out, out
     assert "ruvllm.guided is not allowed to import ruvllm.server" in out, out  # the layers
     assert "- ruvllm.guided.grammar -> ruvllm.server.http.sse" in out, out
     assert "No cycles are allowed in ruvllm.server." in out, out  # the cycle, found one level down
     assert "- .lifecycle -> .extensions" in out, out
     assert "ruvllm.server.ollama is not allowed to import ruvllm.server.openai" in out, out  # a surface
     assert "- ruvllm.server.ollama.ollama_api -> ruvllm.server.openai.responses_api" in out, out
+    # The lifecycle importing a surface (the first probe's extensions counts too, so name this one).
+    assert "ruvllm.server.lifecycle is not allowed to import ruvllm.server.openai" in out, out
+    assert "-   ruvllm.server.lifecycle.embeddings -> ruvllm.server.openai.embeddings" in out, out
