@@ -30,8 +30,8 @@ from ruvllm.guided.tools import plan_tools
 from ruvllm.server.http.chat_messages import message_dicts
 from ruvllm.server.http.errors import ruvllm_error_body
 from ruvllm.server.http.field_names import FieldNames, in_terms
-from ruvllm.server.http.sse import SSEResponse, sse_event
-from ruvllm.server.lifecycle.answering import CLIENT_GONE
+from ruvllm.server.http.sse import sse_event
+from ruvllm.server.lifecycle import answering
 from ruvllm.server.lifecycle.completion_run import start_completion
 from ruvllm.server.lifecycle.completion_service import CompletionService, Submission
 from ruvllm.server.lifecycle.model_pool import ModelPool, Route
@@ -323,11 +323,11 @@ class _Exchange:
 
     async def answer(self, request: Request) -> Response:
         """The event stream, or the final objects (one, or a list for several prompts)."""
-        if self.body.stream:
-            events = (sse_event(obj) async for _, obj in self.objects())
-            return SSEResponse(events, on_close=self.submission.cancel)
-        answered = await self.submission.unless_gone(self._whole(), request.is_disconnected)
-        return Response(status_code=CLIENT_GONE) if answered is None else answered
+        def streamed() -> AsyncIterator[str]:
+            return (sse_event(obj) async for _, obj in self.objects())
+
+        return await answering.answer(self.submission, request,
+                                      streamed=streamed if self.body.stream else None, read_whole=self._whole)
 
     async def _whole(self) -> Response:
         """The final objects (one, or a list for several prompts) once every answer ended, or the
