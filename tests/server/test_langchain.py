@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from server_helpers import API_KEY
-
-pytest.importorskip("langchain_openai")
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableParallel
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
+from server_helpers import API_KEY
 
 
 class WeatherArgs(BaseModel):

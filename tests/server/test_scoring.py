@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import cohere
 import httpx
 import numpy as np
 import pytest
@@ -36,7 +37,6 @@ def cosine(server, a: str, b: str) -> float:
 
 
 def test_cohere_client_ranks_the_paraphrase_first(server, model_name):
-    cohere = pytest.importorskip("cohere")
     client = cohere.ClientV2(api_key=API_KEY, base_url=server.url, timeout=120)
     docs = [MONEY, CAT, STOCKS]
     answer = client.rerank(model=model_name, query=KITTEN, documents=docs)
