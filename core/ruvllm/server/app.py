@@ -36,7 +36,7 @@ from ruvllm.server.http.json_bodies import JsonBodiesMiddleware
 from ruvllm.server.http.limits import RequestLimitsMiddleware, authorized
 from ruvllm.server.http.path_aliases import PathAliasesMiddleware
 from ruvllm.server.lifecycle.batch_lane import BatchLane
-from ruvllm.server.lifecycle.model_pool import ModelEntry, ModelPool
+from ruvllm.server.lifecycle.model_pool import ModelEntry, ModelPool, ServedModel
 from ruvllm.server.lifecycle.params import Limits
 from ruvllm.server.lifecycle.scheduling import priority_scheduling
 from ruvllm.server.llama_server.llama_server_api import register_llama_server_routes
@@ -84,6 +84,23 @@ class ServerSettings:
     reload: Callable[[], AsyncEngine] | None = None
     #: The chat page at ``/`` (for a browser) and ``/ui`` (``--no-ui``: off).
     ui: bool = True
+
+
+def model_card(served: ServedModel) -> dict[str, Any]:
+    """A ``/v1/models`` entry, which OpenAI's and Anthropic's SDKs both list from: OpenAI's
+    ``model`` (``object``, ``created``, ``owned_by``) and Anthropic's (``type``, ``display_name``,
+    ``created_at``, ``max_input_tokens``) in one object (``created`` 0: ruvllm knows no model's
+    release date), with vLLM's ``root``, ``parent`` and ``max_model_len`` and ruvllm's state."""
+    card: dict[str, Any] = {
+        "id": served.name, "object": "model", "created": 0, "owned_by": "ruvllm", "type": "model",
+        "display_name": served.name, "created_at": "1970-01-01T00:00:00Z", "lifecycle": "active",
+        "root": served.root, "parent": served.parent, "state": served.state.value}
+    if served.context_length is not None:
+        card.update(max_model_len=served.context_length, max_input_tokens=served.context_length,
+                    backend=served.backend, tool_format=served.tool_format)
+    if served.error is not None:
+        card["error"] = served.error
+    return card
 
 
 def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> FastAPI:
@@ -194,14 +211,14 @@ def create_app(engine: AsyncEngine | ModelPool, settings: ServerSettings) -> Fas
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        cards = pool.cards()
+        cards = [model_card(m) for m in pool.served()]
         # OpenAI's list, and Anthropic's page (every model on it).
         return {"object": "list", "data": cards, "has_more": False,
                 "first_id": cards[0]["id"] if cards else None, "last_id": cards[-1]["id"] if cards else None}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
-        return pool.card(model_id)
+        return model_card(pool.served_one(model_id))
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -26,7 +26,6 @@ import enum
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any
 
 import attrs
 
@@ -112,11 +111,23 @@ class Route:
     entry: str
 
 
-def _card(name: str) -> dict[str, Any]:
-    """What a ``/v1/models`` entry carries for OpenAI's and Anthropic's SDKs alike (``created``
-    0: ruvllm knows no model's release date)."""
-    return {"id": name, "object": "model", "created": 0, "owned_by": "ruvllm", "type": "model",
-            "display_name": name, "created_at": "1970-01-01T00:00:00Z", "lifecycle": "active"}
+@attrs.frozen
+class ServedModel:
+    """A name the pool answers to, in no API's shape: a model, or an adapter on its model (which
+    app.py lists at ``/v1/models`` in the shape OpenAI's and Anthropic's SDKs both read)."""
+
+    name: str
+    #: Where it comes from: the model's path or reference, the adapter's path.
+    root: str | None
+    #: The model an adapter belongs to; None for a model.
+    parent: str | None
+    state: ModelState
+    #: A loaded model's context (None while not loaded, and for an adapter).
+    context_length: int | None = None
+    backend: str | None = None
+    tool_format: str | None = None
+    #: Why a model failed to load.
+    error: str | None = None
 
 
 class ModelPool:
@@ -407,32 +418,29 @@ class ModelPool:
 
     # ------------------------------------------------------------------ /v1/models
 
-    def cards(self) -> list[dict[str, Any]]:
-        """``/v1/models`` entries: each model with its state, then each adapter with its parent.
-        Each card is both OpenAI's ``model`` (``object``, ``created``, ``owned_by``) and
-        Anthropic's (``type``, ``display_name``, ``created_at``, ``max_input_tokens``), so that
-        either SDK's ``models.list()`` reads it."""
+    def served(self) -> list[ServedModel]:
+        """Every name served: each model with its state, then each adapter with its parent."""
         out = []
         for entry in self.entries.values():
             engine = entry.engine
-            card: dict[str, Any] = {**_card(entry.name), "root": entry.spec.reference or entry.name,
-                                    "parent": None, "state": entry.state.value}
-            if engine is not None:
-                context = engine.info.context_length
-                card.update(root=engine.info.path or entry.spec.reference or entry.name,
-                            max_model_len=context, max_input_tokens=context, backend=engine.backend_name,
-                            tool_format=tool_format(engine.info.chat_template))
-            if entry.state is ModelState.FAILED and entry.error is not None:
-                card["error"] = str(entry.error)
-            out.append(card)
+            error = str(entry.error) if entry.state is ModelState.FAILED and entry.error is not None else None
+            if engine is None:
+                out.append(ServedModel(entry.name, entry.spec.reference or entry.name, None, entry.state,
+                                       error=error))
+                continue
+            info = engine.info
+            out.append(ServedModel(entry.name, info.path or entry.spec.reference or entry.name, None,
+                                   entry.state, context_length=info.context_length,
+                                   backend=engine.backend_name, tool_format=tool_format(info.chat_template),
+                                   error=error))
         for adapter, entry in self._adapters.items():
             path = entry.adapters.get(adapter) or entry.spec.adapters.get(adapter)
-            out.append({**_card(adapter), "root": path, "parent": entry.name,
-                        "state": entry.state.value if adapter in entry.adapters or entry.engine is None
-                        else ModelState.UNLOADED.value})
+            state = entry.state if adapter in entry.adapters or entry.engine is None else ModelState.UNLOADED
+            out.append(ServedModel(adapter, path, entry.name, state))
         return out
 
-    def card(self, name: str) -> dict[str, Any]:
+    def served_one(self, name: str) -> ServedModel:
+        """The model or adapter ``name`` picks (:class:`~ruvllm.errors.ModelNotFound` for another)."""
         entry, adapter = self.entry_for(name)
         wanted = adapter or entry.name
-        return next(c for c in self.cards() if c["id"] == wanted)
+        return next(m for m in self.served() if m.name == wanted)
