@@ -80,3 +80,46 @@ def test_model_info_from_gguf(llm):
     assert info.quantization == "Q4_1"
     assert info.parameters and 100e6 < info.parameters < 200e6
     assert info.chat_template and "<|im_start|>" in info.chat_template
+
+
+def test_encodes_on_many_threads_beside_a_decode(llm):
+    """``thread_safe``: the serving engine tokenizes prompts off its model thread, while a forward
+    pass may run there; encodes on four threads, beside generation, agree with one thread's."""
+    import threading
+
+    from ruvllm import GenerationParams
+
+    tok = llm.tokenizer
+    assert tok.thread_safe
+    want = [tok.encode(t, add_special=True) for t in TEXTS]
+    got: list[list[list[int]]] = []
+    stop = threading.Event()
+
+    def encode_many() -> None:
+        out = []
+        while not stop.is_set() or not out:
+            out.append([tok.encode(t, add_special=True) for t in TEXTS])
+        got.extend(out)
+
+    workers = [threading.Thread(target=encode_many) for _ in range(4)]
+    for w in workers:
+        w.start()
+    try:
+        llm.generate("Once upon a time", GenerationParams(max_tokens=8))
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    assert got and all(ids == want for ids in got)
+
+
+def test_a_closed_model_refuses_to_encode(test_options):
+    from ruvllm import LLM
+    from ruvllm.errors import BackendError
+
+    llm = LLM(backend="llamacpp", options=test_options)
+    tok = llm.tokenizer
+    assert tok.encode("hi", add_special=False)
+    llm.close()
+    with pytest.raises(BackendError, match="closed"):
+        tok.encode("hi")

@@ -58,6 +58,8 @@ class _Handles:
         self.batch: Any = None
         #: The embeddings context, created on first use (freed before the model).
         self.embedder: LlamaCppEmbedder | None = None
+        #: The model's tokenizer, closed before the model is freed (it may encode on any thread).
+        self.tokenizer: LlamaCppTokenizer | None = None
 
     def close(self) -> None:
         if self.embedder is not None:
@@ -69,6 +71,8 @@ class _Handles:
         if self.ctx is not None:
             self.lib.llama_free(self.ctx)
             self.ctx = None
+        if self.tokenizer is not None:
+            self.tokenizer.close()
         if self.model is not None:
             self.lib.llama_model_free(self.model)
             self.model = None
@@ -199,7 +203,7 @@ class LlamaCppBackend(LlmBackend):
         self.n_ctx_train = n_ctx_train
         assert handles.model is not None
         vocab = llama_cpp.llama_model_get_vocab(handles.model)
-        self._tokenizer = LlamaCppTokenizer(llama_cpp, vocab)
+        self._tokenizer = handles.tokenizer = LlamaCppTokenizer(llama_cpp, vocab)
         self.metadata = read_metadata(llama_cpp, handles.model)
         self._info = model_info(llama_cpp, handles.model, source, self.metadata, self._tokenizer, n_ctx)
         #: KV bytes of one token (keys and values over every layer in the type_k / type_v cell

@@ -10,18 +10,29 @@ uses as its "wait for more" signal.
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Sequence
 from types import ModuleType
 
+from ruvllm.errors import BackendError
 from ruvllm.types import FimTokens
 
 
 class LlamaCppTokenizer:
     """Tokenizer of one loaded llama.cpp model (valid while the model is loaded)."""
 
+    #: :meth:`encode` may run on any thread, beside a forward pass on the model thread: llama.cpp
+    #: only reads the vocabulary (llama-server tokenizes on its HTTP threads while it decodes),
+    #: and :meth:`close` waits for a running call before the model is freed. The serving engine
+    #: then tokenizes a prompt without waiting for its model thread to finish a step.
+    thread_safe = True
+
     def __init__(self, llama_cpp: ModuleType, vocab: int):
         self._lib = llama_cpp
         self._vocab = vocab
+        # Held by encode() and close(): the vocabulary is freed with the model.
+        self._lock = threading.Lock()
+        self._closed = False
         self._token_t = llama_cpp.llama_token
         n = int(llama_cpp.llama_vocab_n_tokens(vocab))
         self._n_vocab = n
@@ -79,14 +90,22 @@ class LlamaCppTokenizer:
         capacity = len(data) + 2
         while True:
             buf = (self._token_t * capacity)()
-            n = self._lib.llama_tokenize(
-                self._vocab, data, len(data), buf, capacity, add_special, parse_special
-            )
+            with self._lock:
+                if self._closed:
+                    raise BackendError("the llamacpp model is closed; its tokenizer cannot encode")
+                n = self._lib.llama_tokenize(
+                    self._vocab, data, len(data), buf, capacity, add_special, parse_special
+                )
             if n >= 0:
                 return list(buf[:n])
             if -n <= capacity:  # pragma: no cover - llama.cpp reports a size it then rejects
                 raise RuntimeError(f"llama_tokenize failed ({n}) on {len(data)} bytes")
             capacity = -n
+
+    def close(self) -> None:
+        """The model is about to be freed: wait for a running :meth:`encode`, refuse later ones."""
+        with self._lock:
+            self._closed = True
 
     def decode_bytes(self, ids: Sequence[int], *, skip_special: bool = True) -> bytes:
         """The raw bytes of ``ids`` (what :meth:`decode` turns into text)."""
