@@ -26,6 +26,8 @@ An executor whose kernels compute a row differently in a large step than in a sm
 ``split_prompt_tail = True``: the engine then ends every prefill with a chunk of its own from the
 prompt's last whole block on, the rows a later prefix-cache hit on the same prompt recomputes,
 so a repeated request computes them the same way (llama.cpp's flash attention; docs/engine.md).
+With ``split_prompt_tail_rows = N`` (the fewest rows its other kernel takes), a prompt prefilled
+alone in one step of fewer than N rows is not split: every row of it already takes the small kernel.
 """
 
 from __future__ import annotations

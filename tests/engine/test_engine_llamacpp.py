@@ -173,7 +173,9 @@ def test_auto_donors_fit_beside_a_large_max_num_seqs(backend):
         ServingEngine(backend, EngineOptions(max_num_seqs=250, prefix_donor_slots=16), owns_backend=False)
 
 
-def test_a_request_repeated_after_other_traffic_computes_the_same_logits(backend):
+@pytest.mark.parametrize("question", [LONG * 2 + " Why did they measure it?", LONG + " Why?"],
+                         ids=["over-64-tokens", "under-64-tokens"])
+def test_a_request_repeated_after_other_traffic_computes_the_same_logits(backend, question):
     """The same greedy request twice on an idle engine, other requests (and a hit on its own
     cached prefix) between: every row it samples from is bit-identical. The hit brings every
     prompt position but the last back as the bytes the first run computed (donors are parked,
@@ -181,8 +183,10 @@ def test_a_request_repeated_after_other_traffic_computes_the_same_logits(backend
     the rows after the last whole block by themselves (``split_prompt_tail``: flash attention's
     tiled and per-row kernels round differently), as the repeat computes its last one.
     Without that split this test fails at the first row; with flash attention off and donors
-    kept in the pool (``park_prefixes = false``) it failed too (rows moved by 0.58)."""
-    question = backend.tokenizer.encode(LONG * 2 + " Why did they measure it?")
+    kept in the pool (``park_prefixes = false``) it failed too (rows moved by 0.58). A prompt
+    under 64 tokens, alone in its step, is prefilled in one step (``split_prompt_tail_rows``):
+    every row of it takes the per-row kernel already."""
+    question = backend.tokenizer.encode(question)
     params = GenerationParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     others = [backend.tokenizer.encode(p) for p in (*PROMPTS[:2], LONG * 2)]
     with ServingEngine(backend, EngineOptions(max_num_seqs=4), owns_backend=False) as eng:

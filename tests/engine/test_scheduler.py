@@ -21,13 +21,14 @@ class Clock:
 
 
 def make(executor, *, budget=64, max_seqs=8, policy="fcfs", prefix=True, aging=5.0, chunk=0, clock=None,
-         tail=False):
+         tail=False, tail_rows=0):
     """A scheduler wired as ExecutorCore wires it (donor slots for a per-sequence executor)."""
     blocks = BlockManager(executor.num_blocks, executor.block_size, enable_prefix_caching=prefix,
                           watermark=0.0)
     max_seqs = min(max_seqs, executor.max_sequences)
     cfg = SchedulerConfig(max_batch_tokens=budget, max_num_seqs=max_seqs, policy=policy,
-                          aging_interval=aging, max_prefill_chunk=chunk, split_prompt_tail=tail)
+                          aging_interval=aging, max_prefill_chunk=chunk, split_prompt_tail=tail,
+                          split_prompt_tail_rows=tail_rows)
     per_seq = executor.kv_layout == "per_sequence" and prefix
     pool = ParkedDonorPool if getattr(executor, "detached_donors", False) else DonorSlotPool
     slots = (pool(executor.max_sequences, executor.max_sequences - max_seqs, blocks) if per_seq
@@ -145,6 +146,30 @@ def test_split_prompt_tail_prefills_the_rows_a_repeat_recomputes_by_themselves(t
     assert chunks[n_first:] == [(20, 23)]
     assert chunks[:n_first] == ([(0, 20), (20, 23)] if tail else [(0, 23)])
     assert first["a"] == again["b"] == reference_greedy(p, 6)
+
+
+@pytest.mark.parametrize("tail_rows", [23, 24])
+def test_a_prompt_alone_under_split_prompt_tail_rows_is_prefilled_in_one_step(tail_rows):
+    """Alone in its step, a 23-token prompt is split only when its 23 rows reach the executor's
+    other kernel (``split_prompt_tail_rows``); its repeat still recomputes [20, 23)."""
+    p = prompts(1, seed=2, lo=23, hi=24)[0]
+    ex = PagedFakeExecutor(num_blocks=100, block_size=4)
+    sched = make(ex, tail=True, tail_rows=tail_rows)
+    first = run_all(sched, ex, [SchedRequest("a", list(p), 6)])
+    chunks = [(e.start_pos, e.start_pos + len(e.tokens)) for s in ex.steps for e in s if len(e.tokens) > 1]
+    assert chunks == ([(0, 23)] if tail_rows > 23 else [(0, 20), (20, 23)])
+    assert first["a"] == reference_greedy(p, 6)
+
+
+def test_a_prompt_beside_other_requests_is_still_split():
+    """With another request waiting (or running), the prompt's step may hold more rows than its
+    own: it keeps the split, whatever ``split_prompt_tail_rows``."""
+    ps = prompts(2, seed=2, lo=23, hi=24)
+    ex = PagedFakeExecutor(num_blocks=100, block_size=4)
+    sched = make(ex, tail=True, tail_rows=64, budget=128)
+    run_all(sched, ex, [SchedRequest("a", list(ps[0]), 6), SchedRequest("b", list(ps[1]), 6)])
+    first_step = [(e.start_pos, e.start_pos + len(e.tokens)) for e in ex.steps[0]]
+    assert first_step == [(0, 20), (0, 20)]
 
 
 @pytest.mark.parametrize("executor_cls", [PagedFakeExecutor, PerSeqFakeExecutor])

@@ -45,6 +45,7 @@ class ExecutorCore:
             max_num_seqs=max_running,
             max_batch_tokens=min(options.max_batch_tokens, executor.max_batch_tokens),
             split_prompt_tail=getattr(executor, "split_prompt_tail", False),
+            split_prompt_tail_rows=getattr(executor, "split_prompt_tail_rows", 0),
         )
         per_sequence = self._per_sequence = executor.kv_layout == "per_sequence"
         #: Verifying drafts needs logits at every position of an entry (``all_logits``); without

@@ -183,7 +183,7 @@ class EngineOptions:
         return backend_default if limit is None else max(0, min(backend_default, limit - self.max_num_seqs))
 
     def scheduler_config(self, max_num_seqs: int, max_batch_tokens: int,
-                         split_prompt_tail: bool = False) -> SchedulerConfig:
+                         split_prompt_tail: bool = False, split_prompt_tail_rows: int = 0) -> SchedulerConfig:
         return SchedulerConfig(
             max_batch_tokens=max_batch_tokens,
             max_num_seqs=max_num_seqs,
@@ -191,4 +191,5 @@ class EngineOptions:
             aging_interval=self.aging_interval,
             max_prefill_chunk=self.max_prefill_chunk,
             split_prompt_tail=split_prompt_tail,
+            split_prompt_tail_rows=split_prompt_tail_rows,
         )

@@ -49,6 +49,12 @@ class SchedulerConfig:
     #: prefix-cache hit on the same tokens recomputes (BlockManager.lookup_prefix), so they are
     #: computed by the same few-row step both times (the executor's ``split_prompt_tail``).
     split_prompt_tail: bool = False
+    #: With ``split_prompt_tail``: the fewest rows of a step that the executor computes with its
+    #: other kernel (llama.cpp's tiled flash attention: 64). A prompt whose rest is prefilled in
+    #: one step of fewer rows, with nothing else in that step, already computes every row as a
+    #: repeat's smaller step does: it is not split, and its first token comes a step sooner.
+    #: 0: always split.
+    split_prompt_tail_rows: int = 0
 
     def __attrs_post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_num_seqs"):
@@ -211,7 +217,9 @@ class Scheduler:
                 hit = self.blocks.lookup_prefix(req.token_ids, req.cache_salt)
                 if self.copy_prefixes:
                     donor, hit = self.slots.donor_for(hit, req.token_ids, req.cache_salt)
-            n = self._tail_split(req, hit.num_tokens, min(len(req.token_ids) - hit.num_tokens, budget))
+            # Alone: no request runs and none other waits, so this chunk is the step's only one.
+            n = self._tail_split(req, hit.num_tokens, min(len(req.token_ids) - hit.num_tokens, budget),
+                                 alone=not self.running and len(self.waiting) == 1)
             if self.config.max_prefill_chunk:
                 n = min(n, self.config.max_prefill_chunk)
             if not self.blocks.can_admit(hit.num_tokens + n, hit):
@@ -287,10 +295,13 @@ class Scheduler:
             n = min(n, self.config.max_prefill_chunk)
         return n
 
-    def _tail_split(self, req: SchedRequest, start: int, n: int) -> int:
+    def _tail_split(self, req: SchedRequest, start: int, n: int, *, alone: bool = False) -> int:
         """``n``, or fewer so that a chunk from ``start`` stops where a prefix-cache hit on
-        ``req``'s tokens would resume (``split_prompt_tail``)."""
+        ``req``'s tokens would resume (``split_prompt_tail``); not when the chunk is ``alone``
+        in its step, ends the prompt and is under ``split_prompt_tail_rows``."""
         if not self.config.split_prompt_tail:
+            return n
+        if alone and start + n == len(req.token_ids) and n < self.config.split_prompt_tail_rows:
             return n
         bs = self.blocks.block_size
         tail = (len(req.token_ids) - 1) // bs * bs

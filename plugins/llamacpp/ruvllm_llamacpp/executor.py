@@ -50,6 +50,9 @@ from ruvllm_llamacpp.parked import ParkedPrefix, restore_sequence, save_sequence
 log = logging.getLogger(__name__)
 
 _DECODE_ERRORS = {1: "no free KV slot", 2: "aborted", -1: "invalid batch"}
+#: Rows of a micro-batch from which llama.cpp's CPU flash attention takes its tiled kernel
+#: (``GGML_FA_TILE_Q``, ggml-cpu/common.h); fewer take the per-row one.
+FA_TILED_ROWS = 64
 #: Cells of the batch-invariant mode's start-up check (its prompts take about a hundred).
 CHECK_CELLS = 256
 
@@ -109,6 +112,9 @@ class LlamaCppExecutor:
         #: per-row one below, which round differently: a prompt's last rows, the ones a
         #: prefix-cache hit on it recomputes, get a step of their own (ruvllm.executor).
         self.split_prompt_tail = flash_attn and not batch_invariant
+        #: A prompt alone in a step of fewer rows takes the per-row kernel throughout: no split
+        #: (at one client a short prompt's first token then costs one llama_decode, not two).
+        self.split_prompt_tail_rows = FA_TILED_ROWS
         #: The batch-invariant mode's bookkeeping (None: off); every row then takes the per-row
         #: kernel, so no tail needs a step of its own.
         self.cell_order = (CellOrder(llama_cpp, c.ctx, c.mem, spare=max_sequences)
