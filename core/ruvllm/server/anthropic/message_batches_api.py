@@ -27,7 +27,7 @@ from pydantic import Field
 from ruvllm.errors import InvalidRequest
 from ruvllm.server.http.cursor_page import check_limit, ends, window
 from ruvllm.server.http.strict_fields import RequestBody, StrictModel, refuse_unknown_query
-from ruvllm.server.lifecycle.batch_lane import BatchBook, BatchLane, BatchLine, succeeded
+from ruvllm.server.lifecycle.batch_lane import BatchBook, BatchLane, BatchLine, LineAnswer
 
 #: How long Anthropic gives a batch; here it only dates ``expires_at`` (a batch ends when its
 #: requests are answered, and none expires).
@@ -59,7 +59,7 @@ class MessageBatch:
     created_at: datetime.datetime = attrs.field(factory=_now)
     ended_at: datetime.datetime | None = None
     cancel_initiated_at: datetime.datetime | None = None
-    results: dict[int, dict[str, Any]] = attrs.field(factory=dict)
+    results: dict[int, LineAnswer] = attrs.field(factory=dict)
     task: asyncio.Task | None = None
 
     @property
@@ -74,13 +74,13 @@ class MessageBatch:
         outcome = self.results.get(index)
         if outcome is None:
             result: dict[str, Any] = {"type": "canceled"}
-        elif succeeded(outcome):
-            result = {"type": "succeeded", "message": outcome["response"]["body"]}
-        elif outcome["response"] is not None:
-            result = {"type": "errored", "error": outcome["response"]["body"]}
+        elif outcome.succeeded:
+            result = {"type": "succeeded", "message": outcome.body}
+        elif outcome.status is not None:
+            result = {"type": "errored", "error": outcome.body}
         else:
             result = {"type": "errored", "error": {"type": "error", "error": {
-                "type": "api_error", "message": outcome["error"]["message"]}}}
+                "type": "api_error", "message": outcome.failure}}}
         return {"custom_id": line.custom_id, "result": result}
 
     def card(self) -> dict[str, Any]:

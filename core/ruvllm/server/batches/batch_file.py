@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -28,7 +29,7 @@ import attrs
 import httpx
 
 from ruvllm.errors import BatchFileError
-from ruvllm.server.lifecycle.batch_lane import BatchLane, BatchLine, succeeded
+from ruvllm.server.lifecycle.batch_lane import BatchLane, BatchLine, LineAnswer
 
 #: The routes a batch line may name: OpenAI's batch endpoints this server has, and Anthropic's
 #: Messages API (whose answers keep their own shape).
@@ -138,6 +139,22 @@ class _OrderedWriter:
         self._out.flush()
 
 
+def output_line(answer: LineAnswer) -> dict[str, Any]:
+    """A line's answer as OpenAI's batch output line (``{"id", "custom_id", "response":
+    {"status_code", "request_id", "body"}, "error"}``; ``response`` null and ``error`` set where
+    the line got no answer at all)."""
+    line_id = f"batch_req_{uuid.uuid4().hex}"
+    if answer.status is None:
+        return {"id": line_id, "custom_id": answer.custom_id, "response": None,
+                "error": {"code": "batch_request_failed", "message": answer.failure}}
+    body = answer.body
+    request_id = body.get("id") if isinstance(body, dict) and isinstance(body.get("id"), str) else None
+    return {"id": line_id, "custom_id": answer.custom_id,
+            "response": {"status_code": answer.status, "request_id": request_id or f"req_{uuid.uuid4().hex}",
+                         "body": body},
+            "error": None}
+
+
 async def run_lines(app: Any, lines: list[BatchLine], out: TextIO, *, window: int,
                     progress: Callable[[int, int], None] | None = None) -> BatchSummary:
     """Run ``lines`` through ``app`` (started and stopped here, as a server would), at most
@@ -145,11 +162,11 @@ async def run_lines(app: Any, lines: list[BatchLine], out: TextIO, *, window: in
     writer = _OrderedWriter(out)
     done = answered = 0
 
-    def on_result(index: int, result: dict[str, Any]) -> None:
+    def on_result(index: int, answer: LineAnswer) -> None:
         nonlocal done, answered
-        writer.add(index, result)
+        writer.add(index, output_line(answer))
         done += 1
-        answered += succeeded(result)
+        answered += answer.succeeded
         if progress is not None:
             progress(done, len(lines))
 

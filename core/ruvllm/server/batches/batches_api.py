@@ -32,11 +32,11 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from ruvllm.errors import BatchFileError, InvalidRequest
-from ruvllm.server.batches.batch_file import BATCH_URLS, parse_batch
+from ruvllm.server.batches.batch_file import BATCH_URLS, output_line, parse_batch
 from ruvllm.server.batches.file_store import FileStore
 from ruvllm.server.http.cursor_page import page
 from ruvllm.server.http.strict_fields import RequestBody, StrictModel, refuse_unknown_query
-from ruvllm.server.lifecycle.batch_lane import BatchBook, BatchLane, BatchLine, succeeded
+from ruvllm.server.lifecycle.batch_lane import BatchBook, BatchLane, BatchLine, LineAnswer
 
 #: The endpoints a batch may run: OpenAI's batch endpoints this server has (a batch file's routes
 #: but Anthropic's, which its own Message Batches run).
@@ -74,7 +74,7 @@ class BatchJob:
     status: str = "validating"
     times: dict[str, int] = attrs.field(factory=dict)
     errors: list[dict[str, Any]] | None = None
-    results: dict[int, dict[str, Any]] = attrs.field(factory=dict)
+    results: dict[int, LineAnswer] = attrs.field(factory=dict)
     output_file_id: str | None = None
     error_file_id: str | None = None
     task: asyncio.Task | None = None
@@ -90,7 +90,7 @@ class BatchJob:
 
     def card(self) -> dict[str, Any]:
         """OpenAI's ``batch`` object."""
-        failed = sum(not succeeded(r) for r in self.results.values())
+        failed = sum(not r.succeeded for r in self.results.values())
         stamps = {f"{s}_at": self.times.get(f"{s}_at") for s in
                   ("in_progress", "finalizing", "completed", "failed", "cancelling", "cancelled")}
         return {"id": self.id, "object": "batch", "endpoint": self.endpoint, "model": self.model,
@@ -101,7 +101,7 @@ class BatchJob:
                 "expires_at": None, "expired_at": None,
                 "request_counts": {"total": len(self.lines), "completed": len(self.results) - failed,
                                    "failed": failed},
-                "usage": batch_usage(r["response"]["body"] for r in self.results.values() if succeeded(r)),
+                "usage": batch_usage(r.body for r in self.results.values() if r.succeeded),
                 "metadata": self.metadata}
 
 
@@ -196,7 +196,7 @@ class BatchService(BatchBook[BatchJob]):
     def _write_files(self, job: BatchJob) -> None:
         ordered = [job.results[i] for i in sorted(job.results)]
         for ok, attribute in ((True, "output_file_id"), (False, "error_file_id")):
-            chosen = [r for r in ordered if succeeded(r) == ok]
+            chosen = [output_line(r) for r in ordered if r.succeeded == ok]
             if chosen:
                 data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chosen).encode("utf-8")
                 stored = self.files.write(data, filename=f"{job.id}_{attribute.split('_')[0]}.jsonl",

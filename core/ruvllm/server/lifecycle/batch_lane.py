@@ -3,16 +3,16 @@
 OpenAI's Batch API (and ``ruvllm run-batch``) and Anthropic's Message Batches differ in how a
 batch is created, listed and reported, not in how a line is answered: each line is sent to this
 server's route for its URL through the ASGI app, so it gets exactly the validation, defaults,
-templates and answer shape a client of ``ruvllm serve`` gets, and its answer is kept as OpenAI's
-batch output line (``{"id", "custom_id", "response": {"status_code", "request_id", "body"},
-"error"}``), which each batch surface reads in its own terms. A line's 503 (a model still
-loading) is retried after its ``Retry-After``.
+templates and answer shape a client of ``ruvllm serve`` gets, and its answer is kept as a
+:class:`LineAnswer` (the route's status and body, or why there is none), which each batch surface
+writes in its own terms (OpenAI's output line: :mod:`ruvllm.server.batches.batch_file`;
+Anthropic's result: :mod:`ruvllm.server.anthropic.message_batches_api`). A line's 503 (a model
+still loading) is retried after its ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -37,18 +37,22 @@ class BatchLine:
     body: dict[str, Any]
 
 
-def _output_line(line: BatchLine, status: int, body: Any) -> dict[str, Any]:
-    request_id = body.get("id") if isinstance(body, dict) and isinstance(body.get("id"), str) else None
-    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
-            "response": {"status_code": status, "request_id": request_id or f"req_{uuid.uuid4().hex}",
-                         "body": body},
-            "error": None}
+@attrs.frozen
+class LineAnswer:
+    """What one batch line was answered, in no API's shape."""
 
+    custom_id: str
+    #: The status the line's route answered; None where no answer exists (the in-process call
+    #: itself failed, ``failure`` says how).
+    status: int | None
+    #: The route's JSON body (the answer, or the error in the line's own API's shape).
+    body: Any = None
+    failure: str | None = None
 
-def _failed_line(line: BatchLine, message: str) -> dict[str, Any]:
-    """A line no HTTP answer exists for (the in-process call itself failed)."""
-    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id, "response": None,
-            "error": {"code": "batch_request_failed", "message": message}}
+    @property
+    def succeeded(self) -> bool:
+        """Whether the route answered the line (not an error status, nor no answer at all)."""
+        return self.status is not None and self.status < 400
 
 
 def _sent(line: BatchLine) -> dict[str, Any]:
@@ -60,26 +64,21 @@ def _sent(line: BatchLine) -> dict[str, Any]:
     return line.body
 
 
-async def _answer(client: httpx.AsyncClient, line: BatchLine) -> dict[str, Any]:
+async def _answer(client: httpx.AsyncClient, line: BatchLine) -> LineAnswer:
     for field in ("stream", "background"):
         if line.body.get(field):
             exc = InvalidRequest(field, f"a batch line is answered whole; leave {field} out or false")
             status, body, _ = ruvllm_error_body(exc)
-            return _output_line(line, status, surface_body(line.url, status, body))
+            return LineAnswer(line.custom_id, status, surface_body(line.url, status, body))
     try:
         for attempt in range(_OVERLOAD_RETRIES + 1):
             response = await client.post(line.url, json=_sent(line))
             if response.status_code != 503 or attempt == _OVERLOAD_RETRIES:
                 break
             await asyncio.sleep(float(response.headers.get("retry-after", "1")))
-        return _output_line(line, response.status_code, response.json())
+        return LineAnswer(line.custom_id, response.status_code, response.json())
     except (httpx.HTTPError, ValueError) as exc:
-        return _failed_line(line, f"{type(exc).__name__}: {exc}")
-
-
-def succeeded(result: dict[str, Any]) -> bool:
-    """Whether an output line holds a successful answer (OpenAI's output file, not its error file)."""
-    return result["response"] is not None and result["response"]["status_code"] < 400
+        return LineAnswer(line.custom_id, None, failure=f"{type(exc).__name__}: {exc}")
 
 
 class BatchLane:
@@ -93,8 +92,8 @@ class BatchLane:
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._gate = asyncio.Semaphore(window)
 
-    async def run(self, lines: list[BatchLine], on_result: Callable[[int, dict[str, Any]], None]) -> None:
-        """Send every line, ``on_result(index, output line)`` as each is answered. Cancelling the
+    async def run(self, lines: list[BatchLine], on_result: Callable[[int, LineAnswer], None]) -> None:
+        """Send every line, ``on_result(index, its answer)`` as each is answered. Cancelling the
         caller cancels the lines in flight."""
         transport = httpx.ASGITransport(app=self._app)
         async with httpx.AsyncClient(transport=transport, base_url="http://ruvllm-batch",
