@@ -12,6 +12,7 @@ from ruvllm.engine import EngineOptions, ServingEngine
 from ruvllm.errors import BatchInvariantUnsupported, InvalidRequest
 from ruvllm.executor import BatchEntry
 from ruvllm.models import ModelSource
+from ruvllm.testing.speculative import COPY_PROMPT, FIXED_DRAFTS, generate
 from ruvllm.types import GenerationParams
 from ruvllm_candle_like import invariant
 from ruvllm_candle_like.backend import CandleLikeBackend
@@ -148,3 +149,21 @@ def test_a_request_may_ask_for_it_on_an_engine_without_the_mode(backend_fp32) ->
             backend_fp32.unload_adapter("t-inv")
     finally:
         engine.close()
+
+
+def test_speculative_drafts_change_no_bit_in_the_mode(backend_fp32) -> None:
+    """Drafted positions are verified as one chunk of rows; in the mode a chunk's rows are the
+    bits of one-by-one decoding, so tokens and logprobs equal plain decoding's exactly. In the
+    default mode the same comparison fails on logprobs (the chunk takes other kernels)."""
+    params = GenerationParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=2)
+    prompts = [COPY_PROMPT, PROMPTS[1]]
+
+    def answers(options: dict) -> tuple[list, object]:
+        results, snap = generate(backend_fp32, prompts, params, options)
+        return [(r.token_ids, r.logprobs) for r in results], snap
+
+    plain, _ = answers({"batch_invariant": True})
+    drafted, snap = answers({**FIXED_DRAFTS, "batch_invariant": True})
+    assert snap.spec_decode_accepted_tokens > 6, snap
+    assert drafted == plain
+    assert answers(FIXED_DRAFTS)[0] != answers({})[0]
