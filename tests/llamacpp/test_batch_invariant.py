@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from ruvllm.errors import BatchInvariantUnsupported
 from ruvllm.executor import BatchEntry
+from ruvllm.testing.speculative import COPY_PROMPT, FIXED_DRAFTS, generate
+from ruvllm.types import GenerationParams
 from ruvllm_llamacpp.cell_order import INVARIANT_UBATCH, needs_pad
 
 TEXT = ("The river bends twice before it reaches the old stone bridge near the market. "
@@ -103,3 +105,21 @@ def test_the_mode_refuses_flash_attention_off(test_options) -> None:
     with LLM(backend="llamacpp", options={**test_options, "flash_attn": False}) as off, \
             pytest.raises(BatchInvariantUnsupported, match="flash attention"):
         off.backend.create_executor(max_sequences=4, block_size=16, batch_invariant=True)
+
+
+def test_speculative_drafts_change_no_bit_in_the_mode(backend) -> None:
+    """Drafted positions are verified as rows of one step (under 63, so on the per-row kernel):
+    in the mode tokens and logprobs equal plain decoding's exactly; by default the same
+    comparison fails on logprobs."""
+    params = GenerationParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=2)
+    prompts = [COPY_PROMPT, "def fibonacci(n):"]
+
+    def answers(options: dict) -> tuple[list, object]:
+        results, snap = generate(backend, prompts, params, options)
+        return [(r.token_ids, r.logprobs) for r in results], snap
+
+    plain, _ = answers({"batch_invariant": True})
+    drafted, snap = answers({**FIXED_DRAFTS, "batch_invariant": True})
+    assert snap.spec_decode_accepted_tokens > 4, snap
+    assert drafted == plain
+    assert answers(FIXED_DRAFTS)[0] != answers({})[0]
