@@ -190,7 +190,7 @@ class _InvariantAttention(_KvAccess):
             gathers = torch.stack([self._padded(x, length) for x in decode_gathers])
             pos = torch.zeros((len(decode_rows), whole_blocks(g)), dtype=torch.long, device=dev)
             pos[:, :g] = torch.tensor([len(x) - 1 for x in decode_gathers], device=dev)[:, None]
-            hidden = torch.arange(length, device=dev)[None, None, :] > pos[:, :, None]
+            hidden = hidden_keys(pos.view(-1), length).view(*pos.shape, length)
             # A step of decodes alone has them in rows 0..B-1: a slice, not a gather and a scatter.
             leading = decode_rows == list(range(len(decode_rows)))
             rows = slice(0, len(decode_rows)) if leading else torch.tensor(decode_rows, device=dev)
