@@ -12,7 +12,7 @@ from ruvllm.engine import EngineOptions, ServingEngine
 from ruvllm.errors import BatchInvariantUnsupported, InvalidRequest
 from ruvllm.executor import BatchEntry
 from ruvllm.models import ModelSource
-from ruvllm.testing.speculative import COPY_PROMPT, FIXED_DRAFTS, generate
+from ruvllm.testing.speculative import COPY_PROMPT, tokens_and_logprobs, with_and_without
 from ruvllm.types import GenerationParams
 from ruvllm_candle_like import invariant
 from ruvllm_candle_like.backend import CandleLikeBackend
@@ -157,13 +157,8 @@ def test_speculative_drafts_change_no_bit_in_the_mode(backend_fp32) -> None:
     default mode the same comparison fails on logprobs (the chunk takes other kernels)."""
     params = GenerationParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=2)
     prompts = [COPY_PROMPT, PROMPTS[1]]
-
-    def answers(options: dict) -> tuple[list, object]:
-        results, snap = generate(backend_fp32, prompts, params, options)
-        return [(r.token_ids, r.logprobs) for r in results], snap
-
-    plain, _ = answers({"batch_invariant": True})
-    drafted, snap = answers({**FIXED_DRAFTS, "batch_invariant": True})
+    plain, drafted, snap = with_and_without(backend_fp32, prompts, params, options={"batch_invariant": True})
     assert snap.spec_decode_accepted_tokens > 6, snap
-    assert drafted == plain
-    assert answers(FIXED_DRAFTS)[0] != answers({})[0]
+    assert tokens_and_logprobs(drafted) == tokens_and_logprobs(plain)
+    plain, drafted, _ = with_and_without(backend_fp32, prompts, params)
+    assert tokens_and_logprobs(drafted) != tokens_and_logprobs(plain)

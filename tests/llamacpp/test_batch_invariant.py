@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from ruvllm.errors import BatchInvariantUnsupported
 from ruvllm.executor import BatchEntry
-from ruvllm.testing.speculative import COPY_PROMPT, FIXED_DRAFTS, generate
+from ruvllm.testing.speculative import COPY_PROMPT, tokens_and_logprobs, with_and_without
 from ruvllm.types import GenerationParams
 from ruvllm_llamacpp.cell_order import INVARIANT_UBATCH, needs_pad
 
@@ -113,13 +113,8 @@ def test_speculative_drafts_change_no_bit_in_the_mode(backend) -> None:
     comparison fails on logprobs."""
     params = GenerationParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=2)
     prompts = [COPY_PROMPT, "def fibonacci(n):"]
-
-    def answers(options: dict) -> tuple[list, object]:
-        results, snap = generate(backend, prompts, params, options)
-        return [(r.token_ids, r.logprobs) for r in results], snap
-
-    plain, _ = answers({"batch_invariant": True})
-    drafted, snap = answers({**FIXED_DRAFTS, "batch_invariant": True})
+    plain, drafted, snap = with_and_without(backend, prompts, params, options={"batch_invariant": True})
     assert snap.spec_decode_accepted_tokens > 4, snap
-    assert drafted == plain
-    assert answers(FIXED_DRAFTS)[0] != answers({})[0]
+    assert tokens_and_logprobs(drafted) == tokens_and_logprobs(plain)
+    plain, drafted, _ = with_and_without(backend, prompts, params)
+    assert tokens_and_logprobs(drafted) != tokens_and_logprobs(plain)

@@ -48,10 +48,17 @@ def generate(backend: LlmBackend, prompts: Sequence[str], params: GenerationPara
 
 def with_and_without(backend: LlmBackend, prompts: Sequence[str], params: GenerationParams, *,
                      max_num_seqs: int = 4, speculative: dict[str, Any] | None = None,
+                     options: dict[str, Any] | None = None,
                      ) -> tuple[list[GenerationResult], list[GenerationResult], MetricsSnapshot]:
     """``prompts`` generated together on ``backend`` without, then with ``speculative`` options
-    (default :data:`FIXED_DRAFTS`); the speculative engine's metrics; every KV block free after each."""
-    plain, _ = generate(backend, prompts, params, {}, max_num_seqs=max_num_seqs)
-    spec, snapshot = generate(backend, prompts, params, speculative or FIXED_DRAFTS,
+    (default :data:`FIXED_DRAFTS`), both with the ``[engine]`` ``options``; the speculative
+    engine's metrics; every KV block free after each."""
+    plain, _ = generate(backend, prompts, params, options or {}, max_num_seqs=max_num_seqs)
+    spec, snapshot = generate(backend, prompts, params, {**(options or {}), **(speculative or FIXED_DRAFTS)},
                               max_num_seqs=max_num_seqs)
     return plain, spec, snapshot
+
+
+def tokens_and_logprobs(results: Sequence[GenerationResult]) -> list[tuple]:
+    """Each result's token ids and logprobs: what must be bit-identical where numerics are."""
+    return [(r.token_ids, r.logprobs) for r in results]
