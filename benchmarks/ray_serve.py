@@ -3,7 +3,7 @@
 Three measurements, side by side in one run (this machine is shared: quote the ratios):
 
 1. Ray's added latency: time to first token (streamed ``/v1/completions``, 8 tokens), p50 over
-   sequential requests sent alternately to the direct server and to Serve (2 replicas).
+   sequential requests sent alternately to the direct server and to the Ray app (2 replicas).
 2. 1 vs 2 replicas under the same load: C concurrent clients, each sending R chat requests of
    T greedy tokens; aggregate completion tokens/s and p50 request latency. On a 2-core machine
    no gain is expected (both replicas share the same two cores); the point is the overhead.
@@ -24,12 +24,14 @@ asks Ray for 2/N CPUs); every engine, the direct one too, runs ``--threads`` bac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -136,7 +138,7 @@ def main() -> None:
     import ray
     from ray import serve
     from ruvllm.config import load_config
-    from ruvllm.scaleout.app import ScaleOutSettings, build_app
+    from ruvllm.scaleout.app import ScaleOutSettings, build_replicas, http_in_thread
 
     print(machine_line())
     print(f"backend {a.backend}, embedded model, ray {ray.__version__}, greedy")
@@ -148,51 +150,54 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         wait_ready(direct, proc, timeout=300)
-        port = free_port()
-        via_ray = f"http://127.0.0.1:{port}"
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.start(proxy_location="Disabled")
         config = load_config(overrides={"backend": a.backend, "model": "default"})
 
-        def deploy(replicas: int, *, engine: dict | None = None, fresh: bool = False, **kw) -> None:
-            # The 2 cores are split between the replicas (each asks Ray for its share); every
-            # engine, the direct one too, runs --threads backend threads: on a shared machine
-            # OpenMP threads spinning against other load dominate every other effect.
-            if fresh:
-                serve.delete("bench")  # new replicas: empty prefix caches, new replica ids
+        @contextlib.contextmanager
+        def deployed(replicas: int, *, engine: dict | None = None, **kw) -> Iterator[str]:
+            """A fresh deployment (empty prefix caches, new replica ids) and its HTTP server, as
+            ``ruvllm serve --ray`` runs them. The 2 cores are split between the replicas (each
+            asks Ray for its share); every engine, the direct one too, runs --threads backend
+            threads: on a shared machine OpenMP threads spinning against other load dominate
+            every other effect."""
             cpus = max(1, 2 // replicas)
             opts = {**config.options_for(a.backend), "n_threads": a.threads}
-            cfg = attrs.evolve(config, backends={**config.backends, a.backend: opts})
+            cfg = attrs.evolve(config, backends={**config.backends, a.backend: opts},
+                               server=attrs.evolve(config.server, port=free_port())).with_engine(engine)
             scale = ScaleOutSettings(name="bench", replicas=replicas, ray_actor_options={"num_cpus": cpus},
                                      **kw)
-            serve.run(build_app(cfg.with_engine(engine), scale), name="bench",
-                      route_prefix="/")  # returns when ready
+            serve.run(build_replicas(cfg, scale), name="bench", route_prefix=None)  # returns when ready
+            try:
+                with http_in_thread(cfg, scale) as url:
+                    yield url
+            finally:
+                serve.delete("bench")
 
         def hit_rates(slots: int) -> dict[bool, list[float]]:
             rates: dict[bool, list[float]] = {True: [], False: []}
             for rnd in range(a.rounds):
                 for affinity in ((True, False) if rnd % 2 == 0 else (False, True)):
-                    deploy(replicas=2, engine={"prefix_donor_slots": slots}, fresh=True,
-                           prefix_affinity=affinity)
-                    rates[affinity].append(prefix_run(via_ray, a.per_prefix, 8, seed=rnd))
+                    with deployed(2, engine={"prefix_donor_slots": slots}, prefix_affinity=affinity) as url:
+                        rates[affinity].append(prefix_run(url, a.per_prefix, 8, seed=rnd))
             return rates
 
-        deploy(replicas=2)
-        with httpx.Client() as client:
-            for base in (direct, via_ray):  # warm both
-                ttft(client, base, "Warm up.", 4)
-            d, r = [], []
-            for i in range(a.ttft_requests):
-                prompt = f"Request {i}: list three fruits."
-                d.append(ttft(client, direct, prompt, 8))
-                r.append(ttft(client, via_ray, prompt, 8))
-        d50, r50 = statistics.median(d), statistics.median(r)
-        print(f"TTFT p50 ({a.ttft_requests} sequential requests, alternating): direct {d50 * 1e3:.1f} ms, "
-              f"through Ray {r50 * 1e3:.1f} ms; Ray adds {(r50 - d50) * 1e3:.1f} ms ({r50 / d50:.2f}x)")
-
-        two = load_run(via_ray, a.clients, a.per_client, a.tokens)
+        with deployed(2) as via_ray:
+            with httpx.Client() as client:
+                for base in (direct, via_ray):  # warm both
+                    ttft(client, base, "Warm up.", 4)
+                d, r = [], []
+                for i in range(a.ttft_requests):
+                    prompt = f"Request {i}: list three fruits."
+                    d.append(ttft(client, direct, prompt, 8))
+                    r.append(ttft(client, via_ray, prompt, 8))
+            d50, r50 = statistics.median(d), statistics.median(r)
+            print(f"TTFT p50 ({a.ttft_requests} sequential requests, alternating): direct "
+                  f"{d50 * 1e3:.1f} ms, through Ray {r50 * 1e3:.1f} ms; Ray adds {(r50 - d50) * 1e3:.1f} ms "
+                  f"({r50 / d50:.2f}x)")
+            two = load_run(via_ray, a.clients, a.per_client, a.tokens)
         rates = {slots: hit_rates(slots) for slots in a.donor_slots}
-        deploy(replicas=1, fresh=True)
-        one = load_run(via_ray, a.clients, a.per_client, a.tokens)
+        with deployed(1) as via_ray:
+            one = load_run(via_ray, a.clients, a.per_client, a.tokens)
         base_direct = load_run(direct, a.clients, a.per_client, a.tokens)
         print(f"load: {a.clients} clients x {a.per_client} chat requests x {a.tokens} tokens")
         rows = (("direct ruvllm serve", base_direct), ("Ray, 1 replica", one), ("Ray, 2 replicas", two))

@@ -230,19 +230,20 @@ class Tally:
                 self.unclear.append(detail)
 
 
-#: Deploys the application again from the head, as an operator shipping new code would: Serve
-#: replaces the replicas (and the ingress) a few at a time while the old ones finish their
-#: requests. The same model and settings as ``ruvllm serve --ray --replicas 2 -o n_threads=1``.
+#: Deploys the replicas again from the head, as an operator shipping new code would: Serve
+#: replaces them a few at a time while the old ones finish their requests, and the server in
+#: ``ruvllm serve --ray``'s process routes to whichever are live. The same model and settings as
+#: ``ruvllm serve --ray --replicas 2 -o n_threads=1``.
 REDEPLOY = """
 import attrs, ray
 from ray import serve
 from ruvllm.config import load_config
-from ruvllm.scaleout.app import ScaleOutSettings, build_app
+from ruvllm.scaleout.app import ScaleOutSettings, build_replicas
 ray.init(log_to_driver=False)
 config = load_config(overrides={"backend": "llamacpp", "model": "default"})
 config = attrs.evolve(config, backends={**config.backends,
                                         "llamacpp": {**config.options_for("llamacpp"), "n_threads": 1}})
-serve.run(build_app(config, ScaleOutSettings(replicas=2)), name="ruvllm", route_prefix="/")
+serve.run(build_replicas(config, ScaleOutSettings(replicas=2)), name="ruvllm", route_prefix=None)
 """
 
 

@@ -43,20 +43,20 @@ def ray_app() -> Iterator[RayApp]:
     import ray
     from ray import serve
     from ruvllm.config import load_config
-    from ruvllm.scaleout.app import ScaleOutSettings, build_app
+    from ruvllm.scaleout.app import ScaleOutSettings, build_replicas, http_in_thread
 
     _require_backend("llamacpp")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.start(proxy_location="Disabled")
         config = load_config(overrides={"backend": "llamacpp", "model": "default"})
+        config = attrs.evolve(config, server=attrs.evolve(config.server, port=free_port()))
         scale = ScaleOutSettings(name="ruvllm-test", replicas=2, ray_actor_options={"num_cpus": 0.5},
                                  busy_threshold=8)
-        serve.run(build_app(config, scale), name=scale.name, route_prefix="/")
-        url = f"http://127.0.0.1:{port}"
-        yield RayApp(url=url, client=openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
-                                                   timeout=60))
+        serve.run(build_replicas(config, scale), name=scale.name, route_prefix=None)
+        with http_in_thread(config, scale) as url:
+            yield RayApp(url=url, client=openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
+                                                       timeout=60))
     finally:
         serve.shutdown()
         ray.shutdown()

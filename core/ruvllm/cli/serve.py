@@ -74,6 +74,7 @@ def serve(ctx: click.Context, model: str | None, backend: str | None, options: t
         overrides["batch_invariant"] = True
     config = config.with_engine(overrides)
     if scale_out_requested(ctx):
-        run_scale_out(ctx, config, served_name=served_model_name, max_context=max_context)
+        run_scale_out(ctx, config, served_name=served_model_name, max_context=max_context,
+                      log_level=log_level)
         return
     run_server(config, served_name=served_model_name, log_level=log_level, max_context=max_context)

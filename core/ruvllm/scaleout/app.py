@@ -1,13 +1,18 @@
-"""Build and run the Ray Serve application of ``ruvllm serve --ray``.
+"""Build and run ``ruvllm serve --ray``: engine replicas on Ray Serve, HTTP in the command's process.
 
-One application per model: ``<name>-replicas`` (``EngineReplica``: a ServingEngine each, routed
-by ``PrefixAffinityRouter``; ``num_replicas`` or ``autoscaling_config``, ``ray_actor_options``)
-and ``<name>-ingress`` (the OpenAI app of ``ruvllm serve`` over a ``RemoteEngine``). Serve's HTTP
-proxy listens on ``[server] host/port`` (127.0.0.1:8000 unless configured otherwise).
+One Serve application per model, ``<name>``, of one deployment, ``<name>-replicas``
+(``EngineReplica``: a ServingEngine each, routed by ``PrefixAffinityRouter``; ``num_replicas`` or
+``autoscaling_config``, ``ray_actor_options``). The OpenAI app of ``ruvllm serve`` runs over a
+``RemoteEngine`` in the process that runs the command, listening on ``[server] host/port``
+itself, as vLLM's API server does over its Ray workers. Serve's HTTP proxy is not started:
+in front of a separate ingress deployment it cost every request a proxy -> ingress call and
+the ingress's call back to the proxy for the body (6.5 ms of the 10 ms Ray added to the first
+token across nodes; docs/scale-out.md). The server therefore lives as long as the command,
+like ``ruvllm serve``; Serve still places, restarts and redeploys the replicas.
 
 Routing choice: Serve's pluggable ``RequestRouter`` (``request_router_config``) rather than
-routing in the proxy engine. A DeploymentHandle cannot address one replica, so routing in the
-proxy would need one deployment per replica, losing Serve's autoscaling, health checks and
+routing in the engine. A DeploymentHandle cannot address one replica, so routing in the
+engine would need one deployment per replica, losing Serve's autoscaling, health checks and
 restarts of a single deployment; the router keeps all of that and sees every request's
 arguments (the prefix key) and Serve's per-replica queue lengths.
 """
@@ -15,8 +20,11 @@ arguments (the prefix key) and Serve's per-replica queue lengths.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import attrs
@@ -24,10 +32,10 @@ import attrs
 from ruvllm.config import Config
 from ruvllm.engine.options import EngineOptions
 from ruvllm.options import positive_int
-from ruvllm.scaleout.metrics_board import HEAD_RESOURCE, start_board
+from ruvllm.scaleout.metrics_board import start_board
 from ruvllm.scaleout.remote_engine import RemoteEngine
 from ruvllm.scaleout.replica import EngineReplica
-from ruvllm.scaleout.serve_env import PROXY_ENV, SERVE_ENV
+from ruvllm.scaleout.serve_env import FRONT_ENV, SERVE_ENV
 from ruvllm.scaleout.tokenizer_host import load_tokenizer_backend
 
 
@@ -45,10 +53,6 @@ class ScaleOutSettings:
     autoscaling_config: Mapping[str, Any] | None = None
     #: Resources of one replica, e.g. ``{"num_cpus": 1}`` or ``{"num_gpus": 1}``.
     ray_actor_options: Mapping[str, Any] = attrs.field(factory=lambda: {"num_cpus": 1})
-    #: The ingress does no model work (tokenizer calls only). It stays on the head node, beside
-    #: Serve's controller and HTTP proxy: a worker node lost then takes only its replicas.
-    ingress_actor_options: Mapping[str, Any] = attrs.field(
-        factory=lambda: {"num_cpus": 0, "resources": {HEAD_RESOURCE: 0.001}})
     #: Requests one replica takes before Serve queues them in the router (Serve's default, 5, is
     #: below one engine's batch).
     max_ongoing_requests: int = attrs.field(default=32, validator=positive_int())
@@ -62,68 +66,61 @@ class ScaleOutSettings:
     #: of two choices), the baseline of benchmarks/ray_serve.py, under which /v1/feedback cannot
     #: be sent to the replica that served the request.
     prefix_affinity: bool = True
-    #: Environment of the ingress's and replicas' processes (added to their ``runtime_env``): Serve's
-    #: latency settings (``serve_env.SERVE_ENV``).
+    #: Environment of the replicas' processes (added to their ``runtime_env``): Serve's latency
+    #: settings (``serve_env.SERVE_ENV``).
     serve_env: Mapping[str, str] = attrs.field(factory=lambda: dict(SERVE_ENV))
     #: Route each tenant's requests (OpenAI ``user``, Anthropic ``metadata.user_id``) to one
     #: replica, where SONA learns that tenant's adapter; None: when ``[sona]`` is enabled.
     tenant_affinity: bool | None = None
 
 
-@attrs.frozen(kw_only=True)
-class _IngressArgs:
-    config: Config
-    served_name: str | None
-    max_context: int | None
-    scale: ScaleOutSettings
-    board_name: str
+async def open_remote_engine(config: Config, scale: ScaleOutSettings) -> RemoteEngine:
+    """The engine of the HTTP app: a RemoteEngine over the running ``scale.name`` application's
+    replicas, with the model's tokenizer loaded here and the replicas' metrics board."""
+    from ray import serve
+
+    replicas = serve.get_deployment_handle(f"{scale.name}-replicas", app_name=scale.name)
+    board = start_board(f"{scale.name}-metrics")
+    description = await replicas.describe.remote()
+    baseline = await replicas.metrics.remote()
+    # The replicas' own backend, not the config's name: `auto` may have picked by what
+    # `ruvllm tune` measured for their load, and the tokenizer must be the one they use.
+    owner = await asyncio.to_thread(load_tokenizer_backend, config, description.backend_name)
+    options = EngineOptions.from_mapping(config.engine)
+    return RemoteEngine(replicas, description, owner.tokenizer, options=options,
+                        affinity_blocks=scale.affinity_blocks, retries=scale.retries, board=board,
+                        baseline=baseline, owner=owner, tenant_affinity=_tenant_affinity(config, scale))
 
 
-class OpenAIIngress:
-    """Serve ingress: the unchanged ``create_app`` over a RemoteEngine (plus ``/ray/replicas``)."""
+def create_ray_app(engine: RemoteEngine, config: Config, *, served_name: str | None = None,
+                   max_context: int | None = None) -> tuple[Any, Any]:
+    """``ruvllm serve``'s unchanged app over ``engine`` (plus ``/ray/replicas``, and feedback
+    that waits for the replica), and its settings."""
+    from ruvllm.server.app import create_app
+    from ruvllm.server.runner import settings_for
 
-    async def __init__(self, replicas: Any, args: _IngressArgs):
-        self._args = args
-        board = start_board(args.board_name)
-        description = await replicas.describe.remote()
-        baseline = await replicas.metrics.remote()
-        # The replicas' own backend, not the config's name: `auto` may have picked by what
-        # `ruvllm tune` measured for their load, and the tokenizer must be the one they use.
-        owner = await asyncio.to_thread(load_tokenizer_backend, args.config, description.backend_name)
-        options = EngineOptions.from_mapping(args.config.engine)
-        self.engine = RemoteEngine(replicas, description, owner.tokenizer, options=options,
-                                   affinity_blocks=args.scale.affinity_blocks, retries=args.scale.retries,
-                                   board=board, baseline=baseline, owner=owner,
-                                   tenant_affinity=_tenant_affinity(args.config, args.scale))
+    settings = settings_for(config, engine, served_name=served_name, max_context=max_context)
+    app = create_app(engine, settings)
+    _route_feedback_to_replicas(app, engine)
 
-    def __serve_build_asgi_app__(self) -> Any:
-        from ruvllm.server.app import create_app
-        from ruvllm.server.runner import settings_for
+    @app.get("/ray/replicas")
+    async def replicas() -> dict[str, Any]:
+        """Per-replica engine counters (latest report of each replica, dead ones included),
+        and this server's resends and mid-stream failures after replica deaths."""
+        latest = await engine.refresh_metrics()
+        return {"ingress": {"resent": engine.resent, "died_mid_stream": engine.died_mid_stream},
+                "replicas": [
+            {"replica_id": m.replica_id, "pid": m.pid, "node_ip": m.node_ip, "feedback": m.feedback,
+             "reported_at": m.reported_at,
+             "prefix_cache_queries": m.snapshot.prefix_cache_queries,
+             "prefix_cache_hits": m.snapshot.prefix_cache_hits,
+             "prompt_tokens": m.snapshot.prompt_tokens,
+             "generation_tokens": m.snapshot.generation_tokens,
+             "requests_finished": m.snapshot.requests_finished,
+             "running": m.snapshot.running, "waiting": m.snapshot.waiting}
+            for m in sorted(latest.values(), key=lambda m: m.replica_id)]}
 
-        a = self._args
-        settings = settings_for(a.config, self.engine, served_name=a.served_name, max_context=a.max_context)
-        app = create_app(self.engine, settings)
-        engine = self.engine
-        _route_feedback_to_replicas(app, engine)
-
-        @app.get("/ray/replicas")
-        async def replicas() -> dict[str, Any]:
-            """Per-replica engine counters (latest report of each replica, dead ones included),
-            and this ingress's resends and mid-stream failures after replica deaths."""
-            latest = await engine.refresh_metrics()
-            return {"ingress": {"resent": engine.resent, "died_mid_stream": engine.died_mid_stream},
-                    "replicas": [
-                {"replica_id": m.replica_id, "pid": m.pid, "node_ip": m.node_ip, "feedback": m.feedback,
-                 "reported_at": m.reported_at,
-                 "prefix_cache_queries": m.snapshot.prefix_cache_queries,
-                 "prefix_cache_hits": m.snapshot.prefix_cache_hits,
-                 "prompt_tokens": m.snapshot.prompt_tokens,
-                 "generation_tokens": m.snapshot.generation_tokens,
-                 "requests_finished": m.snapshot.requests_finished,
-                 "running": m.snapshot.running, "waiting": m.snapshot.waiting}
-                for m in sorted(latest.values(), key=lambda m: m.replica_id)]}
-
-        return app
+    return app, settings
 
 
 def _route_feedback_to_replicas(app: Any, engine: RemoteEngine) -> None:
@@ -152,16 +149,16 @@ def _tenant_affinity(config: Config, scale: ScaleOutSettings) -> bool:
     return bool((config.sona or {}).get("enabled", False))
 
 
-def build_app(config: Config, scale: ScaleOutSettings | None = None, *, served_name: str | None = None,
-              max_context: int | None = None) -> Any:
-    """The Serve application (``serve.run`` it) for ``config``'s model."""
+def build_replicas(config: Config, scale: ScaleOutSettings | None = None) -> Any:
+    """The Serve application of ``config``'s replicas: ``serve.run`` it under ``scale.name``, with
+    no route (``open_remote_engine`` reaches it by handle). Running it again over a live one is
+    a rolling redeploy: Serve replaces the replicas a few at a time."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
     from ruvllm.scaleout.serve_router import PrefixAffinityRouter
 
     scale = scale or ScaleOutSettings()
-    board_name = f"{scale.name}-metrics"
     sizing: dict[str, Any] = {"autoscaling_config": dict(scale.autoscaling_config)} \
         if scale.autoscaling_config else {"num_replicas": scale.replicas}
     if scale.prefix_affinity:
@@ -171,19 +168,11 @@ def build_app(config: Config, scale: ScaleOutSettings | None = None, *, served_n
     replica = serve.deployment(EngineReplica).options(
         name=f"{scale.name}-replicas", ray_actor_options=_with_env(scale.ray_actor_options, scale.serve_env),
         max_ongoing_requests=scale.max_ongoing_requests, **sizing)
-    ingress_cls = serve.ingress()(OpenAIIngress)
-    ingress = serve.deployment(ingress_cls).options(
-        name=f"{scale.name}-ingress", max_ongoing_requests=1024,
-        ray_actor_options=_with_env(scale.ingress_actor_options, scale.serve_env))
-    args = _IngressArgs(config=config, served_name=served_name, max_context=max_context, scale=scale,
-                        board_name=board_name)
-    return ingress.bind(replica.bind(config, board_name), args)
+    return replica.bind(config, f"{scale.name}-metrics")
 
 
 def init_ray(num_cpus: int | None = None) -> None:
-    """Join ``$RAY_ADDRESS`` when set, else start a local Ray instance (no dashboard) whose
-    processes, Serve's HTTP proxy among them, get ``PROXY_ENV`` where this environment does not
-    set those variables (a cluster's head gets them from its own ``ray start``'s environment)."""
+    """Join ``$RAY_ADDRESS`` when set, else start a local Ray instance (no dashboard)."""
     import ray
 
     if ray.is_initialized():
@@ -192,22 +181,80 @@ def init_ray(num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
-        for key, value in PROXY_ENV.items():
-            os.environ.setdefault(key, value)
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
 def serve_on_ray(config: Config, scale: ScaleOutSettings, *, served_name: str | None = None,
-                 max_context: int | None = None) -> None:
-    """What ``ruvllm serve --ray`` does: start (or join) Ray, run the app, block until Ctrl-C."""
-    from ray import serve
-
+                 max_context: int | None = None, log_level: str = "info") -> None:
+    """What ``ruvllm serve --ray`` does: start (or join) Ray, deploy the replicas, then serve HTTP
+    here until Ctrl-C, and remove the application."""
     from ruvllm.server.runner import check_port_free
 
-    srv = config.server
-    check_port_free(srv.host, srv.port)
+    check_port_free(config.server.host, config.server.port)
+    # Serve reads them when it is imported: this process's handle routes on its own event loop and
+    # calls the replicas over gRPC. Given values win.
+    for key, value in FRONT_ENV.items():
+        os.environ.setdefault(key, value)
+    from ray import serve
+
     init_ray()
-    # One HTTP entry, on the head with the ingress (a proxy on every node would only forward to it).
-    serve.start(http_options={"host": srv.host, "port": srv.port}, proxy_location="HeadOnly")
-    app = build_app(config, scale, served_name=served_name, max_context=max_context)
-    serve.run(app, name=scale.name, route_prefix="/", blocking=True)
+    serve.start(proxy_location="Disabled")
+    try:
+        serve.run(build_replicas(config, scale), name=scale.name, route_prefix=None)
+        asyncio.run(_serve_until_interrupted(config, scale, served_name=served_name, max_context=max_context,
+                                             log_level=log_level))
+    finally:
+        serve.delete(scale.name)
+
+
+async def _serve_until_interrupted(config: Config, scale: ScaleOutSettings, **kwargs: Any) -> None:
+    server = await http_server(config, scale, **kwargs)
+    await server.serve()
+
+
+async def http_server(config: Config, scale: ScaleOutSettings, *, served_name: str | None = None,
+                      max_context: int | None = None, log_level: str = "info") -> Any:
+    """The uvicorn server (not started: ``await`` its ``serve()``) of the HTTP app over the running
+    ``scale.name`` application, on ``[server] host/port``, once the banner is printed. Its engine
+    and routing live on the event loop that awaits this."""
+    import uvicorn
+
+    from ruvllm.server.runner import announce, startup_banner, uvicorn_config
+
+    engine = await open_remote_engine(config, scale)
+    app, settings = create_ray_app(engine, config, served_name=served_name, max_context=max_context)
+    replicas = "autoscaled replicas" if scale.autoscaling_config else f"{scale.replicas} replica(s)"
+    announce(config, settings, f"{startup_banner(engine, settings)}\nruvllm: on Ray Serve, {replicas}",
+             log_level)
+    return uvicorn.Server(uvicorn_config(app, config, log_level))
+
+
+@contextlib.contextmanager
+def http_in_thread(config: Config, scale: ScaleOutSettings, *, timeout: float = 120.0) -> Iterator[str]:
+    """``http_server`` on a thread of this process, for tests and benchmarks that are the Ray
+    driver themselves (they deploy with ``build_replicas`` and inspect Serve): yields the base
+    URL once it accepts connections, and stops the server on exit."""
+    box: dict[str, Any] = {}
+
+    async def main() -> None:
+        box["server"] = await http_server(config, scale, log_level="warning")
+        await box["server"].serve()
+
+    def run() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # reported by the waiting thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="ruvllm-ray-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not getattr(box.get("server"), "started", False):
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the HTTP server over {scale.name!r} did not start: {box.get('error')!r}")
+        time.sleep(0.05)
+    try:
+        yield f"http://{config.server.host}:{config.server.port}"
+    finally:
+        box["server"].should_exit = True
+        thread.join(timeout=30)

@@ -44,7 +44,7 @@ def scale_out_requested(ctx: click.Context) -> bool:
 
 
 def run_scale_out(ctx: click.Context, config: Config, *, served_name: str | None,
-                  max_context: int | None) -> None:
+                  max_context: int | None, log_level: str) -> None:
     """Serve ``config``'s model on Ray Serve until interrupted."""
     if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
         raise click.UsageError("--ray needs Ray Serve, which is not installed: pip install 'ruvllm[ray]'")
@@ -61,4 +61,4 @@ def run_scale_out(ctx: click.Context, config: Config, *, served_name: str | None
 
     _, replicas = ctx.meta[_KEY]
     serve_on_ray(config, ScaleOutSettings(replicas=replicas or 1), served_name=served_name,
-                 max_context=max_context)
+                 max_context=max_context, log_level=log_level)

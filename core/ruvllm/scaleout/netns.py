@@ -33,7 +33,6 @@ from pathlib import Path
 import attrs
 
 from ruvllm.errors import ClusterStartError, NamespacesUnavailable
-from ruvllm.scaleout.serve_env import PROXY_ENV
 
 #: Ray's GCS port on the head.
 GCS_PORT = 6379
@@ -43,10 +42,8 @@ TMP_SIZE = "2g"
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 #: Failure detection: the GCS checks every raylet each 0.5 s and declares a node dead after 4
 #: misses (Ray's defaults: every 3 s, 5 misses), so a killed host shows dead within seconds.
-#: And Serve's HTTP proxy, which runs on the head, gets its latency settings (``serve_env.PROXY_ENV``;
-#: the ingress and replicas get theirs from their runtime_env).
 HEAD_ENV = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "1000",
-            "RAY_health_check_failure_threshold": "4", **PROXY_ENV}
+            "RAY_health_check_failure_threshold": "4"}
 
 #: PID 1 of a host's PID namespace: reaps the Ray daemons that ``ray start`` leaves behind (a PID
 #: namespace's init must, or they stay zombies) and holds the namespace open.

@@ -163,6 +163,14 @@ def serve(config: Config, *, served_name: str | None = None, log_level: str = "i
     srv = config.server
     check_port_free(srv.host, srv.port)
     app, settings, banner = build_app(config, served_name=served_name, max_context=max_context)
+    announce(config, settings, banner, log_level)
+    uvicorn.Server(uvicorn_config(app, config, log_level)).run()
+
+
+def announce(config: Config, settings: ServerSettings, banner: str, log_level: str) -> None:
+    """Warn about an exposed server without a key, then print the banner and the chat page's
+    address: what both ``ruvllm serve`` and ``ruvllm serve --ray`` say before they listen."""
+    srv = config.server
     if srv.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
         log.warning("listening on %s without an API key: anyone who can reach this port can use the model",
                     srv.host)
@@ -173,7 +181,15 @@ def serve(config: Config, *, served_name: str | None = None, log_level: str = "i
         print(banner, file=sys.stderr, flush=True)
         if settings.ui:
             print(f"ruvllm: chat page: {page_url(srv.host, srv.port)}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=srv.host, port=srv.port, log_level=log_level, timeout_graceful_shutdown=5)
+
+
+def uvicorn_config(app: FastAPI, config: Config, log_level: str) -> Any:
+    """uvicorn's settings for ``app`` on ``[server] host/port``: streams still open get 5 s to
+    finish at shutdown."""
+    import uvicorn
+
+    srv = config.server
+    return uvicorn.Config(app, host=srv.host, port=srv.port, log_level=log_level, timeout_graceful_shutdown=5)
 
 
 def with_lora_flags(config: Config, lora: tuple[str, ...], allow_runtime: bool | None) -> Config:
