@@ -4,8 +4,9 @@ prefill each server reports and everything else (HTTP, tokenizing, queueing, the
 Both servers are up at once (llama-server as benchmarks/compare_servers.py runs it: the same
 threads and KV cells, unified KV, ``--parallel 16``) and take turns, the first side alternating
 request by request, so machine noise hits both alike. Every prompt is sent twice in a row to a
-server: ``fresh`` (its first time, nothing cached; prompts differ from their first words) and
-``repeat`` (the same prompt again, which both servers answer from their prompt cache).
+server: ``fresh`` (its first time, nothing cached: no two prompts share a first token,
+``ruvllm.bench.prompts.fresh_prompts``) and ``repeat`` (the same prompt again, which both
+servers answer from their prompt cache).
 
 Each request is a streaming llama-server ``/completion`` (ruvllm serves that API too), so both
 report ``timings.prompt_ms``: llama-server's prompt processing, ruvllm's time from the request's
@@ -32,7 +33,7 @@ from pathlib import Path
 import httpx
 from compare_servers import default_llama_server, free_port, pool_cells, run_server, stop
 from ruvllm.bench.machine import machine_info, machine_line
-from ruvllm.bench.prompts import prompt_ids
+from ruvllm.bench.prompts import fresh_prompts
 from ruvllm.hardware import usable_cpus
 from ruvllm.llm import LLM
 
@@ -69,15 +70,6 @@ def summary(rows: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in rows) for k in ("ttft_ms", "prompt_ms", "rest_ms", "prompt_n")}
 
 
-def fresh_prompts(tokenizer, length: int, n: int) -> list[str]:
-    """``n`` prompts of about ``length`` tokens, windows over one text each starting a token
-    later, so no two share their first tokens: llama-server reuses a cached common head of any
-    length (``Document 1000.`` and ``Document 1001.`` share five tokens), ruvllm whole blocks."""
-    ids = prompt_ids(tokenizer, length + n, 0)
-    body = ids[1:] if ids and ids[0] == tokenizer.bos_id else ids
-    return [tokenizer.decode(body[i:i + length - 1]) for i in range(n)]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=20, help="prompts per server (each sent twice)")
@@ -94,7 +86,7 @@ def main() -> int:
         raise SystemExit("no llama-server: run benchmarks/build_llama_server.py (make peers) first")
     with LLM(backend="llamacpp") as llm:
         model_path = llm.model.path
-        prompts = fresh_prompts(llm.tokenizer, args.prompt_length, args.requests + 1)
+        prompts = fresh_prompts(llm.tokenizer, [args.prompt_length] * (args.requests + 1))
         cells = pool_cells(llm.backend, 16, args.kv_budget_mib)
     out_dir = RESULTS / f"llamacpp_ttft-{time.strftime('%Y%m%d-%H%M%S')}"
     out_dir.mkdir(parents=True, exist_ok=True)
