@@ -21,8 +21,8 @@ import attrs
 from ruvllm.serving import Histogram, MetricsSnapshot, PluginMetric
 
 NAMESPACE = "ruvllm"
-#: Ray's resource of the head node: what must outlive any worker node (the board, the ingress)
-#: asks for a sliver of it.
+#: Ray's resource of the head node: what must outlive any worker node (the board) asks for a
+#: sliver of it.
 HEAD_RESOURCE = "node:__internal_head__"
 
 
@@ -63,8 +63,8 @@ class MetricsBoard:
 def start_board(name: str) -> Any:
     """The board actor called ``name``, created if it does not exist.
 
-    Detached: an ingress restarted or replaced by a redeploy (Serve starts the new one before
-    stopping the old) finds the same board, and the replicas' cached handles stay valid. It lives
+    Detached: a restarted ``ruvllm serve --ray`` (the ingress) finds the same board, and the
+    replicas' cached handles stay valid. It lives
     until Ray stops or ``kill_board``; a redeploy under the same name reuses it. It runs on the
     head node (``HEAD_RESOURCE``), so the counters of every node outlive any worker node.
     """

@@ -60,7 +60,7 @@ class AffinityPolicy:
     """Rank replicas for one request: the key's home replica first unless it is busy.
 
     It remembers the home of the last ``memory`` keys, so it is one router's state: several
-    routers (several ingress replicas) each learn their own placement, which costs hit rate
+    routers (several ``ruvllm serve --ray`` processes) each learn their own placement, which costs hit rate
     where they disagree, never correctness.
     """
 
