@@ -201,15 +201,23 @@ def serve_on_ray(config: Config, scale: ScaleOutSettings, *, served_name: str | 
     serve.start(proxy_location="Disabled")
     try:
         serve.run(build_replicas(config, scale), name=scale.name, route_prefix=None)
-        asyncio.run(_serve_until_interrupted(config, scale, served_name=served_name, max_context=max_context,
-                                             log_level=log_level))
-    finally:
+    except BaseException:  # Ctrl-C while the replicas load, or a replica that cannot start
         serve.delete(scale.name)
+        raise
+    asyncio.run(_serve_until_interrupted(config, scale, served_name=served_name, max_context=max_context,
+                                         log_level=log_level))
 
 
 async def _serve_until_interrupted(config: Config, scale: ScaleOutSettings, **kwargs: Any) -> None:
-    server = await http_server(config, scale, **kwargs)
-    await server.serve()
+    from ray import serve
+
+    try:
+        server = await http_server(config, scale, **kwargs)
+        await server.serve()
+    finally:
+        # On this loop, which the handle's router listens for Serve's updates on: deleting once
+        # it has stopped leaves Serve's long-poll client logging that its loop is gone.
+        await asyncio.to_thread(serve.delete, scale.name)
 
 
 async def http_server(config: Config, scale: ScaleOutSettings, *, served_name: str | None = None,
