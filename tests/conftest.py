@@ -75,8 +75,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _skip_unused_plugins_in_children() -> None:
-    """Child pytests (conformance runs in pytester directories, outside this project's ini) skip
-    langsmith's plugin too, as addopts in pyproject.toml does here: 3 s of every start-up."""
+    """Child pytests started as subprocesses (test_crashed_workers.py's) skip langsmith's plugin
+    too, as addopts in pyproject.toml does here: 3 s of every start-up. Pytester drops this
+    variable: the conformance runs' children get theirs from tests/conformance/conftest.py."""
     opts = os.environ.get("PYTEST_ADDOPTS", "")
     if "no:langsmith_plugin" not in opts:
         os.environ["PYTEST_ADDOPTS"] = f"{opts} -p no:langsmith_plugin".strip()
