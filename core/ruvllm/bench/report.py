@@ -63,13 +63,18 @@ def print_tables(report: dict[str, Any], console: Console | None = None) -> None
     console = console or Console()
     m = report["machine"]
     features = " ".join(m.get("cpu_features", {}).get("features", ())) or "features unknown"
+    kind = m.get("cpu_features", {}).get("kind")
     libraries = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
-    console.print(f"[dim]{m['cpu']} x{m['logical_cpus']} ({features}) | {m['platform']} | load "
-                  f"{m['load_average_1m']} | {libraries}[/]")
+    console.print(f"[dim]{f'{kind} kind: ' if kind else ''}{m['cpu']} x{m['logical_cpus']} ({features}) | "
+                  f"{m['platform']} | load {m['load_average_1m']} | {libraries}[/]")
     if report.get("single"):
         console.print(single_table(report["single"]))
-    if report.get("serving"):
-        console.print(serving_table(report["serving"], title=f"serving: {report.get('model', '')}"))
+    by_length: dict[int, list[dict[str, Any]]] = {}
+    for r in report.get("serving") or ():
+        by_length.setdefault(r.get("prompt_length") or 0, []).append(r)
+    for length, rows in sorted(by_length.items()):  # one table per prompt length
+        named = f", {length}-token prompts" if len(by_length) > 1 else ""
+        console.print(serving_table(rows, title=f"serving: {report.get('model', '')}{named}"))
     spec = report.get("speculative")
     if spec and spec["draft_tokens"]:
         rate = spec["acceptance_rate"]
@@ -122,34 +127,45 @@ def to_json(report: dict[str, Any]) -> str:
 
 
 def plot(results: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path:
-    """Throughput, TTFT p50 and ITL p50 against concurrency, one line per target."""
+    """Throughput, TTFT p50 and ITL p50 against concurrency, one line per target; one row of
+    panels per prompt length when the results hold several."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series: dict[str, list[dict[str, Any]]] = {}
-    for r in results:
-        series.setdefault(r["target"], []).append(r)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    def length(r: dict[str, Any]) -> int:
+        return r.get("prompt_length") or 0
+
+    targets = list(dict.fromkeys(r["target"] for r in results))  # one colour each, in every row
+    lengths = sorted({length(r) for r in results})
+    fig, grid = plt.subplots(len(lengths), 3, figsize=(15, 4.5 * len(lengths)), squeeze=False)
     panels = [("aggregate output tok/s", lambda r: r["output_tok_s"]),
               ("TTFT p50 (s)", lambda r: r["ttft_s"]["p50"]),
               ("inter-token latency p50 (ms)", lambda r: (r["itl_s"]["p50"] or math.nan) * 1000)]
-    for ax, (label, value) in zip(axes, panels, strict=True):
-        for name, rows in series.items():
-            rows = sorted(rows, key=lambda r: r["concurrency"])
-            ys = [value(r) if value(r) is not None else math.nan for r in rows]
-            ax.plot([r["concurrency"] for r in rows], ys, marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent clients")
-        ax.set_ylabel(label)
-        ax.grid(True, alpha=0.3)
+    for axes, tokens in zip(grid, lengths, strict=True):
+        for ax, (label, value) in zip(axes, panels, strict=True):
+            for n, name in enumerate(targets):
+                rows = sorted((r for r in results if r["target"] == name and length(r) == tokens),
+                              key=lambda r: r["concurrency"])
+                ys = [value(r) if value(r) is not None else math.nan for r in rows]
+                ax.plot([r["concurrency"] for r in rows], ys, marker="o", label=name, color=f"C{n % 10}")
+            ax.set_xscale("log", base=2)
+            levels = sorted({r["concurrency"] for r in results})
+            ax.set_xticks(levels, labels=[str(c) for c in levels])
+            ax.minorticks_off()
+            ax.set_xlabel("concurrent clients")
+            ax.set_ylabel(label)
+            ax.grid(True, alpha=0.3)
+            if len(lengths) > 1:
+                ax.set_title(f"{tokens}-token prompts", fontsize=9)
     # Below the panels, one target per line: labels name every option and would cover the data.
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=1, fontsize=8, frameon=False)
+    legend = {label: handle for axes in grid for handle, label in zip(*axes[0].get_legend_handles_labels(),
+                                                                      strict=True)}
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=1, fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, min(0.05 * len(series) + 0.02, 0.5), 1, 1))
+    fig.tight_layout(rect=(0, min(0.05 * len(targets) + 0.02, 0.5) / len(lengths), 1, 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -145,6 +145,28 @@ class HttpTarget:
             record.output_tokens = chunks
 
 
+class EachPromptOnce:
+    """``target`` (an :class:`HttpTarget` or :class:`EngineTarget` over ``prompts`` prompts) with
+    every request it is sent, from :func:`sweep`'s warm-up through every level, given the next of
+    its prompts: no prompt is sent twice, so a server's prefix cache never meets one again (the
+    warm-up's prompts are never measured). More requests than prompts is an error, not a repeat.
+    """
+
+    def __init__(self, target: Target, prompts: int):
+        self.target = target
+        self.name = target.name
+        self.prompts = prompts
+        self.sent = 0
+
+    async def stream(self, index: int, max_tokens: int, record: RequestRecord) -> AsyncIterator[int]:
+        taken, self.sent = self.sent, self.sent + 1
+        if taken >= self.prompts:
+            raise RuntimeError(f"{self.name}: request {taken + 1} of a run with {self.prompts} prompts, "
+                               "each to be sent once")
+        async for piece in self.target.stream(taken, max_tokens, record):
+            yield piece
+
+
 async def sse_data(raw: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The payload of every ``data:`` line of a server-sent event stream, as the bytes arrive.
 
