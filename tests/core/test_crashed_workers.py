@@ -40,7 +40,9 @@ def run_inner(tmp_path: Path) -> subprocess.CompletedProcess:
     <WorkerController gw3>`` after the replacement workers die on the crashed test again."""
     (tmp_path / "test_crashing.py").write_text(CRASHING)
     (tmp_path / "test_others.py").write_text(OTHERS)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+           # Plugins the inner run never uses, 2 s of each of its pytest processes' start-up.
+           "PYTEST_ADDOPTS": "-p no:langsmith_plugin -p no:schemathesis -p no:anyio -p no:hypothesispytest"}
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_XDIST_WORKER_COUNT", None)
     return subprocess.run(
