@@ -76,7 +76,7 @@ from rich.console import Console
 from ruvllm.bench import report as rep
 from ruvllm.bench.machine import machine_info, machine_line
 from ruvllm.bench.prompts import fresh_prompts
-from ruvllm.bench.serving import EachPromptOnce, HttpTarget, sweep
+from ruvllm.bench.serving import EachPromptOnce, HttpTarget, sweep, sweep_requests
 from ruvllm.llm import LLM
 
 ROOT = Path(__file__).resolve().parent
@@ -171,7 +171,7 @@ def requests_at(clients: int, min_requests: int) -> int:
 
 def prompts_per_sweep(levels: list[int], min_requests: int) -> int:
     """Prompts one sweep of a server sends, its warm-up's and every level's, each once."""
-    return WARMUP + sum(requests_at(c, min_requests) for c in levels)
+    return sweep_requests(levels, lambda c: requests_at(c, min_requests), WARMUP)
 
 
 async def measure(url: str, name: str, prompts: list[str], length: int, extra_body: dict, args, *,

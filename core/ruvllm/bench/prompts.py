@@ -35,15 +35,6 @@ def prompt_ids(tokenizer: Tokenizer, length: int, index: int = 0) -> list[int]:
     return ids[:length]
 
 
-def prompt_text(tokenizer: Tokenizer, length: int, index: int = 0) -> str:
-    """Text of roughly ``length`` tokens (for HTTP targets, which take text)."""
-    ids = prompt_ids(tokenizer, length, index)
-    bos = tokenizer.bos_id
-    if ids and bos is not None and ids[0] == bos:
-        ids = ids[1:]
-    return tokenizer.decode(ids)
-
-
 #: A token that may open a prompt (:func:`fresh_prompts`): letters only, with or without the
 #: leading space of a byte-level BPE's word tokens.
 _HEAD_WORD = re.compile(r" ?[a-z]{4,}")
@@ -94,3 +85,9 @@ def fresh_prompts(tokenizer: Tokenizer, lengths: Sequence[int]) -> list[str]:
             raise ValueError(f"the vocabulary has words to open {len(prompts)} distinct prompts, "
                              f"not {len(lengths)}")
     return prompts
+
+
+def fresh_prompt_ids(tokenizer: Tokenizer, length: int, count: int) -> list[list[int]]:
+    """``count`` :func:`fresh_prompts` of ``length`` tokens, as token ids (BOS included where the
+    model adds one), for an in-process engine."""
+    return [tokenizer.encode(p) for p in fresh_prompts(tokenizer, [length] * count)]

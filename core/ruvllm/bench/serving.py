@@ -271,6 +271,12 @@ def aggregate(name: str, cfg: ServingConfig, records: Sequence[RequestRecord],
     }
 
 
+def sweep_requests(levels: Sequence[int], num_requests: Callable[[int], int], warmup: int = 1) -> int:
+    """Requests :func:`sweep` sends over ``levels``, its warm-up's included: the prompts an
+    :class:`EachPromptOnce` target needs for one sweep."""
+    return warmup + sum(num_requests(c) for c in levels)
+
+
 async def sweep(target: Target, levels: Sequence[int], *, num_requests: Callable[[int], int], max_tokens: int,
                 prompt_length: int, request_rate: float = math.inf, warmup: int = 1,
                 progress: Callable[[int, int, int], None] | None = None) -> list[dict[str, Any]]:

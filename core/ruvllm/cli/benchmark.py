@@ -75,15 +75,16 @@ async def _serving(config, *, url: str | None, api_key: str | None, served_model
                    label: str | None, levels: list[int],
                    num_requests: int | None, max_tokens: int, prompt_length: int, request_rate: float,
                    console: Console) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    from ruvllm.bench.prompts import prompt_ids, prompt_text
+    from ruvllm.bench.prompts import fresh_prompt_ids, fresh_prompts
     from ruvllm.bench.report import speculative_figures
-    from ruvllm.bench.serving import EngineTarget, HttpTarget, sweep
-
-    count = max(num_requests or 0, *(num_requests or max(4, 2 * c) for c in levels))
+    from ruvllm.bench.serving import EachPromptOnce, EngineTarget, HttpTarget, sweep, sweep_requests
 
     def per_level(c: int) -> int:
         return num_requests or max(4, 2 * c)
 
+    # Every request, the warm-up's too, a prompt of its own: a prompt sent again (at the next level)
+    # would be served from the prefix cache and measure the cache, not serving.
+    count = sweep_requests(levels, per_level)
     with progress_bar(console) as bar:
         tick = level_ticks(bar)
         if url is None:
@@ -91,8 +92,8 @@ async def _serving(config, *, url: str | None, api_key: str | None, served_model
 
             engine = load_engine(config)
             try:
-                prompts = [prompt_ids(engine.tokenizer, prompt_length, i) for i in range(count)]
-                target = EngineTarget(engine, prompts, name=label)
+                prompts = fresh_prompt_ids(engine.tokenizer, prompt_length, count)
+                target = EachPromptOnce(EngineTarget(engine, prompts, name=label), count)
                 results = await sweep(target, levels, num_requests=per_level, max_tokens=max_tokens,
                                       prompt_length=prompt_length, request_rate=request_rate, progress=tick)
                 meta = {"backend": engine.backend_name, "model": engine.info.name, "engine_path": engine.path,
@@ -103,12 +104,13 @@ async def _serving(config, *, url: str | None, api_key: str | None, served_model
         from ruvllm.llm import LLM
 
         with LLM(config=config) as llm:  # the model's tokenizer, to build prompts of a known length
-            prompts_text = [prompt_text(llm.tokenizer, prompt_length, i) for i in range(count)]
+            prompts_text = fresh_prompts(llm.tokenizer, [prompt_length] * count)
             model_name = llm.model.name
         async with HttpTarget(url, prompts_text, model=served_model, api_key=api_key,
                               extra_body={"ignore_eos": True}, name=label or url) as target:
-            results = await sweep(target, levels, num_requests=per_level, max_tokens=max_tokens,
-                                  prompt_length=prompt_length, request_rate=request_rate, progress=tick)
+            results = await sweep(EachPromptOnce(target, count), levels, num_requests=per_level,
+                                  max_tokens=max_tokens, prompt_length=prompt_length,
+                                  request_rate=request_rate, progress=tick)
         return results, {"backend": "remote", "model": target.model or model_name, "url": url}
 
 

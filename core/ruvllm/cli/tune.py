@@ -45,8 +45,8 @@ def _candidates(source, wanted: str | None) -> tuple[list[str], list[str]]:
 
 async def _measure(config, backend: str, levels: list[int], *, gen_length: int, prompt_length: int,
                    console: Console) -> list[dict[str, Any]]:
-    from ruvllm.bench.prompts import prompt_ids
-    from ruvllm.bench.serving import EngineTarget, sweep
+    from ruvllm.bench.prompts import fresh_prompt_ids
+    from ruvllm.bench.serving import EachPromptOnce, EngineTarget, sweep, sweep_requests
     from ruvllm.server.runner import load_engine
 
     def per_level(c: int) -> int:
@@ -54,11 +54,13 @@ async def _measure(config, backend: str, levels: list[int], *, gen_length: int, 
 
     engine = load_engine(config)
     try:
-        count = max(per_level(c) for c in levels)
-        prompts = [prompt_ids(engine.tokenizer, prompt_length, i) for i in range(count)]
+        # Each request a prompt of its own: one sent again would be answered from the prefix cache,
+        # which differs between backends and would rank them by their caches.
+        count = sweep_requests(levels, per_level)
+        prompts = fresh_prompt_ids(engine.tokenizer, prompt_length, count)
         with progress_bar(console) as bar:
-            return await sweep(EngineTarget(engine, prompts, name=backend), levels, num_requests=per_level,
-                               max_tokens=gen_length, prompt_length=prompt_length,
+            return await sweep(EachPromptOnce(EngineTarget(engine, prompts, name=backend), count), levels,
+                               num_requests=per_level, max_tokens=gen_length, prompt_length=prompt_length,
                                progress=level_ticks(bar, f"{backend}: "))
     finally:
         await engine.shutdown()
