@@ -39,7 +39,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # order (the Makefile turns off xdist's reordering by test count, which put these one-test
     # units, up to 3 minutes each, last of all), and the whole-suite runs are the longest; then
     # modules of minutes (``long_unit``: the multi-node cluster, which lengthened the run by its
-    # whole 2 minutes when it came last).
+    # whole 2 minutes when it came last, and the longest files at the end of collection order:
+    # SONA's training and the schema fuzz, 23-60 s each, which could leave one worker running alone).
     items.sort(key=lambda item: (item.get_closest_marker("spread") is None,
                                  item.get_closest_marker("long_unit") is None))
 

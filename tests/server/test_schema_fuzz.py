@@ -25,6 +25,10 @@ from server_helpers import API_KEY, RunningServer, start_server
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
+#: One of the longest files (34-60 s of one worker, pinned): handed out with the first units
+#: (tests/conftest.py), not last in collection order, so that the run ends on short ones.
+pytestmark = pytest.mark.long_unit
+
 
 @pytest.fixture(scope="module")
 def fuzzed_server() -> Iterator[RunningServer]:

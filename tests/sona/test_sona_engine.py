@@ -27,6 +27,10 @@ from ruvllm_sona.trainer import Example, perplexity, token_logprobs
 
 from sona.helpers import TOPICS, TRAIN, greedy, serve, wait_for_version, wait_until
 
+#: One of the longest files (35 s of one worker, pinned): handed out with the first units
+#: (tests/conftest.py), not last in collection order, so that the run ends on short ones.
+pytestmark = pytest.mark.long_unit
+
 HELD_OUT = ("The water cycle describes how water moves between the oceans, the air and the land. Heat "
             "from the sun evaporates water from the surface of seas and lakes, and the vapour condenses "
             "into clouds that fall again as rain or snow.")

@@ -14,6 +14,10 @@ from ruvllm_sona import SonaOptions, attach
 
 from sona.helpers import TOPICS, TRAIN, greedy, serve
 
+#: One of the longest files (23 s of one worker, pinned): handed out with the first units
+#: (tests/conftest.py), not last in collection order, so that the run ends on short ones.
+pytestmark = pytest.mark.long_unit
+
 
 def test_tenants_learn_apart_and_reset_to_the_exact_base(engine, backend, ask):
     base = greedy(engine, ask)  # without SONA a tenant changes nothing
