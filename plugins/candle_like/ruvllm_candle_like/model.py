@@ -79,18 +79,20 @@ class RotaryTable:
         ang = torch.outer(pos, inv.double())
         ang = torch.cat([ang, ang], dim=-1)
         self.cos = ang.cos().float().to(device)
-        self.sin = ang.sin().float().to(device)
+        # rotate_half(x) * sin == roll(x, D/2) * sin with the first half's sign flipped: the
+        # negation moves from x (every call) to the table (once), exactly (x * -s == -x * s).
+        half = ang.shape[-1] // 2
+        self.sin = (ang.sin() * torch.cat([-torch.ones(half), torch.ones(half)]).double()).float().to(device)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, D] for ``positions`` [T]."""
+        """cos and the sign-folded sin (:func:`apply_rope`), [T, 1, D], for ``positions`` [T]."""
         return (self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Half-split ("rotate_half") RoPE, as Hugging Face's Llama applies it."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    """Half-split ("rotate_half") RoPE, as Hugging Face's Llama applies it, with ``sin`` from
+    :meth:`RotaryTable.lookup` (first half negated): 4 ops where slice/neg/cat took 7, same bits."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 class Layer:
@@ -213,7 +215,10 @@ class Transformer:
         ``tokens`` and ``positions`` are flat [T] int64 tensors on the model's device; ``lora``
         adds adapter deltas to the rows it names (None: the base model only).
         """
-        x = self.hidden(tokens, positions, attention, lora)
+        return self.logits(self.hidden(tokens, positions, attention, lora), logit_rows)
+
+    def logits(self, x: torch.Tensor, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (float32) of the rows ``logit_rows`` (all when None) of the final hidden state ``x``."""
         if logit_rows is not None:
             x = x[logit_rows]
         return self.lm_head(x).float()
@@ -223,7 +228,7 @@ class Transformer:
         """The final (normed) hidden state of every row, [T, hidden], in the model's dtype."""
         cfg = self.cfg
         h_q, h_kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_end, k_end = h_q * d, (h_q + h_kv) * d
+        k_end = (h_q + h_kv) * d
         eps = cfg.rms_norm_eps
         n = tokens.shape[0]
         cos, sin = self.rope.lookup(positions, self.dtype)
@@ -234,8 +239,9 @@ class Transformer:
             qkv = layer.qkv(y)
             if lora is not None:
                 qkv = lora.apply(i, "qkv", y, qkv)
-            q = apply_rope(qkv[:, :q_end].view(n, h_q, d), cos, sin)
-            k = apply_rope(qkv[:, q_end:k_end].view(n, h_kv, d), cos, sin)
+            # Q and K heads rotated together: one set of element-wise ops per layer, not two.
+            qk = apply_rope(qkv[:, :k_end].view(n, h_q + h_kv, d), cos, sin)
+            q, k = qk[:, :h_q], qk[:, h_q:]
             v = qkv[:, k_end:].reshape(n, h_kv, d)
             attn = attention.attend(i, q, k, v)
             o = layer.o(attn)
