@@ -45,7 +45,7 @@ def test_isolation_and_cached_tokens(backend_fp32):
 
 @pytest.mark.parametrize(("options", "field", "hint"), [
     ({"kv_cache": "q3"}, "kv_cache", "one of fp16, two_tier"),
-    ({"nonsense": 1}, "nonsense", "known options: cold_bits, context_length"),
+    ({"nonsense": 1}, "nonsense", "known options: cold_bits, compile_decode, context_length"),
     ({"device": "tpu"}, "device", "auto, cpu, cuda, cuda:N or mps"),
     ({"cold_bits": 3}, "cold_bits", "one of 4, 8"),
     ({"dtype": "fp64"}, "dtype", "one of auto, float32, fp32, bfloat16"),

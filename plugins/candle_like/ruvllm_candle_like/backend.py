@@ -271,7 +271,8 @@ class CandleLikeBackend(LlmBackend):
                                  max_batch_tokens=self.options.max_batch_tokens, kv_dtype=self.kv_dtype,
                                  adapters=self.adapters, two_tier=two_tier,
                                  max_seq_len=two_tier.max_tokens if two_tier else None,
-                                 batch_invariant=batch_invariant, rows_check=rows_check)
+                                 batch_invariant=batch_invariant, rows_check=rows_check,
+                                 compile_decode=self.options.compile_decode)
         self._executor_kv = executor.describe()
         log.info("candle_like executor: %s", self._executor_kv)
         return executor

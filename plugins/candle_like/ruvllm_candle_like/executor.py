@@ -28,6 +28,7 @@ forward (the two-tier cache migrates blocks that left their window there).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -37,6 +38,7 @@ from ruvllm.errors import BackendError, InvalidRequest
 from ruvllm.executor import BatchEntry
 
 from ruvllm_candle_like.attention_ops import attend_decode_batch, attend_sequence
+from ruvllm_candle_like.decode_graph import DecodeGraph, unsupported
 from ruvllm_candle_like.invariant import (
     attend_tiled,
     hidden_keys,
@@ -51,6 +53,8 @@ from ruvllm_candle_like.lora import AdapterRegistry, LoraAdapter, LoraPlan
 from ruvllm_candle_like.model import Transformer
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -251,7 +255,8 @@ class PagedExecutor:
     def __init__(self, model: Transformer, *, max_sequences: int, block_size: int, num_tokens: int,
                  max_batch_tokens: int, kv_dtype: torch.dtype, adapters: AdapterRegistry | None = None,
                  two_tier: TwoTierSettings | None = None, max_seq_len: int | None = None,
-                 batch_invariant: bool = False, rows_check: Callable[[], str | None] | None = None):
+                 batch_invariant: bool = False, rows_check: Callable[[], str | None] | None = None,
+                 compile_decode: bool = False):
         """``two_tier``: keep KV in the two-tier cache (packed cold store + 16-bit hot window)
         instead of the 16-bit pool. ``max_seq_len``: the most positions one sequence may hold
         (default and at most the model's context; the two-tier cache's ``max_kv_tokens``); the
@@ -260,7 +265,9 @@ class PagedExecutor:
         ``rows_check``: offer to compute so only the entries marked ``invariant`` (a request's own
         ``batch_invariant``), in a pass of their own beside the step's other rows, once this
         check of the machine's kernels (why not, or None) passes; run at the first request that
-        asks, since it takes seconds and most engines never need it."""
+        asks, since it takes seconds and most engines never need it. ``compile_decode``: run
+        small decode-only steps as a compiled graph (:mod:`ruvllm_candle_like.decode_graph`),
+        compiled here (16-bit pool, int4 layers; otherwise logged and eager)."""
         if block_size < 1:
             raise InvalidRequest("block_size", f"must be >= 1; got {block_size}")
         if max_sequences < 1:
@@ -285,6 +292,8 @@ class PagedExecutor:
         self.compute_dtype = model.dtype
         self.device = model.device
         cfg = model.cfg
+        #: Small decode steps as one compiled graph (None: every step eager; always with two_tier).
+        self.graph: DecodeGraph | None = None
         #: The two-tier store (None: the 16-bit pool in ``k``/``v``).
         self.two_tier: PagedTwoTier | None = None
         #: Per layer ``[slots, 2, Hkv, D]``: K (``[:, 0]``) and V (``[:, 1]``) of each slot.
@@ -302,6 +311,12 @@ class PagedExecutor:
         self.kv = [torch.zeros(shape, dtype=kv_dtype, device=self.device) for _ in range(cfg.num_layers)]
         self.k = [pool[:, 0] for pool in self.kv]
         self.v = [pool[:, 1] for pool in self.kv]
+        if compile_decode and not batch_invariant:
+            if (why := unsupported(model)) is not None:
+                log.warning("candle_like: compile_decode has no effect: %s", why)
+            else:
+                self.graph = DecodeGraph(model, max_sequences)
+                self.graph.warm(self._warm_step)
 
     @property
     def kv_cache(self) -> str:
@@ -322,8 +337,26 @@ class PagedExecutor:
                      else f", at most {self.max_seq_len} per sequence (max_kv_tokens)")
             return f"paged KV for {tokens} tokens (kv_cache_tokens){limit}, {self.two_tier.describe()}"
         dtype = str(self.kv_dtype).removeprefix("torch.")
+        graph = "" if self.graph is None else f"; {self.graph.describe()}"
         return (f"paged KV for {tokens} tokens (kv_cache_tokens), 16-bit pool (kv_cache=fp16, {dtype}) "
-                f"{self.nbytes() / MIB:.1f} MiB")
+                f"{self.nbytes() / MIB:.1f} MiB{graph}")
+
+    def _warm_step(self, rows: int) -> None:
+        """One decode step of ``rows`` rows on the first blocks, before any request holds a
+        block; the blocks are zeroed again after it."""
+        # Lengths differ from the row count and from each other: equal sizes at tracing would
+        # tie the dynamic dimensions together (a guard that a later step would break).
+        lengths = [rows + 3 + i for i in range(rows)]
+        per_seq = -(-max(lengths) // self.block_size)
+        if rows * per_seq > self.num_blocks:
+            raise BackendError(f"the KV pool has {self.num_blocks} blocks, warming needs {rows * per_seq}")
+        tables = [tuple(range(i * per_seq, (i + 1) * per_seq)) for i in range(rows)]
+        try:
+            self.execute([BatchEntry(seq_id=i, tokens=(0,), start_pos=n - 1, block_table=tables[i])
+                          for i, n in enumerate(lengths)])
+        finally:
+            for pool in self.kv:
+                pool[: rows * per_seq * self.block_size] = 0
 
     def _slots(self, table: Sequence[int], start: int, stop: int) -> np.ndarray:
         pos = np.arange(start, stop)
@@ -440,6 +473,11 @@ class PagedExecutor:
                 logit_rows.append(row - 1)
         plan = _InvariantAttention(self, kv, batch) if invariant else self._plan(kv, batch)
         lora = LoraPlan.for_rows(spans, dev)
+        if not invariant and lora is None and logit_rows and self._in_graph(kv, plan):
+            tokens_t = torch.tensor(tokens, device=dev)
+            positions_t = torch.from_numpy(np.concatenate(positions)).to(dev)
+            x = self._graph_hidden(tokens_t, positions_t, kv, plan)  # type: ignore[arg-type]
+            return model.logits(x, torch.tensor(logit_rows, device=dev)).cpu().numpy()
         if not logit_rows:
             # Nothing to sample (e.g. only non-final prefill chunks): run for the KV only.
             at = torch.from_numpy(np.concatenate(positions)).to(dev)
@@ -455,6 +493,25 @@ class PagedExecutor:
             raise BackendError(f"candle_like batched forward failed: {exc}") from exc
         kv.finish()
         return logits.cpu().numpy()
+
+    def _in_graph(self, kv: _PoolStep | TwoTierStep, plan: _StepAttention | _InvariantAttention) -> bool:
+        """A step the compiled graph covers: decode entries only, on the 16-bit pool."""
+        return (self.graph is not None and isinstance(kv, _PoolStep) and isinstance(plan, _StepAttention)
+                and plan.decode_gather is not None and not plan.prefills
+                and self.graph.covers(*plan.decode_gather.shape))
+
+    def _graph_hidden(self, tokens: torch.Tensor, positions: torch.Tensor, kv: _PoolStep,
+                      plan: _StepAttention) -> torch.Tensor:
+        assert self.graph is not None and plan.decode_gather is not None
+        rows, longest = plan.decode_gather.shape
+        if plan.decode_valid is None and rows > 1:
+            # Every multi-row step with a mask (all true here): one graph, not a second one for
+            # equal lengths (masked-out keys add exact zeros, so an all-true mask changes nothing).
+            plan.decode_valid = torch.ones((rows, longest), dtype=torch.bool, device=self.device)
+        dynamic = [(tokens, (0,)), (positions, (0,)), (kv.slots, (0,)), (plan.decode_gather, (0, 1))]
+        if plan.decode_valid is not None:
+            dynamic.append((plan.decode_valid, (0, 1)))
+        return self.graph.hidden(tokens, positions, plan, dynamic)
 
     def free(self, seq_id: int) -> None:
         """Nothing to release: a sequence's KV lives in blocks the engine owns and reuses (the

@@ -55,6 +55,10 @@ class BackendOptions:
     #: (prefill chunks run 2-3x slower on int4). Off: about the GGUF's bytes, slow prefill.
     dense_weights: bool = attrs.field(default=True, validator=boolean())
     dense_from_rows: int = attrs.field(default=20, validator=positive_int())
+    #: With int4 weights: run the executor's decode-only steps of fewer than dense_from_rows rows
+    #: as one torch.compile'd graph (inductor; needs a C++ compiler), compiled when the executor
+    #: is created (logged, tens of seconds) so that no request waits for it.
+    compile_decode: bool = attrs.field(default=False, validator=boolean())
     #: "fp16": unquantised 16-bit KV; "two_tier": FP16 hot tail + packed Q4/Q8 cold store.
     kv_cache: str = attrs.field(default="fp16", validator=one_of(KV_CACHES))
     #: Storage dtype of the unquantised cache: auto (float16, as llama.cpp's default cache,
