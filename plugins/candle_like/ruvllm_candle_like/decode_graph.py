@@ -36,13 +36,10 @@ from collections.abc import Callable
 
 import torch
 
-from ruvllm_candle_like.model import Attention, Transformer
+from ruvllm_candle_like.model import PROJECTIONS, Attention, Transformer
 from ruvllm_candle_like.projection import Int4Projection
 
 log = logging.getLogger(__name__)
-
-#: A layer's projections (model.Layer's attributes).
-PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
 def unsupported(model: Transformer) -> str | None:

@@ -38,7 +38,7 @@ import math
 
 import torch
 
-from ruvllm_candle_like.model import Layer, Transformer
+from ruvllm_candle_like.model import PROJECTIONS, Layer, Transformer
 from ruvllm_candle_like.projection import Int4Projection
 from ruvllm_candle_like.weights import AnyProjection
 
@@ -97,7 +97,7 @@ def invariant_twin(model: Transformer) -> Transformer:
     for layer in model.layers:
         new = Layer()
         new.ln1, new.ln2 = layer.ln1, layer.ln2
-        for name in ("qkv", "o", "gate_up", "down"):
+        for name in PROJECTIONS:
             setattr(new, name, PaddedProjection(getattr(layer, name)))
         twin.layers.append(new)
     return twin

@@ -95,6 +95,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
+#: A layer's projections, by attribute name: what twins, the compiled graph and counts walk.
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+
 class Layer:
     __slots__ = ("down", "gate_up", "ln1", "ln2", "o", "qkv")
 
@@ -187,7 +191,7 @@ class Transformer:
         for layer in self.layers:
             new = Layer()
             new.ln1, new.ln2 = layer.ln1.to(dtype), layer.ln2.to(dtype)
-            for name in ("qkv", "o", "gate_up", "down"):
+            for name in PROJECTIONS:
                 proj = getattr(layer, name)
                 setattr(new, name, Projection(proj.weight.to(dtype),
                                               None if proj.bias is None else proj.bias.to(dtype),
@@ -205,7 +209,7 @@ class Transformer:
             n += self.lm_head.weight.numel()
         for layer in self.layers:
             n += layer.ln1.numel() + layer.ln2.numel()
-            n += sum(p.shape.numel() for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            n += sum(getattr(layer, name).shape.numel() for name in PROJECTIONS)
         return n
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attention: Attention,
