@@ -73,14 +73,24 @@ class ScaleOutSettings:
     #: replica, where SONA learns that tenant's adapter; None: when ``[sona]`` is enabled.
     tenant_affinity: bool | None = None
 
+    @property
+    def deployment(self) -> str:
+        """The replicas' deployment: ``build_replicas`` names it, ``open_remote_engine`` finds it."""
+        return f"{self.name}-replicas"
+
+    @property
+    def board(self) -> str:
+        """The replicas' metrics board (``metrics_board``): they report to it, the server reads it."""
+        return f"{self.name}-metrics"
+
 
 async def open_remote_engine(config: Config, scale: ScaleOutSettings) -> RemoteEngine:
     """The engine of the HTTP app: a RemoteEngine over the running ``scale.name`` application's
     replicas, with the model's tokenizer loaded here and the replicas' metrics board."""
     from ray import serve
 
-    replicas = serve.get_deployment_handle(f"{scale.name}-replicas", app_name=scale.name)
-    board = start_board(f"{scale.name}-metrics")
+    replicas = serve.get_deployment_handle(scale.deployment, app_name=scale.name)
+    board = start_board(scale.board)
     description = await replicas.describe.remote()
     baseline = await replicas.metrics.remote()
     # The replicas' own backend, not the config's name: `auto` may have picked by what
@@ -166,9 +176,9 @@ def build_replicas(config: Config, scale: ScaleOutSettings | None = None) -> Any
             request_router_class=PrefixAffinityRouter,
             request_router_kwargs={"busy_threshold": scale.busy_threshold})
     replica = serve.deployment(EngineReplica).options(
-        name=f"{scale.name}-replicas", ray_actor_options=_with_env(scale.ray_actor_options, scale.serve_env),
+        name=scale.deployment, ray_actor_options=_with_env(scale.ray_actor_options, scale.serve_env),
         max_ongoing_requests=scale.max_ongoing_requests, **sizing)
-    return replica.bind(config, f"{scale.name}-metrics")
+    return replica.bind(config, scale.board)
 
 
 def init_ray(num_cpus: int | None = None) -> None:

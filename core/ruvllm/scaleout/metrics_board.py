@@ -64,9 +64,9 @@ def start_board(name: str) -> Any:
     """The board actor called ``name``, created if it does not exist.
 
     Detached: a restarted ``ruvllm serve --ray`` (the ingress) finds the same board, and the
-    replicas' cached handles stay valid. It lives
-    until Ray stops or ``kill_board``; a redeploy under the same name reuses it. It runs on the
-    head node (``HEAD_RESOURCE``), so the counters of every node outlive any worker node.
+    replicas' cached handles stay valid. It lives until Ray stops or ``kill_board``; a redeploy
+    under the same name reuses it. It runs on the head node (``HEAD_RESOURCE``), so the counters
+    of every node outlive any worker node.
     """
     import ray
 
