@@ -187,7 +187,7 @@ async def measure(url: str, name: str, prompts: list[str], length: int, extra_bo
             console.print(f"  {name}: {length}-token prompts, {c} clients done")
 
     async with HttpTarget(url, prompts, extra_body=extra_body, name=name) as target:
-        return await sweep(EachPromptOnce(target, len(prompts)) if once else target, levels,
+        return await sweep(EachPromptOnce(target) if once else target, levels,
                            num_requests=lambda c: requests_at(c, args.min_requests),
                            max_tokens=args.gen_length, prompt_length=length, warmup=WARMUP, progress=progress)
 

@@ -35,11 +35,12 @@ def test_fresh_prompts_share_no_first_token(tokenizer):
 
 
 class Recorder:
-    """A target that streams one token and notes which prompt it was asked for."""
+    """A target over ``prompts`` prompts that streams one token and notes which it was asked for."""
 
     name = "recorder"
 
-    def __init__(self):
+    def __init__(self, prompts: int):
+        self.prompts = range(prompts)
         self.asked: list[int] = []
 
     async def stream(self, index, max_tokens, record):
@@ -51,13 +52,13 @@ class Recorder:
 def test_every_request_of_a_sweep_has_a_prompt_of_its_own():
     levels, min_requests = [1, 2], 3
     count = prompts_per_sweep(levels, min_requests)
-    inner = Recorder()
-    results = asyncio.run(sweep(EachPromptOnce(inner, count), levels, max_tokens=1, prompt_length=8, warmup=2,
+    inner = Recorder(count)
+    results = asyncio.run(sweep(EachPromptOnce(inner), levels, max_tokens=1, prompt_length=8, warmup=2,
                                 num_requests=lambda c: max(min_requests, 2 * c)))
     assert sorted(inner.asked) == list(range(count))  # the warm-up's 0 and 1 never again
     assert [r["failed"] for r in results] == [0, 0]
     # One more request than prompts fails instead of resending one.
-    once = EachPromptOnce(Recorder(), 1)
+    once = EachPromptOnce(Recorder(1))
     again = asyncio.run(sweep(once, [2], num_requests=lambda c: 2, max_tokens=1, prompt_length=8, warmup=0))
     assert again[0]["failed"] == 1
 

@@ -145,17 +145,23 @@ class HttpTarget:
             record.output_tokens = chunks
 
 
+class PromptTarget(Target, Protocol):
+    """A :class:`Target` over a list of prompts (:class:`HttpTarget`, :class:`EngineTarget`)."""
+
+    prompts: Sequence[Any]
+
+
 class EachPromptOnce:
-    """``target`` (an :class:`HttpTarget` or :class:`EngineTarget` over ``prompts`` prompts) with
-    every request it is sent, from :func:`sweep`'s warm-up through every level, given the next of
-    its prompts: no prompt is sent twice, so a server's prefix cache never meets one again (the
-    warm-up's prompts are never measured). More requests than prompts is an error, not a repeat.
+    """``target`` with every request it is sent, from :func:`sweep`'s warm-up through every level,
+    given the next of its prompts: no prompt is sent twice, so a server's prefix cache never
+    meets one again (the warm-up's prompts are never measured). More requests than prompts is an
+    error, not a repeat.
     """
 
-    def __init__(self, target: Target, prompts: int):
+    def __init__(self, target: PromptTarget):
         self.target = target
         self.name = target.name
-        self.prompts = prompts
+        self.prompts = len(target.prompts)
         self.sent = 0
 
     async def stream(self, index: int, max_tokens: int, record: RequestRecord) -> AsyncIterator[int]:

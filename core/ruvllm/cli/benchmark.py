@@ -93,7 +93,7 @@ async def _serving(config, *, url: str | None, api_key: str | None, served_model
             engine = load_engine(config)
             try:
                 prompts = fresh_prompt_ids(engine.tokenizer, prompt_length, count)
-                target = EachPromptOnce(EngineTarget(engine, prompts, name=label), count)
+                target = EachPromptOnce(EngineTarget(engine, prompts, name=label))
                 results = await sweep(target, levels, num_requests=per_level, max_tokens=max_tokens,
                                       prompt_length=prompt_length, request_rate=request_rate, progress=tick)
                 meta = {"backend": engine.backend_name, "model": engine.info.name, "engine_path": engine.path,
@@ -108,7 +108,7 @@ async def _serving(config, *, url: str | None, api_key: str | None, served_model
             model_name = llm.model.name
         async with HttpTarget(url, prompts_text, model=served_model, api_key=api_key,
                               extra_body={"ignore_eos": True}, name=label or url) as target:
-            results = await sweep(EachPromptOnce(target, count), levels, num_requests=per_level,
+            results = await sweep(EachPromptOnce(target), levels, num_requests=per_level,
                                   max_tokens=max_tokens, prompt_length=prompt_length,
                                   request_rate=request_rate, progress=tick)
         return results, {"backend": "remote", "model": target.model or model_name, "url": url}

@@ -59,7 +59,7 @@ async def _measure(config, backend: str, levels: list[int], *, gen_length: int, 
         count = sweep_requests(levels, per_level)
         prompts = fresh_prompt_ids(engine.tokenizer, prompt_length, count)
         with progress_bar(console) as bar:
-            return await sweep(EachPromptOnce(EngineTarget(engine, prompts, name=backend), count), levels,
+            return await sweep(EachPromptOnce(EngineTarget(engine, prompts, name=backend)), levels,
                                num_requests=per_level, max_tokens=gen_length, prompt_length=prompt_length,
                                progress=level_ticks(bar, f"{backend}: "))
     finally:
