@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from child_pytest import SKIP_UNUSED_PLUGINS
 from conformance_helpers import SuiteRun, read_junit
 
 
@@ -23,8 +24,6 @@ HERE = Path(__file__).resolve().parent
 REGISTER_PLUGIN = "import toy_backend\ntoy_backend.register_toy_backends()\n"
 
 
-#: Plugins installed for this project's own tests that no child pytest uses (see toy_env).
-CHILD_SKIPS_PLUGINS = "-p no:langsmith_plugin -p no:schemathesis -p no:anyio -p no:hypothesispytest"
 #: Below the 900 s pytest-timeout of the tests that run a whole suite, so that pytester kills a
 #: child that overruns (and names it) instead of the parent's timeout leaving it running.
 CHILD_TIMEOUT = 840
@@ -37,11 +36,8 @@ def toy_env(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
     paths = [str(HERE), str(pytester.path), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
     # Every child (suite runs, run_conformance's pytest.main) starts without the plugins it never
-    # uses: schemathesis's imports hypothesis, and pytest assertion-rewrites all 230 modules of
-    # both at each start; with langsmith's, 2.2 s of CPU per child start-up (2.9 s -> 0.7 s).
-    # Pytester drops the PYTEST_ADDOPTS that tests/conftest.py sets, so it is set again here;
-    # not there, as the xdist workers inherit that one and test_schema_fuzz.py needs schemathesis.
-    monkeypatch.setenv("PYTEST_ADDOPTS", CHILD_SKIPS_PLUGINS)
+    # uses. Pytester drops the PYTEST_ADDOPTS that tests/conftest.py sets, so it is set again here.
+    monkeypatch.setenv("PYTEST_ADDOPTS", SKIP_UNUSED_PLUGINS)
     return pytester
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from child_pytest import SKIP_UNUSED_PLUGINS
+
 TESTS_DIR = Path(__file__).resolve().parents[1]
 
 #: One group as ``make test`` makes a test file: the crash sits between tests that must still run.
@@ -41,8 +43,7 @@ def run_inner(tmp_path: Path) -> subprocess.CompletedProcess:
     (tmp_path / "test_crashing.py").write_text(CRASHING)
     (tmp_path / "test_others.py").write_text(OTHERS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
-           # Plugins the inner run never uses, 2 s of each of its pytest processes' start-up.
-           "PYTEST_ADDOPTS": "-p no:langsmith_plugin -p no:schemathesis -p no:anyio -p no:hypothesispytest"}
+           "PYTEST_ADDOPTS": SKIP_UNUSED_PLUGINS}
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_XDIST_WORKER_COUNT", None)
     return subprocess.run(
