@@ -76,9 +76,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _skip_unused_plugins_in_children() -> None:
-    """Child pytests started as subprocesses (test_crashed_workers.py's) skip langsmith's plugin
-    too, as addopts in pyproject.toml does here: 3 s of every start-up. Pytester drops this
-    variable: the conformance runs' children get theirs from tests/conformance/conftest.py."""
+    """Pytest runs that read this environment (an in-process ``pytest.main``, a subprocess that
+    keeps it) skip langsmith's plugin too, as addopts in pyproject.toml does here: 3 s of every
+    start-up. The conformance runs' children (pytester drops this variable) and the crash test's
+    inner run set the longer list of tests/child_pytest.py themselves."""
     opts = os.environ.get("PYTEST_ADDOPTS", "")
     if "no:langsmith_plugin" not in opts:
         os.environ["PYTEST_ADDOPTS"] = f"{opts} -p no:langsmith_plugin".strip()
