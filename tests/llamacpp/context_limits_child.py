@@ -20,7 +20,7 @@ def run(options: dict, engine: dict) -> str:
     backend = LlamaCppBackend.load(ModelSource.from_path(embedded_model_path()), {"n_threads": 1, **options})
     with backend:
         short = backend.tokenizer.encode("Hello, my name is")
-        long = backend.tokenizer.encode("The history of the city goes back many centuries. " * 6)
+        long = backend.tokenizer.encode("The history of the city goes back many centuries. " * 4)
         params = GenerationParams(max_tokens=3)
         list(itertools.islice(backend.generate(short, params), 3))  # core stops a backend's stream
         with ServingEngine(backend, EngineOptions(**engine), owns_backend=False) as eng:
