@@ -182,14 +182,16 @@ async def measure(url: str, name: str, prompts: list[str], length: int, extra_bo
     levels = [int(c) for c in args.clients.split(",")]
     console = Console(stderr=True)
 
-    def progress(c: int, done: int, total: int) -> None:
-        if done == total:
-            console.print(f"  {name}: {length}-token prompts, {c} clients done")
+    def measured(result: dict) -> None:
+        failed = f", {result['failed']} failed" if result["failed"] else ""
+        ttft = seconds(result["ttft_s"]["p50"])
+        console.print(f"  {name}: {length}-token prompts, {result['concurrency']} clients: "
+                      f"{result['output_tok_s']:.1f} tok/s, TTFT p50 {ttft}{failed}")
 
     async with HttpTarget(url, prompts, extra_body=extra_body, name=name) as target:
         return await sweep(EachPromptOnce(target) if once else target, levels,
                            num_requests=lambda c: requests_at(c, args.min_requests),
-                           max_tokens=args.gen_length, prompt_length=length, warmup=WARMUP, progress=progress)
+                           max_tokens=args.gen_length, prompt_length=length, warmup=WARMUP, measured=measured)
 
 
 def seconds(value: float | None) -> str:

@@ -53,10 +53,12 @@ def test_every_request_of_a_sweep_has_a_prompt_of_its_own():
     levels, min_requests = [1, 2], 3
     count = prompts_per_sweep(levels, min_requests)
     inner = Recorder(count)
+    shown: list[dict] = []
     results = asyncio.run(sweep(EachPromptOnce(inner), levels, max_tokens=1, prompt_length=8, warmup=2,
-                                num_requests=lambda c: max(min_requests, 2 * c)))
+                                num_requests=lambda c: max(min_requests, 2 * c), measured=shown.append))
     assert sorted(inner.asked) == list(range(count))  # the warm-up's 0 and 1 never again
     assert [r["failed"] for r in results] == [0, 0]
+    assert shown == results  # each level shown as it was measured, the warm-up not
     # One more request than prompts fails instead of resending one.
     once = EachPromptOnce(Recorder(1))
     again = asyncio.run(sweep(once, [2], num_requests=lambda c: 2, max_tokens=1, prompt_length=8, warmup=0))

@@ -285,8 +285,11 @@ def sweep_requests(levels: Sequence[int], num_requests: Callable[[int], int], wa
 
 async def sweep(target: Target, levels: Sequence[int], *, num_requests: Callable[[int], int], max_tokens: int,
                 prompt_length: int, request_rate: float = math.inf, warmup: int = 1,
-                progress: Callable[[int, int, int], None] | None = None) -> list[dict[str, Any]]:
-    """Run one ServingConfig per concurrency level against the same target, after a warmup."""
+                progress: Callable[[int, int, int], None] | None = None,
+                measured: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run one ServingConfig per concurrency level against the same target, after a warmup.
+    ``measured`` gets each level's result as soon as it is in: a long sweep that is stopped
+    still shows what it measured."""
     results = []
     if warmup:  # first requests pay one-off costs (threads, allocations) that are not serving speed
         await run_serving(target, ServingConfig(concurrency=1, num_requests=warmup, max_tokens=4,
@@ -296,4 +299,6 @@ async def sweep(target: Target, levels: Sequence[int], *, num_requests: Callable
                             prompt_length=prompt_length, request_rate=request_rate)
         cb = (lambda d, n, c=c: progress(c, d, n)) if progress is not None else None
         results.append(await run_serving(target, cfg, cb))
+        if measured is not None:
+            measured(results[-1])
     return results
