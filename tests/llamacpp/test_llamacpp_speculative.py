@@ -78,14 +78,29 @@ def test_greedy_output_is_plain_decodings_up_to_near_ties(backend, plain_greedy)
 def test_a_predicted_output_drafts_without_a_speculative_method(backend, plain_greedy):
     """OpenAI's Predicted Outputs: each answer predicted as plain decoding wrote it, with a few
     tokens edited in the middle; the drafts are verified like prompt lookup's, the output is
-    plain decoding's up to near-ties."""
+    plain decoding's up to near-ties.
+
+    Verifying drafts in a chunk rounds differently from one-token steps, so a near-tie of plain
+    decoding may flip (the AVX2 kind flipped the free prompt's 9th token): that answer then
+    leaves its prediction, and only its tokens up to the flip can be drafts accepted. An answer
+    that stays plain decoding's must have its drafts found again after the edit (more than the
+    12 before it accepted), and at least one answer must stay so."""
     plain = plain_greedy[0]
     predictions = [(*r.token_ids[:12], *r.token_ids[:3], *r.token_ids[15:]) for r in plain]
     spec, spec_rows, _ = recorded(backend, EngineOptions(max_num_seqs=4, speculative_adaptive=False),
                                      PROMPTS, GREEDY, predictions=predictions)
-    assert all(r.usage.draft_tokens > r.usage.accepted_draft_tokens > 16 for r in spec), \
-        [r.usage for r in spec]
     assert_plain_up_to_near_ties(backend, plain_greedy, spec, spec_rows)
+    kept = [a.token_ids == b.token_ids for a, b in zip(plain, spec, strict=True)]
+    assert any(kept), "every answer flipped a near-tie: nothing shows the drafts found again after the edit"
+    k = EngineOptions().num_speculative_tokens
+    for same, r, predicted in zip(kept, spec, predictions, strict=True):
+        on_prediction = next((i for i, (x, y) in enumerate(zip(r.token_ids, predicted, strict=False))
+                              if x != y), len(r.token_ids))
+        # The first token comes from the prompt's step, and each verifying step samples one more
+        # token of its own after its k drafts: neither is a draft.
+        followed = on_prediction - 1
+        least = 16 if same else followed - -(-followed // (k + 1)) - 1
+        assert r.usage.draft_tokens > r.usage.accepted_draft_tokens > least, (same, on_prediction, r.usage)
 
 
 def test_own_model_as_draft_keeps_greedy_output_and_frees_its_cells(backend, plain_greedy, model_path):
