@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import pytest
 from ruvllm.errors import InvalidRequest
 from ruvllm.guided.grammar import from_extensions, from_response_format
@@ -12,7 +13,9 @@ from ruvllm.guided.tools import (
     REPLY_OR_CALL,
     detect_parser,
     hold_back,
+    parse_tools,
     plan_tools,
+    reply_or_call_schema,
     split_tool_calls,
     streamable,
     taught_conversation,
@@ -152,6 +155,15 @@ def test_reply_or_call_answers_are_read_back():
     # Cut short by max_tokens: the reply as far as it got; a call cut short is neither.
     assert split_tool_calls('{"response": "Hello wor', plan) == ("Hello wor", [])
     assert split_tool_calls('{"tool_calls": [{"name": "ad', plan) == ("", [])
+
+
+def test_a_reply_or_call_reply_says_something():
+    """``{"response": ""}`` would reach the client as an answer with neither text nor a call."""
+    schema = reply_or_call_schema(parse_tools([ADD]), max_calls=None)
+    jsonschema.validate({"response": "Hi"}, schema)
+    jsonschema.validate({"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"response": ""}, schema)
 
 
 def test_a_reply_streams_decoded_as_it_comes():
