@@ -12,8 +12,8 @@ Every figure is measured here, in one process, each best of ``--runs``:
   out, so the figure is a floor);
 - the same chunk through llama.cpp (llama-cpp-python, the GGUF's own Q4_1 kernels, flash
   attention on as ruvllm's pool runs it), tok/s;
-- one decode step of candle_like on int4 weights at 1 and 16 rows: ms, and how much of it is
-  the projections alone (``--rows``).
+- one decode step of candle_like on int4 weights at 1 and 16 rows (``--rows``; the mean of 7
+  steps, best of ``--runs``): ms, and how much of it is the projections alone.
 
 A serving benchmark cannot beat the prompt rates above on a long-prompt load, nor the decode
 steps on a short one: dividing the work of a load by these rates bounds the ratio any server
@@ -26,7 +26,7 @@ import argparse
 import time
 
 import torch
-from candle_like_decode import PROMPT
+from candle_like_decode import PROMPT, batched
 from candle_like_int4 import linears_ms, projections
 from ruvllm.bench.machine import machine_line
 from ruvllm.executor import BatchEntry
@@ -34,6 +34,9 @@ from ruvllm.hardware import cpu_info
 from ruvllm.models import ModelSource
 from ruvllm.registry import embedded_model_path
 from ruvllm_candle_like.backend import CandleLikeBackend
+
+#: Decode steps per timed run of the int4 steps (candle_like_decode.batched, after its prefill).
+DECODE_STEPS = 8
 
 
 def best(fn, runs: int) -> float:
@@ -83,24 +86,6 @@ def llamacpp_chunk_s(path: str, ids: list[int], threads: int, runs: int) -> floa
         llm.close()
 
 
-def decode_step_ms(backend: CandleLikeBackend, ids: list[int], rows: int, runs: int) -> float:
-    block = 16
-    ex = backend.create_executor(max_sequences=rows, block_size=block)
-    per_seq = -(-(len(ids) + runs + 2) // block)
-    tables = [tuple(range(i * per_seq, (i + 1) * per_seq)) for i in range(rows)]
-    with torch.inference_mode():
-        ex.execute([BatchEntry(seq_id=i, tokens=tuple(ids), start_pos=0, block_table=tables[i])
-                    for i in range(rows)])
-        pos = [len(ids)]
-
-        def step() -> None:
-            ex.execute([BatchEntry(seq_id=i, tokens=(1,), start_pos=pos[0], block_table=tables[i])
-                        for i in range(rows)])
-            pos[0] += 1
-
-        return best(step, runs) * 1e3
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -133,7 +118,7 @@ def main() -> None:
                                         "dense_weights": False})
     short = int4.tokenizer.encode(PROMPT)
     for rows in (int(r) for r in a.rows.split(",")):
-        step = decode_step_ms(int4, short, rows, a.runs)
+        step = rows * 1e3 / max(batched(int4, short, rows, DECODE_STEPS) for _ in range(a.runs))
         lin = linears_ms(int4, rows, a.runs)
         print(f"| candle_like int4 decode step, {rows} row(s) | {step:.1f} ms "
               f"({rows * 1e3 / step:.0f} tok/s); projections alone {lin:.1f} ms ({lin / step:.0%}) |")
