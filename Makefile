@@ -13,7 +13,7 @@ PROMPT ?= Explain in one sentence why the sky is blue.
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject.toml) \
+$(STAMP): pyproject.toml constraints.txt Makefile $(wildcard plugins/*/pyproject.toml plugins/*/setup.py plugins/*/csrc/*) \
 		plugins/llamacpp/ruvllm_llamacpp/native_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip

@@ -1,21 +1,24 @@
-"""GGUF 4-bit blocks as torch's packed int4 weights (``aten._weight_int4pack_mm_for_cpu``).
+"""GGUF 4-bit blocks as int4 codes, and torch's packed int4 weights (``aten._weight_int4pack_mm_for_cpu``).
 
-The kernel computes with ``w = (q - 8) * scale + zero`` per group of 32 inputs, scales and zeros
-``[K / 32, N, 2]`` (checked against its output in tests/candle_like/test_int4.py). llama.cpp's
-blocks are groups of 32 too, so they map onto it without re-quantising:
+:class:`Int4Codes` keeps llama.cpp's own form, ``w = code * scale + offset`` per group of 32
+inputs; ruvllm's block kernel (blockmm.py) computes with exactly that, and torch's kernel, the
+fallback where ruvllm's cannot run, with ``w = (code - 8) * scale + zero`` (``zero = offset +
+8 scale``, its scales and zeros ``[K / 32, N, 2]``, checked against its output in
+tests/candle_like/test_int4.py):
 
-- Q4_1 (``w = q * d + m``): ``scale = d``, ``zero = m + 8 d``;
-- Q4_0 (``w = (q - 8) * d``): ``scale = d``, ``zero = 0``.
+- Q4_1 (``w = q * d + m``): ``scale = d``, ``offset = m``;
+- Q4_0 (``w = (q - 8) * d``): ``scale = d``, ``offset = -8 d``.
 
-In float32 that mapping gives llama.cpp's dequantised weights bit for bit on every tensor of the
-embedded model (``(q - 8) * d`` is exact, so one rounding remains on both sides). The kernel's
-only vectorised path in torch 2.13 (AVX2 and AVX-512) takes bfloat16 activations, scales and
-zeros: float32 or float16 activations run a scalar loop 10-40x slower. So the packed weights
-carry bfloat16 scales and zeros, the rounding of ``d`` and ``m + 8 d`` to 8 significant bits is
-the one difference from llama.cpp's weights: at most ``2^-8 (8 |d| + |zero|)`` per weight.
+``q * d`` is exact in float32 (a 4-bit code times an f16 scale), so one rounding remains, as in
+llama.cpp's dequantisation: the codes give its weights bit for bit on every tensor of the
+embedded model. torch's kernel's only vectorised path in torch 2.13 (AVX2 and AVX-512) takes
+bfloat16 activations, scales and zeros: float32 or float16 activations run a scalar loop 10-40x
+slower. So its packed weights carry bfloat16 scales and zeros, and the rounding of ``d`` and
+``m + 8 d`` to 8 significant bits is the one difference from llama.cpp's weights: at most
+``2^-8 (8 |d| + |zero|)`` per weight.
 
 Q4_K's super-blocks are 8 groups of 32 codes, each with a 6-bit scale ``sc`` and min ``mn`` under
-the block's ``d``/``dmin`` (``w = d sc q - dmin mn``): ``scale = d sc``, ``zero = 8 d sc - dmin mn``,
+the block's ``d``/``dmin`` (``w = d sc q - dmin mn``): ``scale = d sc``, ``offset = -dmin mn``,
 the same codes. Other types (Q6_K's 16-element groups of 6-bit codes, Q5_*, Q8_0) return None and
 stay dense; :func:`requantize` (per group of 32, round to nearest between the group's min and max)
 is how their int4 error was measured (docs/backends/candle_like.md) before choosing so.
@@ -69,29 +72,34 @@ def dequantize(raw: np.ndarray, ggml_type: int, type_name: str, shape: tuple[int
 
 @attrs.frozen(eq=False)
 class Int4Codes:
-    """Codes 0..15 ``[rows, cols]`` with float32 ``scale`` and ``zero`` ``[rows, cols / 32]``:
-    ``w = (code - 8) * scale + zero``."""
+    """Codes 0..15 ``[rows, cols]`` with float32 ``scale`` and ``offset`` ``[rows, cols / 32]``:
+    ``w = code * scale + offset``, llama.cpp's own form (Q4_1's ``d`` and ``m``)."""
 
     codes: np.ndarray
     scale: np.ndarray
-    zero: np.ndarray
+    offset: np.ndarray
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.codes.shape  # type: ignore[return-value]
 
+    @property
+    def zero(self) -> np.ndarray:
+        """torch's kernel's zero point: ``w = (code - 8) * scale + zero``."""
+        return (self.offset + np.float32(8) * self.scale).astype(np.float32)
+
     def dequantize(self) -> np.ndarray:
         """The float32 weights the codes stand for (each product exact, one rounding in the sum)."""
         rows, cols = self.shape
-        q = self.codes.reshape(rows, cols // GROUP, GROUP).astype(np.float32) - np.float32(8)
-        return (q * self.scale[..., None] + self.zero[..., None]).reshape(rows, cols)
+        q = self.codes.reshape(rows, cols // GROUP, GROUP).astype(np.float32)
+        return (q * self.scale[..., None] + self.offset[..., None]).reshape(rows, cols)
 
 
 def concat(parts: Sequence[Int4Codes]) -> Int4Codes:
     """The codes of the row-wise concatenation (the fused q/k/v and gate/up matrices)."""
     return Int4Codes(codes=np.concatenate([p.codes for p in parts]),
                      scale=np.concatenate([p.scale for p in parts]),
-                     zero=np.concatenate([p.zero for p in parts]))
+                     offset=np.concatenate([p.offset for p in parts]))
 
 
 def int4_codes(blocks: GgufBlocks) -> Int4Codes | None:
@@ -122,11 +130,10 @@ def _from_q4(blocks: GgufBlocks) -> Int4Codes:
     # Element j of a block is the low nibble of byte j, element j + 16 its high nibble.
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)
     if has_min:
-        m = np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
-        zero = m + np.float32(8) * d
+        offset = np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
     else:
-        zero = np.zeros_like(d)
-    return Int4Codes(codes=codes, scale=d, zero=zero)
+        offset = np.float32(-8) * d
+    return Int4Codes(codes=codes, scale=d, offset=offset)
 
 
 def _from_q4_k(blocks: GgufBlocks) -> Int4Codes:
@@ -141,8 +148,8 @@ def _from_q4_k(blocks: GgufBlocks) -> Int4Codes:
     # Group 2j holds the low nibbles of code bytes 32j..32j+31, group 2j+1 their high nibbles.
     qs = b[:, 16:].reshape(-1, 4, 1, GROUP)
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(rows, cols)
-    zero = np.float32(8) * scale - dmin * mn.astype(np.float32)
-    return Int4Codes(codes=codes, scale=scale.reshape(rows, -1), zero=zero.reshape(rows, -1))
+    offset = -dmin * mn.astype(np.float32)
+    return Int4Codes(codes=codes, scale=scale.reshape(rows, -1), offset=offset.reshape(rows, -1))
 
 
 def requantize(w: np.ndarray) -> Int4Codes:
@@ -153,8 +160,7 @@ def requantize(w: np.ndarray) -> Int4Codes:
     scale = ((hi - lo) / np.float32(15)).astype(np.float32)
     safe = np.where(scale == 0, np.float32(1), scale)
     codes = np.clip(np.rint((g - lo[..., None]) / safe[..., None]), 0, 15).astype(np.uint8)
-    return Int4Codes(codes=codes.reshape(rows, cols), scale=scale,
-                     zero=(lo + np.float32(8) * scale).astype(np.float32))
+    return Int4Codes(codes=codes.reshape(rows, cols), scale=scale, offset=lo.astype(np.float32))
 
 
 @attrs.frozen(eq=False)
@@ -173,8 +179,17 @@ class PackedInt4:
         return cls(packed=packed, scales_zeros=torch.from_numpy(np.ascontiguousarray(sz)).to(torch.bfloat16))
 
     @property
+    def shape(self) -> tuple[int, int]:
+        """``[out, in]``."""
+        return self.packed.shape[0], self.packed.shape[1] * 2
+
+    @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales_zeros.nbytes
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weights the kernel computes with (its output on an identity: exact)."""
+        return self.matmul(torch.eye(self.shape[1], dtype=torch.bfloat16)).T.float()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ w.T`` in bfloat16 (float32 accumulation inside the kernel)."""

@@ -18,12 +18,12 @@ instead of every projection failing on its own.
 from __future__ import annotations
 
 import functools
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from ruvllm_candle_like import cpu_dtype
-from ruvllm_candle_like.int4 import PackedInt4
 
 #: The dtypes oneDNN's linear-weight packing handles at all.
 PACKABLE = (torch.float32, torch.bfloat16)
@@ -89,19 +89,40 @@ class Projection:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+class QuantizedKernel(Protocol):
+    """Block-quantised weights ``[out, in]`` and the kernel that multiplies by them:
+    :class:`~ruvllm_candle_like.blockmm.BlockWeights` (ruvllm's own) or
+    :class:`~ruvllm_candle_like.int4.PackedInt4` (torch's, where ruvllm's cannot run)."""
+
+    @property
+    def shape(self) -> tuple[int, int]: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ w.T`` (float32 or bfloat16, by kernel)."""
+        ...
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weights the kernel computes with."""
+        ...
+
+
 class Int4Projection:
-    """A projection on packed int4 weights, plus optionally a dense copy for steps of many rows.
+    """A projection on block-quantised weights, plus optionally a dense copy for steps of many rows.
 
     At a few rows a step is bound by the bytes of weights it reads, and int4 reads a fifth of
-    float32's; at many rows the int4 kernel's dequantisation costs more than it saves and the
-    dense matmul wins (the crossover on this project's CPUs is in docs/backends/candle_like.md).
-    So with a ``dense`` copy, a call of at least ``dense_rows`` rows takes it. Without one, every
-    call runs int4 and the weights cost about the GGUF's bytes.
+    float32's. At many rows torch's int4 kernel costs more than a dense matmul; ruvllm's own
+    (blockmm.py) about as much as float32's, while bfloat16 on AMX still beats it (the crossover
+    on this project's CPUs is in docs/backends/candle_like.md). So with a ``dense`` copy, a call
+    of at least ``dense_rows`` rows takes it. Without one, every call runs the quantised kernel
+    and the weights cost about the GGUF's bytes.
     """
 
     __slots__ = ("bias", "dense", "dense_rows", "int4", "out_dtype")
 
-    def __init__(self, int4: PackedInt4, bias: torch.Tensor | None, *, dtype: torch.dtype,
+    def __init__(self, int4: QuantizedKernel, bias: torch.Tensor | None, *, dtype: torch.dtype,
                  dense: torch.Tensor | None = None, dense_rows: int = 1 << 62):
         """``dense``: the weight in ``dtype`` (plain, or oneDNN-packed where packing applies)."""
         self.int4 = int4
@@ -113,7 +134,7 @@ class Int4Projection:
     @property
     def shape(self) -> torch.Size:
         """``[out, in]``."""
-        return torch.Size((self.int4.packed.shape[0], self.int4.packed.shape[1] * 2))
+        return torch.Size(self.int4.shape)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -124,8 +145,7 @@ class Int4Projection:
         gradient path): no plain copy stays resident."""
         if self.dense is not None:
             return self._dense(torch.eye(self.shape[1], dtype=self.out_dtype)).T.contiguous()
-        eye = torch.eye(self.shape[1], dtype=torch.bfloat16)
-        return self.int4.matmul(eye).T.to(self.out_dtype)
+        return self.int4.dequantize().to(self.out_dtype)
 
     def nbytes(self) -> int:
         """Resident bytes: the int4 data plus the dense copy, if any."""

@@ -14,8 +14,9 @@ import attrs
 import numpy as np
 import torch
 
+from ruvllm_candle_like import blockmm
 from ruvllm_candle_like.int4 import GgufBlocks, Int4Codes, PackedInt4, codes_or_log, concat
-from ruvllm_candle_like.projection import Int4Projection, Projection, pack_weight
+from ruvllm_candle_like.projection import Int4Projection, Projection, QuantizedKernel, pack_weight
 
 #: A weight as the loader hands it over: a tensor, or a GGUF tensor's blocks.
 Weight = torch.Tensor | GgufBlocks
@@ -57,5 +58,12 @@ class ProjectionFactory:
             plain = torch.from_numpy(np.ascontiguousarray(codes.dequantize())).to(self.dtype)
             dense = (pack_weight(plain) if self.prepack else None)
             dense = plain if dense is None else dense
-        return Int4Projection(PackedInt4.pack(codes), bias, dtype=self.dtype, dense=dense,
+        return Int4Projection(int4_kernel(codes), bias, dtype=self.dtype, dense=dense,
                               dense_rows=self.dense_rows or 1 << 62)
+
+
+def int4_kernel(codes: Int4Codes) -> QuantizedKernel:
+    """ruvllm's block kernel where this machine runs it, else torch's packed int4 kernel."""
+    if blockmm.unavailable() is None:
+        return blockmm.BlockWeights.from_int4(codes)
+    return PackedInt4.pack(codes)

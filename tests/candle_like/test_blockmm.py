@@ -1,0 +1,107 @@
+"""ruvllm's block kernel (ruvllm_candle_like.blockmm, csrc/blockmm.cpp): the weights it computes
+with are llama.cpp's bit for bit, its products are float32 sums of them, and a row's bits do not
+depend on the rows beside it.
+
+It runs on x86-64 with AVX2 and FMA (every CPU kind CI meets); elsewhere these tests skip with the
+reason the backend logs, and the int4 projections run on torch's kernel (test_int4.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ruvllm.gguf_file import read_gguf_file
+from ruvllm.registry import embedded_model_path
+from ruvllm_candle_like import blockmm
+from ruvllm_candle_like.blockmm import BlockWeights
+from ruvllm_candle_like.int4 import int4_codes, requantize
+
+from .test_int4 import _blocks, _random_blocks
+
+pytestmark = pytest.mark.skipif(blockmm.unavailable() is not None, reason=str(blockmm.unavailable()))
+
+
+def test_every_quantised_tensor_of_the_embedded_model_dequantises_exactly():
+    """210 Q4_1 projections and the Q8_0 token embedding (the tied head), read back through the
+    kernel on an identity: llama.cpp's float32 weights, every bit."""
+    f = read_gguf_file(embedded_model_path())
+    seen = set()
+    for t in f.tensors:
+        if t.type_name not in ("Q4_1", "Q8_0"):
+            continue
+        blocks = _blocks(f, t)
+        if t.type_name == "Q8_0":
+            weights = BlockWeights.from_q8_0(blocks)
+        else:
+            codes = int4_codes(blocks)
+            assert codes is not None
+            weights = BlockWeights.from_int4(codes)
+        assert torch.equal(weights.dequantize(), torch.from_numpy(blocks.dequantize())), t.name
+        seen.add(t.type_name)
+    assert seen == {"Q4_1", "Q8_0"}
+
+
+@pytest.mark.parametrize(("type_name", "d_offsets"), [("Q4_0", (0,)), ("Q4_1", (0, 2)), ("Q4_K", (0, 2))])
+def test_the_other_4_bit_types_dequantise_exactly(type_name, d_offsets):
+    blocks = _random_blocks(type_name, 40, 512, d_offsets)  # 40 outputs: a padded last panel
+    codes = int4_codes(blocks)
+    assert codes is not None
+    assert torch.equal(BlockWeights.from_int4(codes).dequantize(), torch.from_numpy(blocks.dequantize()))
+
+
+def _weights(bits: int, n: int, k: int) -> BlockWeights:
+    gen = torch.Generator().manual_seed(bits * 1000 + n)
+    if bits == 8:
+        return BlockWeights.from_q8_0(_random_blocks("Q8_0", n, k, (0,)))
+    return BlockWeights.from_int4(requantize(torch.randn(n, k, generator=gen).numpy()))
+
+
+# Row counts that reach every path: the register kernel (1-4 rows), the buffered 6-row kernel with
+# each partial group (5-13), several groups, and a prefill chunk; k = 1536 spans 6 dequantised
+# chunks of 256 inputs, n = 200 ends in a partial panel.
+ROWS = (*range(1, 14), 16, 64, 300)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(("n", "k"), [(200, 1536), (96, 64)])
+def test_products_are_float32_sums_of_the_weights(bits, n, k):
+    """Against float64: each output within float32's rounding of a k-term sum (k ulps of the sum
+    of absolute terms, a loose form of the textbook bound that a wrong weight or row misses by far)."""
+    w = _weights(bits, n, k)
+    exact_w = w.dequantize().double()
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(max(ROWS), k, generator=gen)
+    for rows in ROWS:
+        got = w.matmul(x[:rows])
+        assert got.shape == (rows, n) and got.dtype == torch.float32
+        want = x[:rows].double() @ exact_w.T
+        bound = k * 2.0**-24 * (x[:rows].double().abs() @ exact_w.abs().T)
+        assert bool(((got.double() - want).abs() <= bound).all()), rows
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_row_has_the_same_bits_at_every_row_count(bits):
+    """The batch-invariant mode and the batched == solo tests rest on it: one FMA chain per output,
+    in input order, on every path."""
+    w = _weights(bits, 200, 576)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(70, 576, generator=gen)
+    alone = torch.cat([w.matmul(x[i:i + 1]) for i in range(70)])
+    for rows in range(2, 71):
+        assert torch.equal(w.matmul(x[:rows]), alone[:rows]), rows
+
+
+def test_bfloat16_activations_are_widened_not_rounded():
+    """A bf16 model's rows enter as float32 (exact), so bf16 input gives the float32 result of the
+    same values."""
+    w = _weights(4, 64, 256)
+    x = torch.randn(5, 256).bfloat16()
+    assert torch.equal(w.matmul(x), w.matmul(x.float()))
+
+
+def test_a_compiled_graph_calls_the_kernel():
+    """compile_decode traces the projections: the kernel is an op inductor calls, same bits."""
+    w = _weights(4, 64, 256)
+    x = torch.randn(3, 256)
+    compiled = torch.compile(lambda t: w.matmul(t) * 2, fullgraph=True)
+    assert torch.equal(compiled(x), w.matmul(x) * 2)
