@@ -67,6 +67,12 @@ def test_the_options_choose_the_projections(embedded_source, options, kind, dens
         projections = [p for layer in backend.model.layers
                        for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         assert all(type(p) is kind for p in projections)
+        # The tied head on the embedding's own Q8_0 blocks where ruvllm's kernel runs.
+        head = backend.model.lm_head
+        if kind is Int4Projection and blockmm.unavailable() is None:
+            assert type(head) is Int4Projection and head.int4.bits == 8 and head.dense is None
+        else:
+            assert type(head) is Projection and head.weight is backend.model.embed
         if kind is Int4Projection:
             assert all((p.dense is None) == (dense_rows is None) for p in projections)
             if dense_rows is not None:

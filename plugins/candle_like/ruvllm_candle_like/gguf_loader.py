@@ -180,6 +180,11 @@ def read_gguf(path: str | Path) -> GgufModel:
     )
 
 
+#: The tensors ``tensors(blocks=True)`` hands over as blocks: the projections and the head (the
+#: token embedding, when tied).
+BLOCK_TENSORS = ("_proj.weight", "lm_head.weight", "embed_tokens.weight")
+
+
 def _read_tensors(model: GgufModel, blocks: bool) -> Iterator[tuple[str, np.ndarray | GgufBlocks]]:
     cfg = model.config
     permuted = model.architecture in PERMUTED_ARCHITECTURES
@@ -191,7 +196,7 @@ def _read_tensors(model: GgufModel, blocks: bool) -> Iterator[tuple[str, np.ndar
             raise ModelLoadError(str(model.path), f"unexpected tensor {t.name!r} in the GGUF")
         heads = cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads
         permute = permuted and (".self_attn.q_proj." in name or ".self_attn.k_proj." in name)
-        if blocks and name.endswith("_proj.weight") and t.type_name not in ("F32", "F16", "BF16"):
+        if blocks and name.endswith(BLOCK_TENSORS) and t.type_name not in ("F32", "F16", "BF16"):
             # A row's blocks are its bytes, so un-permuting the rows of bytes un-permutes the weights.
             raw = model.file.tensor_data(t)
             yield name, GgufBlocks(t.type_name, t.type, unpermute_rows(raw, heads) if permute else raw,

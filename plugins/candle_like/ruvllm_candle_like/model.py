@@ -145,8 +145,13 @@ class Transformer:
                 f"({cfg.vocab_size}, {cfg.hidden_size})"
             )
         self.norm = get("model.norm.weight")
-        tied = cfg.tie_word_embeddings or "lm_head.weight" not in weights
-        self.lm_head = Projection(self.embed if tied else get("lm_head.weight"), prepack=prepack)
+        #: The head is the token embedding's matrix.
+        self.tied = cfg.tie_word_embeddings or "lm_head.weight" not in weights
+        head = "model.embed_tokens.weight" if self.tied else "lm_head.weight"
+        # On its own blocks where they map (the embedded model's Q8_0 embedding: a quarter of
+        # float32's bytes, read in full by every step); else dense, sharing the embedding if tied.
+        self.lm_head: AnyProjection = projection.quantized([(head, given(head))]) or Projection(
+            self.embed if self.tied else get(head), prepack=prepack)
         self.layers: list[Layer] = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
@@ -185,7 +190,7 @@ class Transformer:
         twin.embed = self.embed.to(dtype)
         twin.norm = self.norm.to(dtype)
         head = self.lm_head
-        twin.lm_head = Projection(twin.embed if head.weight is self.embed else head.weight.to(dtype),
+        twin.lm_head = Projection(twin.embed if self.tied else head.weight.to(dtype),
                                   None if head.bias is None else head.bias.to(dtype), prepack=False)
         twin.layers = []
         for layer in self.layers:
@@ -205,8 +210,8 @@ class Transformer:
 
     def parameter_count(self) -> int:
         n = self.embed.numel() + self.norm.numel()
-        if self.lm_head.weight is not self.embed:
-            n += self.lm_head.weight.numel()
+        if not self.tied:
+            n += self.lm_head.shape.numel()
         for layer in self.layers:
             n += layer.ln1.numel() + layer.ln2.numel()
             n += sum(getattr(layer, name).shape.numel() for name in PROJECTIONS)

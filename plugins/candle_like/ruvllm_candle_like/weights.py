@@ -44,12 +44,28 @@ class ProjectionFactory:
     def __call__(self, parts: Sequence[tuple[str, Weight]],
                  bias: torch.Tensor | None = None) -> AnyProjection:
         """The projection of the row-wise concatenation of ``parts`` (name, weight)."""
-        if self.int4 and self.device.type == "cpu" and all(isinstance(w, GgufBlocks) for _, w in parts):
-            codes = [codes_or_log(name, w) for name, w in parts if isinstance(w, GgufBlocks)]
-            if all(c is not None for c in codes):
-                return self._int4(concat([c for c in codes if c is not None]), bias)
+        quantized = self.quantized(parts, bias)
+        if quantized is not None:
+            return quantized
         weight = torch.cat([as_tensor(w) for _, w in parts]).to(device=self.device, dtype=self.dtype)
         return Projection(weight, bias, prepack=self.prepack)
+
+    def quantized(self, parts: Sequence[tuple[str, Weight]],
+                  bias: torch.Tensor | None = None) -> Int4Projection | None:
+        """The projection on the parts' own blocks, or None where they run dense: 4-bit types
+        as int4 codes, Q8_0 on ruvllm's 8-bit kernel (where it runs)."""
+        blocks = [w for _, w in parts if isinstance(w, GgufBlocks)]
+        if not self.int4 or self.device.type != "cpu" or len(blocks) != len(parts):
+            return None
+        if all(b.type_name == "Q8_0" for b in blocks) and blockmm.unavailable() is None:
+            rows = sum(b.shape[0] for b in blocks)
+            joined = GgufBlocks("Q8_0", blocks[0].type, np.concatenate([b.raw for b in blocks]),
+                                (rows, blocks[0].shape[1]))
+            return Int4Projection(blockmm.BlockWeights.from_q8_0(joined), bias, dtype=self.dtype)
+        codes = [codes_or_log(name, w) for name, w in parts if isinstance(w, GgufBlocks)]
+        if all(c is not None for c in codes):
+            return self._int4(concat([c for c in codes if c is not None]), bias)
+        return None
 
     def _int4(self, codes: Int4Codes, bias: torch.Tensor | None) -> Int4Projection:
         dense = None
