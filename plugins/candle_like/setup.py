@@ -1,8 +1,8 @@
-"""Builds ruvllm's block-matmul kernel (csrc/blockmm.cpp, see ruvllm_candle_like/blockmm.py).
+"""Builds ruvllm's native CPU kernels (csrc/, see ruvllm_candle_like/native.py).
 
 Metadata lives in pyproject.toml; this file only declares the native library. It is optional:
 where it cannot be built (no C++ compiler, or a CPU family the kernel has no code for) the
-plugin installs without it and runs its int4 projections on torch's kernel, saying why.
+plugin installs without it and runs on PyTorch's kernels, saying why.
 """
 
 import platform
@@ -14,7 +14,8 @@ def native_extensions() -> list[Extension]:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return []
     return [Extension(
-        "ruvllm_candle_like._blockmm", ["csrc/blockmm.cpp"], language="c++", optional=True,
+        "ruvllm_candle_like._native", ["csrc/blockmm.cpp", "csrc/paged_attention.cpp"],
+        language="c++", optional=True,
         # The kernels carry their own AVX2/FMA target; the library loads on any x86-64.
         extra_compile_args=["-O3", "-std=c++17", "-fopenmp"], extra_link_args=["-fopenmp"],
     )]

@@ -23,56 +23,42 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
+from typing import Any
 
 import attrs
 import numpy as np
 import torch
 
+from ruvllm_candle_like import native
 from ruvllm_candle_like.int4 import GROUP, GgufBlocks, Int4Codes
 
 #: Outputs per panel of the kernel's layout.
 PANEL = 16
-#: The extension module setup.py builds (loaded with ctypes: it has no Python API).
-LIBRARY = "ruvllm_candle_like._blockmm"
-
 _POINTER = ctypes.c_void_p
-_ARGTYPES = [_POINTER, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, _POINTER, _POINTER,
-             _POINTER, _POINTER, ctypes.c_int]
 
 
 @functools.cache
-def _library() -> ctypes.CDLL | str:
-    """The loaded kernel, or why there is none."""
-    spec = importlib.util.find_spec(LIBRARY)
-    if spec is None or spec.origin is None:
-        return ("ruvllm's block kernel was not built (plugins/candle_like/setup.py builds it on x86-64 "
-                "with a C++ compiler; reinstall the plugin to build it)")
-    # torch loads its OpenMP runtime first; the kernel's libgomp.so.1 then resolves to the same one,
-    # so both share one thread pool.
-    lib = ctypes.CDLL(spec.origin)
-    if not lib.blockmm_supported():
-        return "ruvllm's block kernel needs AVX2 and FMA, which this CPU lacks"
-    lib.blockmm.argtypes = _ARGTYPES
-    lib.blockmm.restype = ctypes.c_int
-    return lib
+def _kernel() -> Any:
+    return native.kernel("blockmm", supported="blockmm_supported", needs="AVX2 and FMA", argtypes=[
+        _POINTER, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, _POINTER, _POINTER,
+        _POINTER, _POINTER, ctypes.c_int])
 
 
 def unavailable() -> str | None:
     """Why this machine cannot run the block kernel, or None when it can."""
-    lib = _library()
-    return lib if isinstance(lib, str) else None
+    fn = _kernel()
+    return fn if isinstance(fn, str) else None
 
 
 def _run(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
          bits: int, n: int) -> torch.Tensor:
-    lib = _library()
-    assert not isinstance(lib, str), lib
+    fn = _kernel()
+    assert not isinstance(fn, str), fn
     x = x.to(torch.float32).contiguous()
     rows, k = x.shape
     padded = codes.shape[0] * PANEL
     y = torch.empty(rows, padded)
-    rc = lib.blockmm(x.data_ptr(), rows, k, padded, bits, codes.data_ptr(), scale.data_ptr(),
+    rc = fn(x.data_ptr(), rows, k, padded, bits, codes.data_ptr(), scale.data_ptr(),
                      offset.data_ptr(), y.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"blockmm could not allocate its buffers for {rows} rows of {k} inputs")
@@ -145,6 +131,20 @@ class BlockWeights:
     def dequantize(self) -> torch.Tensor:
         """The float32 weights ``[n, k]`` the kernel computes with (its output on an identity)."""
         return self.matmul(torch.eye(self.shape[1])).T.contiguous()
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Weight rows ``index`` (int64 ``[T]``) as float32 ``[T, k]``: the same bits as
+        :meth:`dequantize`'s rows (``code * scale`` is exact, one rounding adds the offset), for
+        an embedding table kept as blocks."""
+        panel, lane = index // PANEL, index % PANEL
+        if self.bits == 8:
+            codes = self.codes.view(torch.int8)[panel, :, lane]
+        else:
+            byte = self.codes[panel, :, lane % (PANEL // 2)]
+            codes = torch.where((lane < PANEL // 2)[:, None], byte & 0x0F, byte >> 4)
+        scale = self.scale[panel, :, lane].repeat_interleave(GROUP, dim=1)
+        offset = self.offset[panel, :, lane].repeat_interleave(GROUP, dim=1)
+        return codes.float() * scale + offset
 
 
 def _panels(codes: np.ndarray) -> np.ndarray:

@@ -37,6 +37,7 @@ import torch
 from ruvllm.errors import BackendError, InvalidRequest
 from ruvllm.executor import BatchEntry
 
+from ruvllm_candle_like import paged_attention
 from ruvllm_candle_like.attention_ops import attend_decode_batch, attend_sequence
 from ruvllm_candle_like.decode_graph import DecodeGraph, unsupported
 from ruvllm_candle_like.invariant import (
@@ -106,14 +107,18 @@ class _KvAccess:
         out = pool.index_select(0, index)
         return out if out.dtype == self.ex.compute_dtype else out.to(self.ex.compute_dtype)
 
+    def _pool_reader(self, pool: torch.Tensor) -> Callable[[torch.Tensor], KeysValues]:
+        """What reads K and V of positions of a paired pool (``[slots, 2, Hkv, D]``)."""
+
+        def read(index: torch.Tensor) -> KeysValues:
+            keys, values = self._read(pool, index).unbind(1)
+            return keys, values
+        return read
+
     def _reader(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> Callable[[torch.Tensor], KeysValues]:
         """Store the layer's new K/V; return what reads K and V of pool positions."""
         if getattr(self.kv, "paired", False):
-            pool = self.kv.sources(layer, k, v)
-
-            def read(index: torch.Tensor) -> KeysValues:
-                keys, values = self._read(pool, index).unbind(1)
-                return keys, values
+            return self._pool_reader(self.kv.sources(layer, k, v))
         else:
             k_pool, v_pool = self.kv.sources(layer, k, v)
 
@@ -127,8 +132,11 @@ class _StepAttention(_KvAccess):
 
     def __init__(self, ex: PagedExecutor, kv: _PoolStep | TwoTierStep, decode_rows: torch.Tensor | None,
                  decode_gather: torch.Tensor | None, decode_valid: torch.Tensor | None,
-                 prefills: list[_Prefill], all_decode_in_order: bool):
+                 prefills: list[_Prefill], all_decode_in_order: bool,
+                 native_lengths: torch.Tensor | None = None):
+        """``native_lengths``: the decode rows' lengths when the native kernel serves them."""
         super().__init__(ex, kv)
+        self.native_lengths = native_lengths
         self.decode_rows = decode_rows
         self.decode_gather = decode_gather
         self.decode_valid = decode_valid
@@ -136,6 +144,9 @@ class _StepAttention(_KvAccess):
         self.all_decode_in_order = all_decode_in_order
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # A compiled graph traces the PyTorch path (the kernel is a ctypes call).
+        if self.native_lengths is not None and not torch.compiler.is_compiling():
+            return self._attend_native(layer, q, k, v)
         read = self._reader(layer, k, v)
         t, h, d = q.shape
         h_kv = k.shape[1]
@@ -154,6 +165,24 @@ class _StepAttention(_KvAccess):
             keys, values = read(p.gather)
             keys, values = keys.transpose(0, 1), values.transpose(0, 1)
             out[p.rows] = attend_sequence(q[p.rows], keys, values, p.start)
+        return out
+
+
+    def _attend_native(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        assert isinstance(self.kv, _PoolStep) and self.decode_gather is not None
+        assert self.native_lengths is not None
+        pool = self.kv.sources(layer, k, v)
+        t, h, d = q.shape
+        rows = q if self.all_decode_in_order else q[self.decode_rows]
+        decoded = paged_attention.decode(rows, pool, self.decode_gather, self.native_lengths).to(q.dtype)
+        if self.all_decode_in_order:
+            return decoded
+        out = q.new_empty((t, h * d))
+        out[self.decode_rows] = decoded
+        read = self._pool_reader(pool)
+        for p in self.prefills:
+            keys, values = read(p.gather)
+            out[p.rows] = attend_sequence(q[p.rows], keys.transpose(0, 1), values.transpose(0, 1), p.start)
         return out
 
 
@@ -298,6 +327,7 @@ class PagedExecutor:
         self.two_tier: PagedTwoTier | None = None
         #: Per layer ``[slots, 2, Hkv, D]``: K (``[:, 0]``) and V (``[:, 1]``) of each slot.
         self.kv: list[torch.Tensor] = []
+        self.native_decode_off: str | None = "the two-tier store is read through its own gather"
         #: Views of K and of V of each layer's pool.
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
@@ -309,6 +339,9 @@ class PagedExecutor:
         # Zeros, not empty: padded gather positions are masked out, but NaN garbage in V would
         # still poison the output (0 * NaN = NaN).
         self.kv = [torch.zeros(shape, dtype=kv_dtype, device=self.device) for _ in range(cfg.num_layers)]
+        #: Why decode rows attend through a gather and SDPA, or None when the native kernel reads
+        #: the pool in place (paged_attention.py).
+        self.native_decode_off = paged_attention.unavailable(self.kv[0], cfg.head_dim)
         self.k = [pool[:, 0] for pool in self.kv]
         self.v = [pool[:, 1] for pool in self.kv]
         if compile_decode and not batch_invariant:
@@ -338,8 +371,10 @@ class PagedExecutor:
             return f"paged KV for {tokens} tokens (kv_cache_tokens){limit}, {self.two_tier.describe()}"
         dtype = str(self.kv_dtype).removeprefix("torch.")
         graph = "" if self.graph is None else f"; {self.graph.describe()}"
+        attention = ("native decode attention" if self.native_decode_off is None
+                     else f"decode attention through SDPA ({self.native_decode_off})")
         return (f"paged KV for {tokens} tokens (kv_cache_tokens), 16-bit pool (kv_cache=fp16, {dtype}) "
-                f"{self.nbytes() / MIB:.1f} MiB{graph}")
+                f"{self.nbytes() / MIB:.1f} MiB; {attention}{graph}")
 
     def _warm_step(self, rows: int) -> None:
         """One decode step of ``rows`` rows on the first blocks, before any request holds a
@@ -408,7 +443,7 @@ class PagedExecutor:
                 gather = torch.from_numpy(kv.gather(i)).to(dev)
                 prefills.append(_Prefill(slice(row, row + n), gather, e.start_pos))
             row += n
-        decode_gather = decode_valid = decode_rows_t = None
+        decode_gather = decode_valid = decode_rows_t = lengths = None
         if decode_rows:
             longest = max(decode_lengths)
             gather = np.zeros((len(decode_rows), longest), dtype=np.int64)
@@ -419,8 +454,9 @@ class PagedExecutor:
             if min(decode_lengths) < longest:
                 decode_valid = torch.arange(longest, device=dev)[None, :] < lengths[:, None]
             decode_rows_t = torch.tensor(decode_rows, device=dev)
+        native = lengths if self.native_decode_off is None and isinstance(kv, _PoolStep) else None
         return _StepAttention(self, kv, decode_rows_t, decode_gather, decode_valid, prefills,
-                              all_decode_in_order=not prefills)
+                              all_decode_in_order=not prefills, native_lengths=native)
 
     @property
     def invariant_rows(self) -> bool:

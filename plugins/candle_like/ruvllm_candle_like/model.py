@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from ruvllm.errors import ModelLoadError
 
+from ruvllm_candle_like.blockmm import BlockWeights
 from ruvllm_candle_like.config import ModelConfig
 from ruvllm_candle_like.int4 import GgufBlocks
 from ruvllm_candle_like.lora import LoraPlan
@@ -138,19 +139,26 @@ class Transformer:
         projection = ProjectionFactory(dtype=dtype, device=device, prepack=prepack, int4=int4,
                                        dense_rows=dense_rows)
 
-        self.embed = get("model.embed_tokens.weight")
-        if self.embed.shape != (cfg.vocab_size, cfg.hidden_size):
+        embedding = "model.embed_tokens.weight"
+        if tuple(given(embedding).shape) != (cfg.vocab_size, cfg.hidden_size):
             raise ModelLoadError(
-                "weights", f"embedding shape {tuple(self.embed.shape)} does not match the config's "
+                "weights", f"embedding shape {tuple(given(embedding).shape)} does not match the config's "
                 f"({cfg.vocab_size}, {cfg.hidden_size})"
             )
         self.norm = get("model.norm.weight")
         #: The head is the token embedding's matrix.
         self.tied = cfg.tie_word_embeddings or "lm_head.weight" not in weights
-        head = "model.embed_tokens.weight" if self.tied else "lm_head.weight"
+        head = embedding if self.tied else "lm_head.weight"
         # On its own blocks where they map (the embedded model's Q8_0 embedding: a quarter of
         # float32's bytes, read in full by every step); else dense, sharing the embedding if tied.
-        self.lm_head: AnyProjection = projection.quantized([(head, given(head))]) or Projection(
+        quantized_head = projection.quantized([(head, given(head))])
+        #: A tied head on ruvllm's kernel also serves the token rows (dequantised per lookup,
+        #: exactly): no float32 copy of the vocabulary's rows stays resident.
+        self.embedding_blocks = (quantized_head.int4 if self.tied and quantized_head is not None
+                                 and isinstance(quantized_head.int4, BlockWeights) else None)
+        #: The dense embedding matrix, or None when :attr:`embedding_blocks` serves the rows.
+        self.embed: torch.Tensor | None = None if self.embedding_blocks is not None else get(embedding)
+        self.lm_head: AnyProjection = quantized_head or Projection(
             self.embed if self.tied else get(head), prepack=prepack)
         self.layers: list[Layer] = []
         for i in range(cfg.num_layers):
@@ -187,7 +195,8 @@ class Transformer:
             return self
         twin = copy.copy(self)
         twin.dtype = dtype
-        twin.embed = self.embed.to(dtype)
+        twin.embed = self.embedding_matrix().to(dtype)
+        twin.embedding_blocks = None
         twin.norm = self.norm.to(dtype)
         head = self.lm_head
         twin.lm_head = Projection(twin.embed if self.tied else head.weight.to(dtype),
@@ -204,12 +213,26 @@ class Transformer:
             twin.layers.append(new)
         return twin
 
+    def embedding_matrix(self) -> torch.Tensor:
+        """The token embedding ``[vocab, hidden]``, built from its blocks if that is how it is kept."""
+        if self.embed is not None:
+            return self.embed
+        assert self.embedding_blocks is not None
+        return self.embedding_blocks.dequantize().to(self.dtype)
+
+    def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The tokens' embedding rows ``[T, hidden]`` in the model's dtype."""
+        if self.embed is not None:
+            return F.embedding(tokens, self.embed)
+        assert self.embedding_blocks is not None
+        return self.embedding_blocks.rows(tokens).to(self.dtype)
+
     def has_int4(self) -> bool:
         return any(isinstance(layer.qkv, Int4Projection) or isinstance(layer.down, Int4Projection)
                    for layer in self.layers)
 
     def parameter_count(self) -> int:
-        n = self.embed.numel() + self.norm.numel()
+        n = self.cfg.vocab_size * self.cfg.hidden_size + self.norm.numel()
         if not self.tied:
             n += self.lm_head.shape.numel()
         for layer in self.layers:
@@ -241,7 +264,7 @@ class Transformer:
         eps = cfg.rms_norm_eps
         n = tokens.shape[0]
         cos, sin = self.rope.lookup(positions, self.dtype)
-        x = F.embedding(tokens, self.embed)
+        x = self.embed_rows(tokens)
         hidden = x.shape[-1]
         for i, layer in enumerate(self.layers):
             y = F.rms_norm(x, (hidden,), layer.ln1, eps)

@@ -1,0 +1,57 @@
+"""Decode attention read straight from the paged float16 pool (``csrc/paged_attention.cpp``).
+
+The PyTorch path of a decode step gathers each sequence's K/V out of the pool, widens them to
+float32 and pads the batch to its longest sequence before SDPA: three passes over the K/V. On the
+2-core AVX2 kind, at 16 sequences of ~160 positions that was ~14 ms of a ~60 ms step. The native
+kernel reads each position's K and V once from its slot. It serves the executor's decode rows
+when the pool is float16 (the default beside float32 compute) and the library runs here; else,
+and inside a compiled graph, the PyTorch path does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+import torch
+
+from ruvllm_candle_like import native
+
+_POINTER = ctypes.c_void_p
+
+
+@functools.cache
+def _kernel() -> Any:
+    return native.kernel("paged_decode_attention", supported="paged_attention_supported",
+                         needs="AVX2, FMA and F16C", argtypes=[
+                             _POINTER, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                             _POINTER, _POINTER, ctypes.c_int64, _POINTER, _POINTER, ctypes.c_int])
+
+
+def unavailable(pool: torch.Tensor, head_dim: int) -> str | None:
+    """Why decode steps over ``pool`` cannot use the kernel, or None when they can."""
+    fn = _kernel()
+    if isinstance(fn, str):
+        return fn
+    if pool.dtype != torch.float16 or pool.device.type != "cpu":
+        return f"the native decode attention reads a float16 CPU pool, not {pool.dtype} on {pool.device.type}"
+    if head_dim % 8:
+        return f"the native decode attention needs a head size that is a multiple of 8, not {head_dim}"
+    return None
+
+
+def decode(q: torch.Tensor, pool: torch.Tensor, gather: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``q`` [B, H, D] (one query per sequence) against pool slots ``gather`` [B, >= lengths[b]]
+    (row b's first ``lengths[b]`` positions, in order) of ``pool`` [slots, 2, Hkv, D]; returns
+    float32 [B, H * D]."""
+    fn = _kernel()
+    assert not isinstance(fn, str), fn
+    b, h, d = q.shape
+    q = q.to(torch.float32).contiguous()
+    out = torch.empty(b, h * d)
+    rc = fn(q.data_ptr(), b, h, pool.shape[2], d, pool.data_ptr(), gather.data_ptr(), gather.shape[1],
+            lengths.data_ptr(), out.data_ptr(), torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError(f"paged decode attention could not allocate scores for {gather.shape[1]} positions")
+    return out

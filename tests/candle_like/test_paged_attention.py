@@ -1,0 +1,69 @@
+"""The native decode attention (ruvllm_candle_like.paged_attention): the PyTorch path's result
+from the pool in place, each sequence's bits independent of the batch, and the executor's decode
+rows on it where it runs (elsewhere these tests skip with the reason the executor describes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ruvllm_candle_like import paged_attention
+from ruvllm_candle_like.attention_ops import attend_decode_batch
+
+SLOTS, KV_HEADS, DIM, HEADS = 4096, 3, 64, 9
+POOL = torch.randn(SLOTS, 2, KV_HEADS, DIM, generator=torch.Generator().manual_seed(0)).half()
+
+pytestmark = pytest.mark.skipif(paged_attention.unavailable(POOL, DIM) is not None,
+                                reason=str(paged_attention.unavailable(POOL, DIM)))
+
+
+def _batch(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    longest = max(lengths)
+    # Block-scattered slots, as block tables give them, padded with slot 0 past each length.
+    gather = torch.zeros(len(lengths), longest, dtype=torch.int64)
+    for b, n in enumerate(lengths):
+        gather[b, :n] = torch.randperm(SLOTS, generator=gen)[:n]
+    return torch.randn(len(lengths), HEADS, DIM, generator=gen), gather, torch.tensor(lengths)
+
+
+def _reference(q: torch.Tensor, gather: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    b, longest = gather.shape
+    keys, values = POOL.index_select(0, gather.reshape(-1)).double().unbind(1)
+    keys = keys.view(b, longest, KV_HEADS, DIM).transpose(1, 2)
+    values = values.view(b, longest, KV_HEADS, DIM).transpose(1, 2)
+    valid = torch.arange(longest)[None, :] < lengths[:, None]
+    return attend_decode_batch(q.double(), keys, values, valid)
+
+
+@pytest.mark.parametrize("lengths", [[1], [7, 130, 2], [600] * 3 + [5]])
+def test_matches_the_pytorch_path_in_float64_to_float32_rounding(lengths):
+    q, gather, n = _batch(lengths, seed=len(lengths))
+    got = paged_attention.decode(q, POOL, gather, n)
+    assert got.shape == (len(lengths), HEADS * DIM) and got.dtype == torch.float32
+    # Outputs are convex sums of fp16 values (|v| < 5 here): float32 keeps ~1e-6 of that.
+    assert torch.allclose(got.double(), _reference(q, gather, n), rtol=0, atol=2e-5)
+
+
+def test_a_sequence_has_the_same_bits_alone_and_in_any_batch():
+    q, gather, n = _batch([40, 300, 9, 128], seed=5)
+    batched = paged_attention.decode(q, POOL, gather, n)
+    for b in range(4):
+        alone = paged_attention.decode(q[b:b + 1], POOL, gather[b:b + 1, :int(n[b])], n[b:b + 1])
+        assert torch.equal(alone[0], batched[b]), b
+
+
+def test_pools_it_cannot_read_are_named():
+    assert "float16" in str(paged_attention.unavailable(POOL.float(), DIM))
+    assert "multiple of 8" in str(paged_attention.unavailable(POOL, 60))
+
+
+def test_the_executor_decodes_through_it(embedded_source):
+    from ruvllm_candle_like.backend import CandleLikeBackend
+
+    backend = CandleLikeBackend.load(embedded_source, {"dtype": "float32"})
+    try:
+        executor = backend.create_executor(max_sequences=2, block_size=16)
+        assert executor.native_decode_off is None
+        assert "native decode attention" in executor.describe()
+    finally:
+        backend.close()
