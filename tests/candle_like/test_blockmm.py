@@ -105,3 +105,12 @@ def test_a_compiled_graph_calls_the_kernel():
     x = torch.randn(3, 256)
     compiled = torch.compile(lambda t: w.matmul(t) * 2, fullgraph=True)
     assert torch.equal(compiled(x), w.matmul(x) * 2)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rows_are_the_dequantised_rows(bits):
+    """A tied head's blocks also serve the token embedding (model.py): a row looked up is the row
+    the kernel computes with, bit for bit, in any order and with repeats, padding panel included."""
+    w = _weights(bits, 200, 576)
+    index = torch.tensor([0, 199, 7, 8, 15, 16, 7, 192])
+    assert torch.equal(w.rows(index), w.dequantize()[index])
