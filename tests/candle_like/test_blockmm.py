@@ -14,7 +14,7 @@ from ruvllm.gguf_file import read_gguf_file
 from ruvllm.registry import embedded_model_path
 from ruvllm_candle_like import blockmm
 from ruvllm_candle_like.blockmm import BlockWeights
-from ruvllm_candle_like.int4 import int4_codes, requantize
+from ruvllm_candle_like.int4 import int4_codes
 
 from .test_int4 import _blocks, _random_blocks
 
@@ -50,10 +50,12 @@ def test_the_other_4_bit_types_dequantise_exactly(type_name, d_offsets):
 
 
 def _weights(bits: int, n: int, k: int) -> BlockWeights:
-    gen = torch.Generator().manual_seed(bits * 1000 + n)
+    """Random blocks as a GGUF holds them (f16 scales: ``code * scale`` is exact in float32)."""
     if bits == 8:
         return BlockWeights.from_q8_0(_random_blocks("Q8_0", n, k, (0,)))
-    return BlockWeights.from_int4(requantize(torch.randn(n, k, generator=gen).numpy()))
+    codes = int4_codes(_random_blocks("Q4_1", n, k, (0, 2)))
+    assert codes is not None
+    return BlockWeights.from_int4(codes)
 
 
 # Row counts that reach every path: the register kernel (1-4 rows), the buffered 6-row kernel with

@@ -133,9 +133,10 @@ class BlockWeights:
         return self.matmul(torch.eye(self.shape[1])).T.contiguous()
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
-        """Weight rows ``index`` (int64 ``[T]``) as float32 ``[T, k]``: the same bits as
-        :meth:`dequantize`'s rows (``code * scale`` is exact, one rounding adds the offset), for
-        an embedding table kept as blocks."""
+        """Weight rows ``index`` (int64 ``[T]``) as float32 ``[T, k]``, for an embedding table
+        kept as blocks: the same bits as :meth:`dequantize`'s rows wherever ``code * scale`` is
+        exact in float32 (every GGUF type mapped here: f16 scales, Q4_K's ``d sc``), so that one
+        rounding adds the offset, as in the kernel's FMA."""
         panel, lane = index // PANEL, index % PANEL
         if self.bits == 8:
             codes = self.codes.view(torch.int8)[panel, :, lane]
