@@ -1,6 +1,8 @@
 """candle_like's batch-invariant executor: a sequence's logits rows are the same bits alone, in
 batches of 2 and 5, and with its prompt prefilled in chunks beside others; the default executor's
-are not (so the comparison can fail), and the mode is refused where it cannot hold."""
+on dense weights are not (so the comparison can fail), and the mode is refused where it cannot
+hold. On GGUF blocks with ruvllm's native kernels the default executor already gives a row the same
+bits in any batch (not in any chunking: that still takes the mode)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ from ruvllm.executor import BatchEntry
 from ruvllm.models import ModelSource
 from ruvllm.testing.speculative import COPY_PROMPT, tokens_and_logprobs, with_and_without
 from ruvllm.types import GenerationParams
-from ruvllm_candle_like import invariant
+from ruvllm_candle_like import blockmm, invariant
 from ruvllm_candle_like.backend import CandleLikeBackend
-from ruvllm_candle_like.executor import PagedExecutor
+from ruvllm_candle_like.executor import NATIVE_CHUNK_ROWS, PagedExecutor
 
 from .test_lora import random_adapter
 
@@ -86,16 +88,39 @@ def test_rows_are_the_same_bits_whatever_the_batch(backend_fp32, prompts) -> Non
     assert all(_identical(alone, list(recomputed[len(prompts[0]) - 1:])))
 
 
-def test_the_default_executor_is_not_batch_invariant(backend_fp32, prompts) -> None:
+@pytest.fixture(scope="module")
+def backend_dense(embedded_source):
+    """Dense float32 weights on oneDNN, whose lone-row GEMV gives other bits than a batch's rows."""
+    b = CandleLikeBackend.load(embedded_source, {"dtype": "float32", "int4_weights": False})
+    yield b
+    b.close()
+
+
+def test_the_default_executor_is_not_batch_invariant(backend_dense, prompts) -> None:
     """What the mode fixes: the same comparison on the default path finds other bits."""
-    ex = _executor(backend_fp32, batch_invariant=False)
+    ex = _executor(backend_dense, batch_invariant=False)
     assert not all(_identical(_rows_of_first(ex, prompts[:1]), _rows_of_first(ex, prompts)))
 
 
-def test_the_kernel_check_passes_here_and_catches_an_unpadded_row(backend_fp32, monkeypatch) -> None:
-    assert invariant.check_kernels(backend_fp32.model) is None
+@pytest.mark.skipif(blockmm.unavailable() is not None, reason=str(blockmm.unavailable()))
+def test_native_kernels_give_a_row_the_same_bits_in_any_batch_by_default(backend_fp32, prompts) -> None:
+    """The block kernel (one FMA chain per output) and the native attention (each row over its
+    own prefix) make the default executor batch-invariant: alone, beside 1 and 4 others, and
+    prefilled in chunks of 3. The mode is still what holds for prompts of more than
+    NATIVE_CHUNK_ROWS tokens, which attend through SDPA's tiled kernel."""
+    ex = _executor(backend_fp32, batch_invariant=False)
+    assert ex.native_decode_off is None
+    assert all(len(p) <= NATIVE_CHUNK_ROWS for p in prompts)
+    alone = _rows_of_first(ex, prompts[:1])
+    for batch in (prompts[:2], prompts):
+        assert all(_identical(alone, _rows_of_first(ex, batch))), f"batch of {len(batch)}"
+    assert all(_identical(alone, _rows_of_first(ex, prompts, chunk=3))), "prefilled in chunks of 3"
+
+
+def test_the_kernel_check_passes_here_and_catches_an_unpadded_row(backend_dense, monkeypatch) -> None:
+    assert invariant.check_kernels(backend_dense.model) is None
     monkeypatch.setattr(invariant, "ROW_BLOCK", 1)  # lone rows meet the GEMV kernel again
-    assert "projection computes a row with other bits" in str(invariant.check_kernels(backend_fp32.model))
+    assert "projection computes a row with other bits" in str(invariant.check_kernels(backend_dense.model))
 
 
 def test_two_tier_cache_refuses_the_mode(embedded_source: ModelSource) -> None:
@@ -133,32 +158,37 @@ def _answers(engine: ServingEngine, flagged: bool, beside: int) -> tuple:
     return first.token_ids, first.logprobs
 
 
-def test_a_request_may_ask_for_it_on_an_engine_without_the_mode(backend_fp32) -> None:
+def test_a_request_may_ask_for_it_on_an_engine_without_the_mode(backend_dense) -> None:
     """Its rows take the mode's kernels in a pass of their own; the rows beside it keep the
-    default ones, and an unflagged request run the same way moves (so the comparison can fail)."""
-    engine = ServingEngine(backend_fp32, EngineOptions(max_num_seqs=8), owns_backend=False)
+    default ones, and an unflagged request run the same way moves (so the comparison can fail:
+    on dense weights, whose default kernels move with the batch)."""
+    engine = ServingEngine(backend_dense, EngineOptions(max_num_seqs=8), owns_backend=False)
     try:
         assert not engine.capabilities.batch_invariant and engine._core.executor.invariant_rows
         assert _answers(engine, True, 0) == _answers(engine, True, 4)
         assert _answers(engine, False, 0) != _answers(engine, False, 4)
-        backend_fp32.publish_adapter(random_adapter(backend_fp32, "t-inv", seed=5))
+        backend_dense.publish_adapter(random_adapter(backend_dense, "t-inv", seed=5))
         try:
             with pytest.raises(InvalidRequest, match=r"batch_invariant.*LoRA"):
                 engine.submit_sync([1, 2, 3], GenerationParams(batch_invariant=True, adapter="t-inv"))
         finally:
-            backend_fp32.unload_adapter("t-inv")
+            backend_dense.unload_adapter("t-inv")
     finally:
         engine.close()
 
 
-def test_speculative_drafts_change_no_bit_in_the_mode(backend_fp32) -> None:
+def test_speculative_drafts_change_no_bit_in_the_mode(backend_fp32, backend_dense) -> None:
     """Drafted positions are verified as one chunk of rows; in the mode a chunk's rows are the
     bits of one-by-one decoding, so tokens and logprobs equal plain decoding's exactly. In the
-    default mode the same comparison fails on logprobs (the chunk takes other kernels)."""
+    default mode on dense weights the same comparison fails on logprobs (the chunk takes other
+    kernels); on the native kernels a short chunk's rows are decoding's bits by default too."""
     params = GenerationParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=2)
     prompts = [COPY_PROMPT, PROMPTS[1]]
     plain, drafted, snap = with_and_without(backend_fp32, prompts, params, options={"batch_invariant": True})
     assert snap.spec_decode_accepted_tokens > 6, snap
     assert tokens_and_logprobs(drafted) == tokens_and_logprobs(plain)
-    plain, drafted, _ = with_and_without(backend_fp32, prompts, params)
+    plain, drafted, _ = with_and_without(backend_dense, prompts, params)
     assert tokens_and_logprobs(drafted) != tokens_and_logprobs(plain)
+    if blockmm.unavailable() is None:
+        plain, drafted, _ = with_and_without(backend_fp32, prompts, params)
+        assert tokens_and_logprobs(drafted) == tokens_and_logprobs(plain)

@@ -55,11 +55,16 @@ def test_without_a_dense_copy_every_row_count_runs_int4(weights):
                                  dense_rows=8).int4_only(), x, dense) == ["int4"] * 20
 
 
+#: The default (int4_weights=auto): the GGUF's blocks where ruvllm's kernel runs, else dense.
+DEFAULT_KIND = Int4Projection if blockmm.unavailable() is None else Projection
+
+
 @pytest.mark.parametrize(("options", "kind", "dense_rows"), [
-    ({"int4_weights": True}, Int4Projection, 20),
-    ({"int4_weights": True, "dense_weights": False}, Int4Projection, None),
-    ({"int4_weights": True, "dense_from_rows": 8}, Int4Projection, 8),
-    ({}, Projection, None),
+    ({"int4_weights": True}, Int4Projection, None),
+    ({"int4_weights": True, "dense_weights": True}, Int4Projection, 20),
+    ({"int4_weights": True, "dense_weights": True, "dense_from_rows": 8}, Int4Projection, 8),
+    ({}, DEFAULT_KIND, None),
+    ({"int4_weights": False}, Projection, None),
 ])
 def test_the_options_choose_the_projections(embedded_source, options, kind, dense_rows):
     backend = CandleLikeBackend.load(embedded_source, {"dtype": "float32", **options})

@@ -67,3 +67,14 @@ def test_the_executor_decodes_through_it(embedded_source):
         assert "native decode attention" in executor.describe()
     finally:
         backend.close()
+
+
+def test_a_chunks_rows_are_each_rows_decode():
+    """A drafted token verified in a chunk gets the bits of decoding it: each row over its own
+    causal prefix of the sequence's slots."""
+    _, gather, _ = _batch([40], seed=9)
+    rows = torch.randn(6, HEADS, DIM, generator=torch.Generator().manual_seed(10))
+    chunk = paged_attention.chunk(rows, POOL, gather[0], start=34)
+    for i in range(6):
+        alone = paged_attention.decode(rows[i:i + 1], POOL, gather[:, :35 + i], torch.tensor([35 + i]))
+        assert torch.equal(chunk[i], alone[0]), i

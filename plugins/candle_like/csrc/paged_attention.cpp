@@ -99,20 +99,23 @@ void attend_pair(const float *q, int64_t groups, int64_t dim, const uint16_t *po
 #pragma GCC pop_options
 #endif
 
-// q [batch, heads, dim] float32; gather [batch, stride] pool slots (row b's first lengths[b]
-// used); out [batch, heads, dim] float32. Returns 0, -1 when memory ran out, -2 when unsupported.
+// q [batch, heads, dim] float32; row b's pool slots at gather + b * row_stride (its first
+// lengths[b] used; a stride of 0 gives every row the same slots: the rows of one sequence's
+// chunk); out [batch, heads, dim] float32. Returns 0, -1 when memory ran out, -2 when unsupported.
 extern "C" int paged_decode_attention(const float *q, int64_t batch, int64_t heads, int64_t kv_heads,
                                       int64_t dim, const uint16_t *pool, const int64_t *gather,
-                                      int64_t stride, const int64_t *lengths, float *out, int threads) {
+                                      int64_t row_stride, const int64_t *lengths, float *out, int threads) {
 #ifdef PAGED_X86
     if (dim % 8 != 0 || kv_heads <= 0 || heads % kv_heads != 0) return -2;
     const int64_t groups = heads / kv_heads;
     const float scale = 1.0f / sqrtf(static_cast<float>(dim));
     const int64_t slot_stride = 2 * kv_heads * dim;
+    int64_t longest = 1;
+    for (int64_t b = 0; b < batch; b++) longest = lengths[b] > longest ? lengths[b] : longest;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *scores = static_cast<float *>(malloc(sizeof(float) * (groups * (stride > 0 ? stride : 1) + LANES * dim)));
+        float *scores = static_cast<float *>(malloc(sizeof(float) * (groups * longest + LANES * dim)));
         if (scores == nullptr) {
 #pragma omp atomic write
             failed = 1;
@@ -123,7 +126,7 @@ extern "C" int paged_decode_attention(const float *q, int64_t batch, int64_t hea
             for (int64_t pair = 0; pair < batch * kv_heads; pair++) {
                 const int64_t b = pair / kv_heads, h = pair % kv_heads;
                 attend_pair(q + (b * heads + h * groups) * dim, groups, dim, pool + h * dim, slot_stride,
-                            kv_heads * dim, gather + b * stride, lengths[b], scale, scores + groups * stride,
+                            kv_heads * dim, gather + b * row_stride, lengths[b], scale, scores + groups * longest,
                             scores, out + (b * heads + h * groups) * dim, dim);
             }
         }
@@ -131,7 +134,7 @@ extern "C" int paged_decode_attention(const float *q, int64_t batch, int64_t hea
     }
     return failed ? -1 : 0;
 #else
-    (void)q; (void)batch; (void)heads; (void)kv_heads; (void)dim; (void)pool; (void)gather; (void)stride;
+    (void)q; (void)batch; (void)heads; (void)kv_heads; (void)dim; (void)pool; (void)gather; (void)row_stride;
     (void)lengths; (void)out; (void)threads;
     return -2;
 #endif

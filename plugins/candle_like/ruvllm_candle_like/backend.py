@@ -26,9 +26,9 @@ from ruvllm.models import ModelSource
 from ruvllm.options import parse_options
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken, SpecialTokens
 
+from ruvllm_candle_like import blockmm
 from ruvllm_candle_like.cpu_dtype import bf16_note, warn_once
 from ruvllm_candle_like.embeddings import mean_pooled
-from ruvllm_candle_like.int4 import unavailable as int4_unavailable
 from ruvllm_candle_like.kv_contiguous import ContiguousCache
 from ruvllm_candle_like.kv_two_tier import TwoTierCache, TwoTierSettings
 from ruvllm_candle_like.loading import LoadedModel, load
@@ -42,9 +42,12 @@ log = logging.getLogger(__name__)
 
 
 def cpu_notes() -> tuple[str, ...]:
-    """What this CPU changes for the backend: the dtype auto picks without native bf16, and each
-    dtype whose weights oneDNN cannot pack here."""
-    return tuple(n for n in (bf16_note(), *(unpacked_note(d) for d in PACKABLE)) if n)
+    """What this CPU changes for the backend: the dtype auto picks without native bf16, each
+    dtype whose weights oneDNN cannot pack here, and GGUF weights running dense for want of the
+    native block kernel."""
+    blocks = blockmm.unavailable()
+    dense = f"int4_weights=auto runs GGUF projections dense here: {blocks}" if blocks else None
+    return tuple(n for n in (bf16_note(), *(unpacked_note(d) for d in PACKABLE), dense) if n)
 
 
 class CandleLikeBackend(LlmBackend):
@@ -124,10 +127,7 @@ class CandleLikeBackend(LlmBackend):
             torch.set_num_threads(opts.n_threads)
         if opts.prepack_weights and device.type == "cpu" and (note := unpacked_note(dtype)):
             warn_once(f"unpacked {dtype}", "candle_like: %s", note)  # once: every projection falls back
-        int4 = opts.int4_weights and device.type == "cpu" and model.format == "gguf"
-        if int4 and (why := int4_unavailable()):
-            warn_once("int4 unavailable", "candle_like: int4_weights has no effect: %s", why)
-            int4 = False
+        int4 = opts.resolve_int4(device, model.format)
         try:
             loaded = load(model, dtype=dtype, device=device, context_length=opts.context_length,
                           prepack=opts.prepack_weights, int4=int4,

@@ -134,7 +134,8 @@ class _StepAttention(_KvAccess):
                  decode_gather: torch.Tensor | None, decode_valid: torch.Tensor | None,
                  prefills: list[_Prefill], all_decode_in_order: bool,
                  native_lengths: torch.Tensor | None = None):
-        """``native_lengths``: the decode rows' lengths when the native kernel serves them."""
+        """``native_lengths``: the decode rows' lengths (empty without decode rows) when the
+        native kernel reads the pool (paged_attention.py), else None."""
         super().__init__(ex, kv)
         self.native_lengths = native_lengths
         self.decode_rows = decode_rows
@@ -169,21 +170,34 @@ class _StepAttention(_KvAccess):
 
 
     def _attend_native(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        assert isinstance(self.kv, _PoolStep) and self.decode_gather is not None
-        assert self.native_lengths is not None
+        """Decode rows and short chunks on the native kernel, each row over its own prefix (so a
+        drafted token verified in a chunk gets the bits of decoding it); longer chunks on SDPA."""
+        assert isinstance(self.kv, _PoolStep) and self.native_lengths is not None
         pool = self.kv.sources(layer, k, v)
         t, h, d = q.shape
-        rows = q if self.all_decode_in_order else q[self.decode_rows]
-        decoded = paged_attention.decode(rows, pool, self.decode_gather, self.native_lengths).to(q.dtype)
-        if self.all_decode_in_order:
-            return decoded
+        if self.decode_gather is not None:
+            rows = q if self.all_decode_in_order else q[self.decode_rows]
+            decoded = paged_attention.decode(rows, pool, self.decode_gather, self.native_lengths).to(q.dtype)
+            if self.all_decode_in_order:
+                return decoded
         out = q.new_empty((t, h * d))
-        out[self.decode_rows] = decoded
+        if self.decode_gather is not None:
+            out[self.decode_rows] = decoded
         read = self._pool_reader(pool)
         for p in self.prefills:
-            keys, values = read(p.gather)
-            out[p.rows] = attend_sequence(q[p.rows], keys.transpose(0, 1), values.transpose(0, 1), p.start)
+            rows = q[p.rows]
+            if rows.shape[0] <= NATIVE_CHUNK_ROWS:
+                out[p.rows] = paged_attention.chunk(rows, pool, p.gather, p.start).to(q.dtype)
+            else:
+                keys, values = read(p.gather)
+                out[p.rows] = attend_sequence(rows, keys.transpose(0, 1), values.transpose(0, 1), p.start)
         return out
+
+
+#: Chunks of up to this many rows (a speculative verification, a short prompt) attend on the
+#: native kernel row by row, the bits of decoding each row; longer ones through SDPA's causal
+#: kernel, which tiles the work and is faster there.
+NATIVE_CHUNK_ROWS = 16
 
 
 class _InvariantAttention(_KvAccess):
@@ -454,7 +468,9 @@ class PagedExecutor:
             if min(decode_lengths) < longest:
                 decode_valid = torch.arange(longest, device=dev)[None, :] < lengths[:, None]
             decode_rows_t = torch.tensor(decode_rows, device=dev)
-        native = lengths if self.native_decode_off is None and isinstance(kv, _PoolStep) else None
+        native = None
+        if self.native_decode_off is None and isinstance(kv, _PoolStep):
+            native = torch.empty(0, dtype=torch.int64) if lengths is None else lengths
         return _StepAttention(self, kv, decode_rows_t, decode_gather, decode_valid, prefills,
                               all_decode_in_order=not prefills, native_lengths=native)
 

@@ -12,9 +12,11 @@ from typing import ClassVar
 import attrs
 import torch
 from ruvllm.errors import BackendOptionError, BackendUnavailable
-from ruvllm.options import accepts, boolean, one_of, optional, positive_int
+from ruvllm.options import accepts, any_of, boolean, one_of, optional, positive_int
 
-from ruvllm_candle_like.cpu_dtype import fast_cpu_dtype, warn_if_slow
+from ruvllm_candle_like import blockmm
+from ruvllm_candle_like.cpu_dtype import fast_cpu_dtype, warn_if_slow, warn_once
+from ruvllm_candle_like.int4 import unavailable as int4_unavailable
 
 BACKEND = "candle_like"
 
@@ -45,15 +47,19 @@ class BackendOptions:
     #: Keep a oneDNN-packed copy of every projection for faster CPU matmuls (costs as much
     #: memory again as the projection weights; ignored off CPU).
     prepack_weights: bool = attrs.field(default=True, validator=boolean())
-    #: GGUF on CPU: run the Q4_0/Q4_1/Q4_K projections on torch's packed int4 kernel from the
-    #: file's own codes; other types and devices run dense. Off by default: faster at one row, but
-    #: with the dense copy a row's numerics then depend on the step's row count (int4 in bf16
-    #: below dense_from_rows, dense from there), which the batched == solo tests refuse.
-    int4_weights: bool = attrs.field(default=False, validator=boolean())
+    #: GGUF on CPU: run the projections on the file's own blocks (Q4_0/Q4_1/Q4_K as int4 codes,
+    #: Q8_0 as int8, the tied head included) instead of dense float copies; other types and
+    #: devices run dense. auto: on where ruvllm's native block kernel runs (x86-64 with AVX2 and
+    #: FMA, blockmm.py): there it is faster than dense at every row count measured, a fifth of the
+    #: memory, and a row's numerics do not depend on the step's row count. true: also on torch's
+    #: packed int4 kernel where the native one is missing (bf16 activations, slow prefill).
+    int4_weights: bool | str = attrs.field(default="auto", validator=any_of(boolean(), one_of(("auto",))))
     #: With int4 weights: also keep a dense copy of them (in the compute dtype, packed per
-    #: prepack_weights) for steps of at least dense_from_rows rows, where dense matmuls are faster
-    #: (prefill chunks run 2-3x slower on int4). Off: about the GGUF's bytes, slow prefill.
-    dense_weights: bool = attrs.field(default=True, validator=boolean())
+    #: prepack_weights) for steps of at least dense_from_rows rows, where a dense matmul is faster
+    #: (bfloat16 on AMX or avx512_bf16; on torch's int4 kernel prefill runs 2-3x slower). It costs
+    #: the dense weights' memory again (405 MiB in float32 for the embedded model) and makes a
+    #: row's numerics depend on the step's row count; off by default.
+    dense_weights: bool = attrs.field(default=False, validator=boolean())
     dense_from_rows: int = attrs.field(default=20, validator=positive_int())
     #: With int4 weights: run the executor's decode-only steps of fewer than dense_from_rows rows
     #: as one torch.compile'd graph (inductor; needs a C++ compiler), compiled when the executor
@@ -126,6 +132,18 @@ class BackendOptions:
                                      self.dtype, fix="use auto, bfloat16 or float32 on CPU")
         warn_if_slow(dtype, device, BACKEND)
         return dtype
+
+    def resolve_int4(self, device: torch.device, model_format: str) -> bool:
+        """Whether the projections run on the GGUF's blocks (see ``int4_weights``); an explicit
+        true this machine has no kernel for runs dense after one warning saying why."""
+        if device.type != "cpu" or model_format != "gguf" or self.int4_weights is False:
+            return False
+        if self.int4_weights == "auto":
+            return blockmm.unavailable() is None
+        if blockmm.unavailable() is not None and (why := int4_unavailable()):
+            warn_once("int4 unavailable", "candle_like: int4_weights has no effect: %s", why)
+            return False
+        return True
 
     def resolve_kv_dtype(self, compute: torch.dtype) -> torch.dtype:
         if self.kv_dtype != "auto":

@@ -42,16 +42,26 @@ def unavailable(pool: torch.Tensor, head_dim: int) -> str | None:
 
 
 def decode(q: torch.Tensor, pool: torch.Tensor, gather: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """``q`` [B, H, D] (one query per sequence) against pool slots ``gather`` [B, >= lengths[b]]
-    (row b's first ``lengths[b]`` positions, in order) of ``pool`` [slots, 2, Hkv, D]; returns
-    float32 [B, H * D]."""
+    """``q`` [B, H, D], one query per row, against pool slots ``gather`` [B, >= lengths[b]] (row
+    b's first ``lengths[b]`` positions, in order) of ``pool`` [slots, 2, Hkv, D]; returns float32
+    [B, H * D]. ``gather`` may be one sequence's slots expanded over the rows of its chunk."""
     fn = _kernel()
     assert not isinstance(fn, str), fn
+    assert gather.dtype == torch.int64 and lengths.dtype == torch.int64 and lengths.is_contiguous()
+    assert gather.stride(1) == 1 and int(lengths.max()) <= gather.shape[1]
     b, h, d = q.shape
     q = q.to(torch.float32).contiguous()
     out = torch.empty(b, h * d)
-    rc = fn(q.data_ptr(), b, h, pool.shape[2], d, pool.data_ptr(), gather.data_ptr(), gather.shape[1],
+    rc = fn(q.data_ptr(), b, h, pool.shape[2], d, pool.data_ptr(), gather.data_ptr(), gather.stride(0),
             lengths.data_ptr(), out.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"paged decode attention could not allocate scores for {gather.shape[1]} positions")
     return out
+
+
+def chunk(q: torch.Tensor, pool: torch.Tensor, gather: torch.Tensor, start: int) -> torch.Tensor:
+    """The rows of one sequence's chunk at positions ``start``.. (``q`` [T, H, D]), each over its
+    own causal prefix of ``gather`` [>= start + T], exactly as if each were decoded alone."""
+    t = q.shape[0]
+    lengths = torch.arange(start + 1, start + t + 1, dtype=torch.int64)
+    return decode(q, pool, gather[None, :].expand(t, -1), lengths)
