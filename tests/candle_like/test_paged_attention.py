@@ -78,3 +78,19 @@ def test_a_chunks_rows_are_each_rows_decode():
     for i in range(6):
         alone = paged_attention.decode(rows[i:i + 1], POOL, gather[:, :35 + i], torch.tensor([35 + i]))
         assert torch.equal(chunk[i], alone[0]), i
+
+
+def test_the_pool_is_resident_only_as_it_fills():
+    """An anonymous mapping: the OS maps its pages zero-filled on first write, so an idle server's
+    pool costs no memory yet keeps its capacity (zeroed_pool, docs/architecture.md)."""
+    from ruvllm_candle_like.executor import zeroed_pool
+
+    def rss_kb() -> int:
+        return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0])
+
+    before = rss_kb()
+    pool = zeroed_pool((65536, 2, 3, 64), torch.float16, torch.device("cpu"))  # 48 MiB
+    assert rss_kb() - before < 8 * 1024
+    pool[:32768].fill_(1)  # half of it written: 24 MiB
+    assert 20 * 1024 < rss_kb() - before < 32 * 1024
+    assert pool[32768:].eq(0).all() and pool[:32768].eq(1).all()
