@@ -40,9 +40,9 @@ measures them in turn, the order rotating each repeat and every repeat with prom
 so that on a loaded machine every server meets the same load (medians and per-repeat ratios
 printed). Defaults:
 llamacpp gets ``n_threads=--threads`` (everything else as ``ruvllm serve`` sets it: the 256 MiB
-pool, the model's context); candle_like gets ``dtype=bfloat16``, in which it batches well on
-CPUs with bf16 matrix instructions (on one without, say ``-o candle_like:dtype=float32``). Every
-option is named in the target's label.
+pool, the model's context); every other backend runs its own defaults (candle_like: ``dtype=auto``,
+bfloat16 where the CPU has native bf16 and float32 elsewhere, and the GGUF's own blocks where its
+native kernel runs). Every option given is named in the target's label.
 
     make peers                                                      # once (~17 min on 2 cores)
     .venv/bin/python benchmarks/compare_servers.py                  # writes benchmarks/results/
@@ -87,8 +87,7 @@ WARMUP = 2
 def backend_options(backends: list[str], given: list[str], threads: int) -> dict[str, dict[str, str]]:
     """Each backend's ``-o`` options: the defaults above, overridden by ``BACKEND:KEY=VALUE``."""
     opts: dict[str, dict[str, str]] = {
-        b: dict({"llamacpp": {"n_threads": str(threads)},
-                 "candle_like": {"dtype": "bfloat16"}}.get(b, {}))
+        b: dict({"llamacpp": {"n_threads": str(threads)}}.get(b, {}))
         for b in backends}
     for item in given:
         backend, sep, kv = item.partition(":")

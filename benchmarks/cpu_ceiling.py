@@ -102,7 +102,7 @@ def main() -> None:
     if native_bf16:
         print(f"| torch.mm 2048^3 bfloat16 | {gemm_gflops(torch.bfloat16, a.runs):.0f} GFLOP/s |")
 
-    dense = CandleLikeBackend.load(src, {"dtype": "auto", "n_threads": a.threads})
+    dense = CandleLikeBackend.load(src, {"dtype": "auto", "n_threads": a.threads, "int4_weights": False})
     ids = prompt_ids(dense, a.chunk)
     weights = sum(p.shape.numel() for p in projections(dense))
     dtype = str(dense.model.dtype).removeprefix("torch.")

@@ -54,9 +54,9 @@ def mlx_logits():
 
 
 TARGETS = {
-    "candle_like float32": lambda: candle_like_logits("float32"),
-    "candle_like bfloat16": lambda: candle_like_logits("bfloat16"),
-    # Every row on the int4 kernel (no dense copy), as decode steps run it.
+    "candle_like float32": lambda: candle_like_logits("float32", int4_weights=False),
+    "candle_like bfloat16": lambda: candle_like_logits("bfloat16", int4_weights=False),
+    # The GGUF's own blocks at every row (the default where the native kernel runs).
     "candle_like int4": lambda: candle_like_logits("float32", int4_weights=True, dense_weights=False),
     "mlx": mlx_logits,
 }
