@@ -2,10 +2,10 @@
 
 Why a kernel of our own: torch's packed int4 matmul (``_weight_int4pack_mm_for_cpu``) takes
 bfloat16 activations and dequantises its weights again for every 4 rows. On the 2-core AVX2 kind
-the embedded model's 30 layers of projections took 45-75 ms at 16 rows against 32-35 ms here,
-and at a 512-token prompt chunk 1.4-2.4 s against 0.72-0.85 s, a dense float32 matmul's time.
-So with this kernel int4 weights need no dense copy for prefill: the weights stay at about the
-GGUF's bytes at every row count.
+the embedded model's 30 layers of projections took 44 ms at 16 rows on it against 24 ms here,
+and at a 512-row prompt chunk 1.36 s against 0.63 s (dense float32: 0.73-0.91 s). So with this
+kernel quantised weights need no dense copy for prefill: the weights stay at about the GGUF's
+bytes at every row count.
 
 - Weights are the file's own codes, scales and offsets: ``w = code * scale + offset`` in float32,
   llama.cpp's dequantisation bit for bit (4-bit: Q4_0, Q4_1, Q4_K through
@@ -15,8 +15,8 @@ GGUF's bytes at every row count.
   row's result has the same bits alone or in any batch (the batch-invariant mode relies on it).
 
 The kernel is built when the plugin is installed (``setup.py``, x86-64 only, optional). Where it
-is missing or the CPU lacks AVX2 and FMA, :func:`unavailable` says why and the int4 projections
-run on torch's kernel instead.
+is missing or the CPU lacks AVX2 and FMA, :func:`unavailable` says why: ``int4_weights=auto``
+then runs dense, and ``int4_weights=true`` takes torch's kernel (options.py).
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def _run(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torc
     rows, k = x.shape
     padded = codes.shape[0] * PANEL
     y = torch.empty(rows, padded)
-    rc = fn(x.data_ptr(), rows, k, padded, bits, codes.data_ptr(), scale.data_ptr(),
-                     offset.data_ptr(), y.data_ptr(), torch.get_num_threads())
+    rc = fn(x.data_ptr(), rows, k, padded, bits, codes.data_ptr(), scale.data_ptr(), offset.data_ptr(),
+            y.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"blockmm could not allocate its buffers for {rows} rows of {k} inputs")
     return y if padded == n else y[:, :n].contiguous()

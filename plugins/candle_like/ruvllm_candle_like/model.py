@@ -120,8 +120,9 @@ class Transformer:
                  prepack: bool = True, int4: bool = False, dense_rows: int | None = None):
         """``prepack``: also keep oneDNN-packed copies of the projections (CPU only; they
         double the projections' memory for 1.5x faster matmuls). ``int4``: run the projections
-        given as GGUF blocks that map onto int4 on packed int4 weights, with a dense copy for
-        calls of ``dense_rows`` rows or more when that is set (weights.py)."""
+        and the head given as GGUF blocks on those blocks (int4 codes, Q8_0 on the native
+        kernel), with a dense copy for calls of ``dense_rows`` rows or more when that is set
+        (weights.py)."""
         self.cfg = cfg
         self.dtype = dtype
         self.device = device
