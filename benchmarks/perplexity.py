@@ -13,9 +13,9 @@ logits; what lm-eval's loglikelihood reads through ``echo``). Perplexity is
 
 The texts are the expository passages of benchmarks/sona_task.py (``GENERAL_TEXT`` and the
 ``VALIDATION_TEXTS``): written for this project, so in no model's training data. Defaults:
-llamacpp as it serves; candle_like float32 (dense: the blocks dequantised); candle_like with
-``int4_weights`` and ``dense_weights=false``, so that the prefill itself runs on int4 (with the
-dense copy a prefill of 20 rows or more would run dense and say nothing of int4).
+llamacpp as it serves; candle_like float32 dense (``int4_weights=false``: the blocks
+dequantised); candle_like float32 on the GGUF's blocks with no dense copy (its default where the
+native block kernel runs, torch's int4 kernel elsewhere), so that the prefill itself runs on them.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from sona_task import GENERAL_TEXT, VALIDATION_TEXTS
 
 DEFAULT_VARIANTS = (
     "llamacpp:",
-    "candle_like:dtype=float32",
+    "candle_like:dtype=float32,int4_weights=false",
     "candle_like:dtype=float32,int4_weights=true,dense_weights=false",
 )
 
