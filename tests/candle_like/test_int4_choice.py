@@ -65,6 +65,8 @@ DEFAULT_KIND = Int4Projection if blockmm.unavailable() is None else Projection
     ({"int4_weights": True, "dense_weights": True, "dense_from_rows": 8}, Int4Projection, 8),
     ({}, DEFAULT_KIND, None),
     ({"int4_weights": False}, Projection, None),
+    # auto stays dense in bfloat16: the kind with native bf16 has its fast matmuls there.
+    ({"dtype": "bfloat16"}, Projection, None),
 ])
 def test_the_options_choose_the_projections(embedded_source, options, kind, dense_rows):
     backend = CandleLikeBackend.load(embedded_source, {"dtype": "float32", **options})

@@ -127,7 +127,7 @@ class CandleLikeBackend(LlmBackend):
             torch.set_num_threads(opts.n_threads)
         if opts.prepack_weights and device.type == "cpu" and (note := unpacked_note(dtype)):
             warn_once(f"unpacked {dtype}", "candle_like: %s", note)  # once: every projection falls back
-        int4 = opts.resolve_int4(device, model.format)
+        int4 = opts.resolve_int4(device, model.format, dtype)
         try:
             loaded = load(model, dtype=dtype, device=device, context_length=opts.context_length,
                           prepack=opts.prepack_weights, int4=int4,

@@ -49,10 +49,13 @@ class BackendOptions:
     prepack_weights: bool = attrs.field(default=True, validator=boolean())
     #: GGUF on CPU: run the projections on the file's own blocks (Q4_0/Q4_1/Q4_K as int4 codes,
     #: Q8_0 as int8, the tied head included) instead of dense float copies; other types and
-    #: devices run dense. auto: on where ruvllm's native block kernel runs (x86-64 with AVX2 and
-    #: FMA, blockmm.py): there it is faster than dense at every row count measured, a fifth of the
-    #: memory, and a row's numerics do not depend on the step's row count. true: also on torch's
-    #: packed int4 kernel where the native one is missing (bf16 activations, slow prefill).
+    #: devices run dense. auto: on when computing in float32 where ruvllm's native block kernel
+    #: runs (x86-64 with AVX2 and FMA, blockmm.py): there it measured faster than dense float32
+    #: at every row count, at a fifth of the memory, and a row's numerics do not depend on the
+    #: step's row count. In bfloat16 (dtype=auto on a CPU with native bf16) auto stays dense:
+    #: oneDNN's bf16 matmuls on AMX/avx512_bf16 are the fast path for prefill and big batches
+    #: there, and that kind was not measured against the native kernel. true: on in any dtype,
+    #: also on torch's packed int4 kernel where the native one is missing (bf16 activations).
     int4_weights: bool | str = attrs.field(default="auto", validator=any_of(boolean(), one_of(("auto",))))
     #: With int4 weights: also keep a dense copy of them (in the compute dtype, packed per
     #: prepack_weights) for steps of at least dense_from_rows rows, where a dense matmul is faster
@@ -133,13 +136,13 @@ class BackendOptions:
         warn_if_slow(dtype, device, BACKEND)
         return dtype
 
-    def resolve_int4(self, device: torch.device, model_format: str) -> bool:
+    def resolve_int4(self, device: torch.device, model_format: str, dtype: torch.dtype) -> bool:
         """Whether the projections run on the GGUF's blocks (see ``int4_weights``); an explicit
         true this machine has no kernel for runs dense after one warning saying why."""
         if device.type != "cpu" or model_format != "gguf" or self.int4_weights is False:
             return False
         if self.int4_weights == "auto":
-            return blockmm.unavailable() is None
+            return dtype == torch.float32 and blockmm.unavailable() is None
         if blockmm.unavailable() is not None and (why := int4_unavailable()):
             warn_once("int4 unavailable", "candle_like: int4_weights has no effect: %s", why)
             return False
