@@ -41,8 +41,8 @@ so that on a loaded machine every server meets the same load (medians and per-re
 printed). Defaults:
 llamacpp gets ``n_threads=--threads`` (everything else as ``ruvllm serve`` sets it: the 256 MiB
 pool, the model's context); every other backend runs its own defaults (candle_like: ``dtype=auto``,
-bfloat16 where the CPU has native bf16 and float32 elsewhere, and the GGUF's own blocks where its
-native kernel runs). Every option given is named in the target's label.
+bfloat16 where the CPU has native bf16 and float32 elsewhere, and in float32 the GGUF's own blocks
+where its native kernel runs). Every option given is named in the target's label.
 
     make peers                                                      # once (~17 min on 2 cores)
     .venv/bin/python benchmarks/compare_servers.py                  # writes benchmarks/results/
