@@ -94,3 +94,13 @@ def test_the_pool_is_resident_only_as_it_fills():
     pool[:32768].fill_(1)  # half of it written: 24 MiB
     assert 20 * 1024 < rss_kb() - before < 32 * 1024
     assert pool[32768:].eq(0).all() and pool[:32768].eq(1).all()
+
+
+def test_a_length_beyond_the_gathered_positions_is_refused():
+    """The kernel checks every length against the positions gathered, so it never reads past a
+    row's slots."""
+    q, gather, _ = _batch([7, 9], seed=11)
+    with pytest.raises(ValueError, match="outside 1..9"):
+        paged_attention.decode(q, POOL, gather, torch.tensor([7, 10]))
+    with pytest.raises(ValueError, match="outside 1..9"):
+        paged_attention.decode(q, POOL, gather, torch.tensor([0, 9]))

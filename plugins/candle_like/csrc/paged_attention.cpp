@@ -99,19 +99,24 @@ void attend_pair(const float *q, int64_t groups, int64_t dim, const uint16_t *po
 #pragma GCC pop_options
 #endif
 
-// q [batch, heads, dim] float32; row b's pool slots at gather + b * row_stride (its first
-// lengths[b] used; a stride of 0 gives every row the same slots: the rows of one sequence's
-// chunk); out [batch, heads, dim] float32. Returns 0, -1 when memory ran out, -2 when unsupported.
+// q [batch, heads, dim] float32; row b's pool slots at gather + b * row_stride, capacity of them
+// (its first lengths[b] used; a stride of 0 gives every row the same slots: the rows of one
+// sequence's chunk); out [batch, heads, dim] float32. Returns 0, -1 when memory ran out, -2 when
+// unsupported, -3 when a length is not in [1, capacity].
 extern "C" int paged_decode_attention(const float *q, int64_t batch, int64_t heads, int64_t kv_heads,
                                       int64_t dim, const uint16_t *pool, const int64_t *gather,
-                                      int64_t row_stride, const int64_t *lengths, float *out, int threads) {
+                                      int64_t row_stride, int64_t capacity, const int64_t *lengths,
+                                      float *out, int threads) {
 #ifdef PAGED_X86
     if (dim % 8 != 0 || kv_heads <= 0 || heads % kv_heads != 0) return -2;
     const int64_t groups = heads / kv_heads;
     const float scale = 1.0f / sqrtf(static_cast<float>(dim));
     const int64_t slot_stride = 2 * kv_heads * dim;
     int64_t longest = 1;
-    for (int64_t b = 0; b < batch; b++) longest = lengths[b] > longest ? lengths[b] : longest;
+    for (int64_t b = 0; b < batch; b++) {
+        if (lengths[b] < 1 || lengths[b] > capacity) return -3;
+        longest = lengths[b] > longest ? lengths[b] : longest;
+    }
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -135,6 +140,7 @@ extern "C" int paged_decode_attention(const float *q, int64_t batch, int64_t hea
     return failed ? -1 : 0;
 #else
     (void)q; (void)batch; (void)heads; (void)kv_heads; (void)dim; (void)pool; (void)gather; (void)row_stride;
+    (void)capacity;
     (void)lengths; (void)out; (void)threads;
     return -2;
 #endif

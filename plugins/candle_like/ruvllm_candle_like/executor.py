@@ -129,77 +129,65 @@ class _KvAccess:
         return read
 
 
+#: Chunks of up to this many rows (a speculative verification, a short prompt) attend on the
+#: native kernel row by row, the bits of decoding each row; longer ones through SDPA's causal
+#: kernel, which tiles the work and is faster there.
+NATIVE_CHUNK_ROWS = 16
+
+
 class _StepAttention(_KvAccess):
     """The per-step plan the model's forward calls back into for each layer."""
 
     def __init__(self, ex: PagedExecutor, kv: _PoolStep | TwoTierStep, decode_rows: torch.Tensor | None,
                  decode_gather: torch.Tensor | None, decode_valid: torch.Tensor | None,
-                 prefills: list[_Prefill], all_decode_in_order: bool,
-                 native_lengths: torch.Tensor | None = None):
-        """``native_lengths``: the decode rows' lengths (empty without decode rows) when the
-        native kernel reads the pool (paged_attention.py), else None."""
+                 decode_lengths: torch.Tensor | None, prefills: list[_Prefill], all_decode_in_order: bool,
+                 native: bool = False):
+        """``native``: the native kernel reads the pool (paged_attention.py) for the decode rows
+        and the chunks of at most NATIVE_CHUNK_ROWS rows."""
         super().__init__(ex, kv)
-        self.native_lengths = native_lengths
+        self.native = native
         self.decode_rows = decode_rows
         self.decode_gather = decode_gather
         self.decode_valid = decode_valid
+        self.decode_lengths = decode_lengths
         self.prefills = prefills
         self.all_decode_in_order = all_decode_in_order
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # A compiled graph traces the PyTorch path (the kernel is a ctypes call).
-        if self.native_lengths is not None and not torch.compiler.is_compiling():
-            return self._attend_native(layer, q, k, v)
-        read = self._reader(layer, k, v)
+        native = self.native and not torch.compiler.is_compiling()
+        if native:
+            pool = self.kv.sources(layer, k, v)
+            read = self._pool_reader(pool)
+        else:
+            read = self._reader(layer, k, v)
         t, h, d = q.shape
         h_kv = k.shape[1]
         if self.decode_gather is not None:
-            b, length = self.decode_gather.shape
-            keys, values = read(self.decode_gather.reshape(-1))
-            keys = keys.view(b, length, h_kv, d).transpose(1, 2)
-            values = values.view(b, length, h_kv, d).transpose(1, 2)
-            if self.all_decode_in_order:
-                return attend_decode_batch(q, keys, values, self.decode_valid)
-            out = q.new_empty((t, h * d))
-            out[self.decode_rows] = attend_decode_batch(q[self.decode_rows], keys, values, self.decode_valid)
-        else:
-            out = q.new_empty((t, h * d))
-        for p in self.prefills:
-            keys, values = read(p.gather)
-            keys, values = keys.transpose(0, 1), values.transpose(0, 1)
-            out[p.rows] = attend_sequence(q[p.rows], keys, values, p.start)
-        return out
-
-
-    def _attend_native(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Decode rows and short chunks on the native kernel, each row over its own prefix (so a
-        drafted token verified in a chunk gets the bits of decoding it); longer chunks on SDPA."""
-        assert isinstance(self.kv, _PoolStep) and self.native_lengths is not None
-        pool = self.kv.sources(layer, k, v)
-        t, h, d = q.shape
-        if self.decode_gather is not None:
             rows = q if self.all_decode_in_order else q[self.decode_rows]
-            decoded = paged_attention.decode(rows, pool, self.decode_gather, self.native_lengths).to(q.dtype)
+            if native:
+                assert self.decode_lengths is not None
+                decoded = paged_attention.decode(rows, pool, self.decode_gather, self.decode_lengths)
+                decoded = decoded.to(q.dtype)
+            else:
+                b, length = self.decode_gather.shape
+                keys, values = read(self.decode_gather.reshape(-1))
+                keys = keys.view(b, length, h_kv, d).transpose(1, 2)
+                values = values.view(b, length, h_kv, d).transpose(1, 2)
+                decoded = attend_decode_batch(rows, keys, values, self.decode_valid)
             if self.all_decode_in_order:
                 return decoded
         out = q.new_empty((t, h * d))
         if self.decode_gather is not None:
             out[self.decode_rows] = decoded
-        read = self._pool_reader(pool)
         for p in self.prefills:
             rows = q[p.rows]
-            if rows.shape[0] <= NATIVE_CHUNK_ROWS:
+            if native and rows.shape[0] <= NATIVE_CHUNK_ROWS:
                 out[p.rows] = paged_attention.chunk(rows, pool, p.gather, p.start).to(q.dtype)
             else:
                 keys, values = read(p.gather)
                 out[p.rows] = attend_sequence(rows, keys.transpose(0, 1), values.transpose(0, 1), p.start)
         return out
-
-
-#: Chunks of up to this many rows (a speculative verification, a short prompt) attend on the
-#: native kernel row by row, the bits of decoding each row; longer ones through SDPA's causal
-#: kernel, which tiles the work and is faster there.
-NATIVE_CHUNK_ROWS = 16
 
 
 class _InvariantAttention(_KvAccess):
@@ -482,11 +470,9 @@ class PagedExecutor:
             if min(decode_lengths) < longest:
                 decode_valid = torch.arange(longest, device=dev)[None, :] < lengths[:, None]
             decode_rows_t = torch.tensor(decode_rows, device=dev)
-        native = None
-        if self.native_decode_off is None and isinstance(kv, _PoolStep):
-            native = torch.empty(0, dtype=torch.int64) if lengths is None else lengths
-        return _StepAttention(self, kv, decode_rows_t, decode_gather, decode_valid, prefills,
-                              all_decode_in_order=not prefills, native_lengths=native)
+        return _StepAttention(self, kv, decode_rows_t, decode_gather, decode_valid, lengths, prefills,
+                              all_decode_in_order=not prefills,
+                              native=self.native_decode_off is None and isinstance(kv, _PoolStep))
 
     @property
     def invariant_rows(self) -> bool:

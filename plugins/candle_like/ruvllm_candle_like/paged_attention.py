@@ -26,7 +26,8 @@ def _kernel() -> Any:
     return native.kernel("paged_decode_attention", supported="paged_attention_supported",
                          needs="AVX2, FMA and F16C", argtypes=[
                              _POINTER, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                             _POINTER, _POINTER, ctypes.c_int64, _POINTER, _POINTER, ctypes.c_int])
+                             _POINTER, _POINTER, ctypes.c_int64, ctypes.c_int64, _POINTER, _POINTER,
+                             ctypes.c_int])
 
 
 def unavailable(pool: torch.Tensor, head_dim: int) -> str | None:
@@ -48,12 +49,15 @@ def decode(q: torch.Tensor, pool: torch.Tensor, gather: torch.Tensor, lengths: t
     fn = _kernel()
     assert not isinstance(fn, str), fn
     assert gather.dtype == torch.int64 and lengths.dtype == torch.int64 and lengths.is_contiguous()
-    assert gather.stride(1) == 1 and int(lengths.max()) <= gather.shape[1]
+    assert gather.stride(1) == 1
     b, h, d = q.shape
     q = q.to(torch.float32).contiguous()
     out = torch.empty(b, h * d)
     rc = fn(q.data_ptr(), b, h, pool.shape[2], d, pool.data_ptr(), gather.data_ptr(), gather.stride(0),
-            lengths.data_ptr(), out.data_ptr(), torch.get_num_threads())
+            gather.shape[1], lengths.data_ptr(), out.data_ptr(), torch.get_num_threads())
+    if rc == -3:
+        # Checked in the kernel's own pass over the lengths: no extra reduction a layer.
+        raise ValueError(f"a sequence length is outside 1..{gather.shape[1]}, the positions gathered")
     if rc != 0:
         raise MemoryError(f"paged decode attention could not allocate scores for {gather.shape[1]} positions")
     return out
