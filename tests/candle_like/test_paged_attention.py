@@ -100,7 +100,7 @@ def test_a_length_beyond_the_gathered_positions_is_refused():
     """The kernel checks every length against the positions gathered, so it never reads past a
     row's slots."""
     q, gather, _ = _batch([7, 9], seed=11)
-    with pytest.raises(ValueError, match="outside 1..9"):
+    with pytest.raises(ValueError, match=r"outside 1\.\.9"):
         paged_attention.decode(q, POOL, gather, torch.tensor([7, 10]))
-    with pytest.raises(ValueError, match="outside 1..9"):
+    with pytest.raises(ValueError, match=r"outside 1\.\.9"):
         paged_attention.decode(q, POOL, gather, torch.tensor([0, 9]))
