@@ -3,6 +3,8 @@ configuration is loaded once for the whole candle_like test run."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from ruvllm.models import ModelSource
 from ruvllm.registry import embedded_model_path
@@ -14,6 +16,18 @@ def llama_cpp_or_skip():
     except ImportError as exc:  # the wheel is compiled during set-up; it may not be there yet
         pytest.skip(f"llama-cpp-python is not importable ({exc}); reference comparison skipped")
     return llama_cpp
+
+
+@contextlib.contextmanager
+def pytorch_layers(model):
+    """``model``'s layers op by op on PyTorch meanwhile, not on the native decoder (which reads
+    the weights it was built from: a test that swaps a projection must not let it run)."""
+    saved = model.native
+    model.native = None
+    try:
+        yield
+    finally:
+        model.native = saved
 
 
 @pytest.fixture(scope="session")

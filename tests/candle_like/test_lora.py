@@ -15,6 +15,8 @@ from ruvllm_candle_like.kv_contiguous import ContiguousCache
 from ruvllm_candle_like.lora import LoraPlan, build_adapter, load_peft, projection_shapes
 from ruvllm_candle_like.projection import Projection
 
+from .conftest import pytorch_layers
+
 PROMPT = "The capital of France is"
 GREEDY = GenerationParams(max_tokens=12)
 
@@ -71,7 +73,18 @@ def test_lora_deltas_equal_merged_weights(backend_fp32):
         with torch.inference_mode():
             return model.forward(ids, pos, cache, None, lora)
 
-    with_lora = logits(LoraPlan([(adapter, None)]))
+    # The slicing is what is tested here, on PyTorch's layers (test_native_decoder.py compares
+    # the native decoder's LoRA hook with them): the merged model swaps projections.
+    with pytorch_layers(model):
+        with_lora = logits(LoraPlan([(adapter, None)]))
+        merged = merged_logits(model, adapter, logits)
+        base = logits(None)
+    assert torch.allclose(with_lora, merged, atol=2e-3, rtol=1e-3)
+    assert not torch.allclose(with_lora, base, atol=1e-2)
+
+
+def merged_logits(model, adapter, logits):
+    """``logits(None)`` with the adapter's deltas merged into the projections' weights."""
     site_attr = {"qkv": "qkv", "o": "o", "gate_up": "gate_up", "down": "down"}
     saved = [{name: getattr(layer, name) for name in site_attr.values()} for layer in model.layers]
     try:
@@ -82,13 +95,11 @@ def test_lora_deltas_equal_merged_weights(backend_fp32):
                 lo, hi = p.cols
                 w[lo:hi] += adapter.scale * (p.b @ p.a)
             setattr(model.layers[i], site_attr[site], Projection(w, base.bias))
-        merged = logits(None)
+        return logits(None)
     finally:
         for layer, orig in zip(model.layers, saved, strict=True):
             for name, t in orig.items():
                 setattr(layer, name, t)
-    assert torch.allclose(with_lora, merged, atol=2e-3, rtol=1e-3)
-    assert not torch.allclose(with_lora, logits(None), atol=1e-2)
 
 
 def test_engine_batches_adapter_and_base_rows_like_the_request_path(backend_fp32):

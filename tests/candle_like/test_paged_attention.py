@@ -1,6 +1,7 @@
-"""The native decode attention (ruvllm_candle_like.paged_attention): the PyTorch path's result
-from the pool in place, each sequence's bits independent of the batch, and the executor's decode
-rows on it where it runs (elsewhere these tests skip with the reason the executor describes)."""
+"""The native pool attention (ruvllm_candle_like.paged_attention): the PyTorch path's result
+from the pool in place, each row's bits independent of the batch, a chunk's rows those of
+decoding them, and the executor's rows on it where it runs (elsewhere these tests skip with the
+reason the executor describes)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 from ruvllm_candle_like import paged_attention
 from ruvllm_candle_like.attention_ops import attend_decode_batch
+from ruvllm_candle_like.paged_attention import PoolRows
 
 SLOTS, KV_HEADS, DIM, HEADS = 4096, 3, 64, 9
 POOL = torch.randn(SLOTS, 2, KV_HEADS, DIM, generator=torch.Generator().manual_seed(0)).half()
@@ -26,6 +28,13 @@ def _batch(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor, t
     return torch.randn(len(lengths), HEADS, DIM, generator=gen), gather, torch.tensor(lengths)
 
 
+def _decode(q: torch.Tensor, gather: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Row b over the first lengths[b] slots of gather[b], through the executor's row plan."""
+    rows = PoolRows.of_entries([g[:int(n)].numpy() for g, n in zip(gather, lengths, strict=True)],
+                               [int(n) - 1 for n in lengths], [1] * len(lengths), longest_chunk=16)
+    return paged_attention.attend(q, POOL, rows)
+
+
 def _reference(q: torch.Tensor, gather: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     b, longest = gather.shape
     keys, values = POOL.index_select(0, gather.reshape(-1)).double().unbind(1)
@@ -38,7 +47,7 @@ def _reference(q: torch.Tensor, gather: torch.Tensor, lengths: torch.Tensor) -> 
 @pytest.mark.parametrize("lengths", [[1], [7, 130, 2], [600] * 3 + [5]])
 def test_matches_the_pytorch_path_in_float64_to_float32_rounding(lengths):
     q, gather, n = _batch(lengths, seed=len(lengths))
-    got = paged_attention.decode(q, POOL, gather, n)
+    got = _decode(q, gather, n)
     assert got.shape == (len(lengths), HEADS * DIM) and got.dtype == torch.float32
     # Outputs are convex sums of fp16 values (|v| < 5 here): float32 keeps ~1e-6 of that.
     assert torch.allclose(got.double(), _reference(q, gather, n), rtol=0, atol=2e-5)
@@ -46,9 +55,9 @@ def test_matches_the_pytorch_path_in_float64_to_float32_rounding(lengths):
 
 def test_a_sequence_has_the_same_bits_alone_and_in_any_batch():
     q, gather, n = _batch([40, 300, 9, 128], seed=5)
-    batched = paged_attention.decode(q, POOL, gather, n)
+    batched = _decode(q, gather, n)
     for b in range(4):
-        alone = paged_attention.decode(q[b:b + 1], POOL, gather[b:b + 1, :int(n[b])], n[b:b + 1])
+        alone = _decode(q[b:b + 1], gather[b:b + 1, :int(n[b])], n[b:b + 1])
         assert torch.equal(alone[0], batched[b]), b
 
 
@@ -71,13 +80,16 @@ def test_the_executor_decodes_through_it(embedded_source):
 
 def test_a_chunks_rows_are_each_rows_decode():
     """A drafted token verified in a chunk gets the bits of decoding it: each row over its own
-    causal prefix of the sequence's slots."""
+    causal prefix of the sequence's slots. A chunk longer than the native limit is left to SDPA."""
     _, gather, _ = _batch([40], seed=9)
     rows = torch.randn(6, HEADS, DIM, generator=torch.Generator().manual_seed(10))
-    chunk = paged_attention.chunk(rows, POOL, gather[0], start=34)
+    plan = PoolRows.of_entries([gather[0].numpy()], [34], [6], longest_chunk=16)
+    assert plan.lengths.tolist() == [35, 36, 37, 38, 39, 40]
+    chunk = paged_attention.attend(rows, POOL, plan)
     for i in range(6):
-        alone = paged_attention.decode(rows[i:i + 1], POOL, gather[:, :35 + i], torch.tensor([35 + i]))
+        alone = _decode(rows[i:i + 1], gather[:, :35 + i], torch.tensor([35 + i]))
         assert torch.equal(chunk[i], alone[0]), i
+    assert PoolRows.of_entries([gather[0].numpy()], [34], [6], longest_chunk=5).lengths.eq(0).all()
 
 
 def test_the_pool_is_resident_only_as_it_fills():
@@ -96,11 +108,11 @@ def test_the_pool_is_resident_only_as_it_fills():
     assert pool[32768:].eq(0).all() and pool[:32768].eq(1).all()
 
 
-def test_a_length_beyond_the_gathered_positions_is_refused():
-    """The kernel checks every length against the positions gathered, so it never reads past a
-    row's slots."""
+def test_rows_past_the_slots_given_are_refused():
+    """The kernel checks every row against the slots given, so it never reads past them."""
     q, gather, _ = _batch([7, 9], seed=11)
-    with pytest.raises(ValueError, match=r"outside 1\.\.9"):
-        paged_attention.decode(q, POOL, gather, torch.tensor([7, 10]))
-    with pytest.raises(ValueError, match=r"outside 1\.\.9"):
-        paged_attention.decode(q, POOL, gather, torch.tensor([0, 9]))
+    slots = gather.reshape(-1)
+    for starts, lengths in (([0, 9], [7, 10]), ([0, 10], [7, 9]), ([0, -1], [7, 9])):
+        bad = PoolRows(slots, torch.tensor(starts), torch.tensor(lengths))
+        with pytest.raises(ValueError, match="run past the 18 slots"):
+            paged_attention.attend(q, POOL, bad)

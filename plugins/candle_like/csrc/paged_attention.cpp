@@ -1,4 +1,5 @@
-// One decode query per sequence against its K/V in the paged float16 pool, read in place.
+// Each row's query (a decode token, or one row of a short prompt chunk) against its sequence's
+// K/V in the paged float16 pool, read in place.
 //
 // Why: the PyTorch path gathers every sequence's K/V out of the pool (index_select), widens them
 // to float32 (a copy), pads the batch to its longest sequence and then runs SDPA over that: three
@@ -9,7 +10,7 @@
 // Per pair, the G query heads sharing the KV head: scores s = q.k / sqrt(D) over the sequence's
 // positions in order, softmax in float32 (max subtracted, expf, normalised), then the values
 // weighted and summed in position order. A pair's result depends only on its own query and K/V:
-// a sequence gets the same bits whatever else is in the batch.
+// a row gets the same bits whatever else is in the batch, and a chunk's row those of decoding it.
 //
 // Pool layout (ruvllm_candle_like/executor.py's _PoolStep): [slots, 2, kv_heads, dim] float16,
 // K then V of a slot side by side. x86-64 with AVX2, FMA and F16C; dim a multiple of 8.
@@ -17,13 +18,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define PAGED_X86 1
-#endif
+#include "kernels.h"
 
-extern "C" int paged_attention_supported(void) {
-#ifdef PAGED_X86
+
+// Whether this CPU runs the kernels compiled for AVX2, FMA and F16C: this file's and decoder.cpp's.
+extern "C" int avx2_fma_f16c_supported(void) {
+#ifdef RUVLLM_X86
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #else
@@ -31,20 +31,13 @@ extern "C" int paged_attention_supported(void) {
 #endif
 }
 
-#ifdef PAGED_X86
+#ifdef RUVLLM_X86
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace {
 
 inline __m256 load_half8(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
-}
-
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 // G queries q [G][dim] (float32) of one KV head over n positions; out [G][dim]. ``rows`` is
@@ -69,7 +62,7 @@ void attend_pair(const float *q, int64_t groups, int64_t dim, const uint16_t *po
                 for (int64_t j = 0; j < LANES; j++)
                     acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(rows + j * dim + d), acc[j]);
             }
-            for (int64_t j = 0; j < m; j++) scores[g * n + l0 + j] = hsum(acc[j]) * scale;
+            for (int64_t j = 0; j < m; j++) scores[g * n + l0 + j] = ruvllm::hsum8(acc[j]) * scale;
         }
     }
     for (int64_t g = 0; g < groups; g++) {
@@ -99,22 +92,19 @@ void attend_pair(const float *q, int64_t groups, int64_t dim, const uint16_t *po
 #pragma GCC pop_options
 #endif
 
-// q [batch, heads, dim] float32; row b's pool slots at gather + b * row_stride, capacity of them
-// (its first lengths[b] used; a stride of 0 gives every row the same slots: the rows of one
-// sequence's chunk); out [batch, heads, dim] float32. Returns 0, -1 when memory ran out, -2 when
-// unsupported, -3 when a length is not in [1, capacity].
-extern "C" int paged_decode_attention(const float *q, int64_t batch, int64_t heads, int64_t kv_heads,
-                                      int64_t dim, const uint16_t *pool, const int64_t *gather,
-                                      int64_t row_stride, int64_t capacity, const int64_t *lengths,
-                                      float *out, int threads) {
-#ifdef PAGED_X86
+// Declared in kernels.h.
+extern "C" int paged_attention_rows(const float *q, int64_t q_stride, int64_t rows, int64_t heads,
+                                    int64_t kv_heads, int64_t dim, const uint16_t *pool, const int64_t *slots,
+                                    int64_t slot_count, const int64_t *starts, const int64_t *lengths, float *out,
+                                    int threads) {
+#ifdef RUVLLM_X86
     if (dim % 8 != 0 || kv_heads <= 0 || heads % kv_heads != 0) return -2;
     const int64_t groups = heads / kv_heads;
     const float scale = 1.0f / sqrtf(static_cast<float>(dim));
     const int64_t slot_stride = 2 * kv_heads * dim;
     int64_t longest = 1;
-    for (int64_t b = 0; b < batch; b++) {
-        if (lengths[b] < 1 || lengths[b] > capacity) return -3;
+    for (int64_t b = 0; b < rows; b++) {
+        if (lengths[b] < 0 || starts[b] < 0 || starts[b] + lengths[b] > slot_count) return -3;
         longest = lengths[b] > longest ? lengths[b] : longest;
     }
     int failed = 0;
@@ -128,10 +118,11 @@ extern "C" int paged_decode_attention(const float *q, int64_t batch, int64_t hea
 #pragma omp barrier
         if (!failed) {
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t pair = 0; pair < batch * kv_heads; pair++) {
+            for (int64_t pair = 0; pair < rows * kv_heads; pair++) {
                 const int64_t b = pair / kv_heads, h = pair % kv_heads;
-                attend_pair(q + (b * heads + h * groups) * dim, groups, dim, pool + h * dim, slot_stride,
-                            kv_heads * dim, gather + b * row_stride, lengths[b], scale, scores + groups * longest,
+                if (lengths[b] == 0) continue;
+                attend_pair(q + b * q_stride + h * groups * dim, groups, dim, pool + h * dim, slot_stride,
+                            kv_heads * dim, slots + starts[b], lengths[b], scale, scores + groups * longest,
                             scores, out + (b * heads + h * groups) * dim, dim);
             }
         }
@@ -139,9 +130,8 @@ extern "C" int paged_decode_attention(const float *q, int64_t batch, int64_t hea
     }
     return failed ? -1 : 0;
 #else
-    (void)q; (void)batch; (void)heads; (void)kv_heads; (void)dim; (void)pool; (void)gather; (void)row_stride;
-    (void)capacity;
-    (void)lengths; (void)out; (void)threads;
+    (void)q; (void)q_stride; (void)rows; (void)heads; (void)kv_heads; (void)dim; (void)pool; (void)slots;
+    (void)slot_count; (void)starts; (void)lengths; (void)out; (void)threads;
     return -2;
 #endif
 }

@@ -28,6 +28,7 @@ forward (the two-tier cache migrates blocks that left their window there).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import mmap
@@ -136,58 +137,78 @@ NATIVE_CHUNK_ROWS = 16
 
 
 class _StepAttention(_KvAccess):
-    """The per-step plan the model's forward calls back into for each layer."""
+    """The PyTorch per-step plan the model's forward calls back into for each layer: decode
+    rows in one padded SDPA batch, prefill chunks one by one."""
 
     def __init__(self, ex: PagedExecutor, kv: _PoolStep | TwoTierStep, decode_rows: torch.Tensor | None,
                  decode_gather: torch.Tensor | None, decode_valid: torch.Tensor | None,
-                 decode_lengths: torch.Tensor | None, prefills: list[_Prefill], all_decode_in_order: bool,
-                 native: bool = False):
-        """``native``: the native kernel reads the pool (paged_attention.py) for the decode rows
-        and the chunks of at most NATIVE_CHUNK_ROWS rows."""
+                 prefills: list[_Prefill], all_decode_in_order: bool):
         super().__init__(ex, kv)
-        self.native = native
         self.decode_rows = decode_rows
         self.decode_gather = decode_gather
         self.decode_valid = decode_valid
-        self.decode_lengths = decode_lengths
         self.prefills = prefills
         self.all_decode_in_order = all_decode_in_order
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # A compiled graph traces the PyTorch path (the kernel is a ctypes call).
-        native = self.native and not torch.compiler.is_compiling()
-        if native:
-            pool = self.kv.sources(layer, k, v)
-            read = self._pool_reader(pool)
-        else:
-            read = self._reader(layer, k, v)
+        read = self._reader(layer, k, v)
         t, h, d = q.shape
         h_kv = k.shape[1]
         if self.decode_gather is not None:
             rows = q if self.all_decode_in_order else q[self.decode_rows]
-            if native:
-                assert self.decode_lengths is not None
-                decoded = paged_attention.decode(rows, pool, self.decode_gather, self.decode_lengths)
-                decoded = decoded.to(q.dtype)
-            else:
-                b, length = self.decode_gather.shape
-                keys, values = read(self.decode_gather.reshape(-1))
-                keys = keys.view(b, length, h_kv, d).transpose(1, 2)
-                values = values.view(b, length, h_kv, d).transpose(1, 2)
-                decoded = attend_decode_batch(rows, keys, values, self.decode_valid)
+            b, length = self.decode_gather.shape
+            keys, values = read(self.decode_gather.reshape(-1))
+            keys = keys.view(b, length, h_kv, d).transpose(1, 2)
+            values = values.view(b, length, h_kv, d).transpose(1, 2)
+            decoded = attend_decode_batch(rows, keys, values, self.decode_valid)
             if self.all_decode_in_order:
                 return decoded
         out = q.new_empty((t, h * d))
         if self.decode_gather is not None:
             out[self.decode_rows] = decoded
         for p in self.prefills:
-            rows = q[p.rows]
-            if native and rows.shape[0] <= NATIVE_CHUNK_ROWS:
-                out[p.rows] = paged_attention.chunk(rows, pool, p.gather, p.start).to(q.dtype)
-            else:
-                keys, values = read(p.gather)
-                out[p.rows] = attend_sequence(rows, keys.transpose(0, 1), values.transpose(0, 1), p.start)
+            keys, values = read(p.gather)
+            out[p.rows] = attend_sequence(q[p.rows], keys.transpose(0, 1), values.transpose(0, 1), p.start)
         return out
+
+
+class _NativeStepAttention(_KvAccess):
+    """The per-step plan on the native kernel (paged_attention.py): decode rows and the rows of
+    chunks of at most NATIVE_CHUNK_ROWS attend straight from the float16 pool, each over its own
+    prefix; longer chunks through SDPA's causal kernel. The native decoder runs it itself
+    (:class:`~ruvllm_candle_like.native_decoder.PoolAttention`, as ``native_pool``)."""
+
+    def __init__(self, ex: PagedExecutor, kv: _PoolStep, batch: Sequence[BatchEntry]):
+        super().__init__(ex, kv)
+        gathers = [kv.gather(i) for i in range(len(batch))]
+        counts = [len(e.tokens) for e in batch]
+        self.rows = paged_attention.PoolRows.of_entries(gathers, [e.start_pos for e in batch], counts,
+                                                        NATIVE_CHUNK_ROWS)
+        self.long: list[_Prefill] = []
+        row = 0
+        for e, gather, n in zip(batch, gathers, counts, strict=True):
+            if n > NATIVE_CHUNK_ROWS:
+                self.long.append(_Prefill(slice(row, row + n), torch.from_numpy(gather), e.start_pos))
+            row += n
+        self.hooked_rows = sum(p.rows.stop - p.rows.start for p in self.long)
+        self.write_slots = kv.slots
+        self.pool_pointers = ex.pool_pointers
+        self.native_pool = self
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        pool = self.kv.sources(layer, k, v)
+        out = paged_attention.attend(q, pool, self.rows)
+        self.attend_rest(layer, q, out)
+        return out.to(q.dtype)
+
+    def attend_rest(self, layer: int, q: torch.Tensor, out: torch.Tensor) -> None:
+        """The long chunks' rows of ``out``, over K/V already in the pool."""
+        if not self.long:
+            return
+        read = self._pool_reader(self.ex.kv[layer])
+        for p in self.long:
+            keys, values = read(p.gather)
+            out[p.rows] = attend_sequence(q[p.rows], keys.transpose(0, 1), values.transpose(0, 1), p.start)
 
 
 class _InvariantAttention(_KvAccess):
@@ -358,14 +379,22 @@ class PagedExecutor:
         #: Why decode rows attend through a gather and SDPA, or None when the native kernel reads
         #: the pool in place (paged_attention.py).
         self.native_decode_off = paged_attention.unavailable(self.kv[0], cfg.head_dim)
+        #: The pools' addresses, for the native decoder (native_decoder.py).
+        self.pool_pointers = (ctypes.c_void_p * len(self.kv))(*[pool.data_ptr() for pool in self.kv])
         self.k = [pool[:, 0] for pool in self.kv]
         self.v = [pool[:, 1] for pool in self.kv]
         if compile_decode and not batch_invariant:
             if (why := unsupported(model)) is not None:
                 log.warning("candle_like: compile_decode has no effect: %s", why)
             else:
+                # The graph traces the PyTorch plan (the kernel is a ctypes call), and every
+                # step then takes that plan: a row gets the same kernels in and out of the graph.
+                native_off = self.native_decode_off
+                self.native_decode_off = "compile_decode's graph traces the PyTorch attention"
                 self.graph = DecodeGraph(model, max_sequences)
                 self.graph.warm(self._warm_step)
+                if self.graph.failed is not None:  # every step runs eagerly: as without the option
+                    self.native_decode_off = native_off
 
     @property
     def kv_cache(self) -> str:
@@ -389,8 +418,10 @@ class PagedExecutor:
         graph = "" if self.graph is None else f"; {self.graph.describe()}"
         attention = ("native decode attention" if self.native_decode_off is None
                      else f"decode attention through SDPA ({self.native_decode_off})")
+        layers = ("native layers" if self.model.native is not None
+                  else f"layers op by op on PyTorch ({self.model.native_off})")
         return (f"paged KV for {tokens} tokens (kv_cache_tokens), 16-bit pool (kv_cache=fp16, {dtype}) "
-                f"{self.nbytes() / MIB:.1f} MiB; {attention}{graph}")
+                f"{self.nbytes() / MIB:.1f} MiB; {attention}; {layers}{graph}")
 
     def _warm_step(self, rows: int) -> None:
         """One decode step of ``rows`` rows on the first blocks, before any request holds a
@@ -441,8 +472,12 @@ class PagedExecutor:
             if any(not 0 <= t < vocab for t in e.tokens):
                 raise InvalidRequest("tokens", f"sequence {e.seq_id}: token ids must be in [0, {vocab})")
 
-    def _plan(self, kv: _PoolStep | TwoTierStep, batch: Sequence[BatchEntry]) -> _StepAttention:
-        """The default attention plan: decode entries in one padded batch, prefills one by one."""
+    def _plan(self, kv: _PoolStep | TwoTierStep,
+              batch: Sequence[BatchEntry]) -> _StepAttention | _NativeStepAttention:
+        """The default attention plan: on the native kernel where it reads the pool, else decode
+        entries in one padded batch and prefills one by one."""
+        if self.native_decode_off is None and isinstance(kv, _PoolStep):
+            return _NativeStepAttention(self, kv, batch)
         dev = self.device
         decode_rows: list[int] = []
         decode_lengths: list[int] = []
@@ -459,20 +494,19 @@ class PagedExecutor:
                 gather = torch.from_numpy(kv.gather(i)).to(dev)
                 prefills.append(_Prefill(slice(row, row + n), gather, e.start_pos))
             row += n
-        decode_gather = decode_valid = decode_rows_t = lengths = None
+        decode_gather = decode_valid = decode_rows_t = None
         if decode_rows:
             longest = max(decode_lengths)
             gather = np.zeros((len(decode_rows), longest), dtype=np.int64)
             for i, (entry, length) in enumerate(zip(decode_entries, decode_lengths, strict=True)):
                 gather[i, :length] = kv.gather(entry)
             decode_gather = torch.from_numpy(gather).to(dev)
-            lengths = torch.tensor(decode_lengths, device=dev)
             if min(decode_lengths) < longest:
+                lengths = torch.tensor(decode_lengths, device=dev)
                 decode_valid = torch.arange(longest, device=dev)[None, :] < lengths[:, None]
             decode_rows_t = torch.tensor(decode_rows, device=dev)
-        return _StepAttention(self, kv, decode_rows_t, decode_gather, decode_valid, lengths, prefills,
-                              all_decode_in_order=not prefills,
-                              native=self.native_decode_off is None and isinstance(kv, _PoolStep))
+        return _StepAttention(self, kv, decode_rows_t, decode_gather, decode_valid, prefills,
+                              all_decode_in_order=not prefills)
 
     @property
     def invariant_rows(self) -> bool:

@@ -92,6 +92,8 @@ class PaddedProjection:
 def invariant_twin(model: Transformer) -> Transformer:
     """A copy of ``model`` sharing its weights whose projections and head pad lone rows."""
     twin = copy.copy(model)
+    # The mode keeps its own kernels, those its tests pin, on every CPU.
+    twin.native, twin.native_off = None, "the batch-invariant mode's own kernels"
     twin.lm_head = PaddedProjection(model.lm_head)  # type: ignore[assignment]
     twin.layers = []
     for layer in model.layers:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from ruvllm.errors import ModelLoadError
 
+from ruvllm_candle_like import native_decoder
 from ruvllm_candle_like.blockmm import BlockWeights
 from ruvllm_candle_like.config import ModelConfig
 from ruvllm_candle_like.int4 import GgufBlocks
@@ -182,6 +183,9 @@ class Transformer:
         expected = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
         if self.layers and self.layers[0].qkv.shape[0] != expected:
             raise ModelLoadError("weights", "q/k/v projection shapes do not match the config's heads")
+        #: Why the layers run op by op on PyTorch, or None when the native decoder runs them.
+        self.native_off = native_decoder.unavailable(self)
+        self.native = native_decoder.NativeDecoder(self) if self.native_off is None else None
 
     def cast(self, dtype: torch.dtype) -> Transformer:
         """A copy computing in ``dtype`` (self when it already does on plain weights only),
@@ -196,6 +200,7 @@ class Transformer:
             return self
         twin = copy.copy(self)
         twin.dtype = dtype
+        twin.native, twin.native_off = None, "a dense copy for training"
         twin.embed = self.embedding_matrix().to(dtype)
         twin.embedding_blocks = None
         twin.norm = self.norm.to(dtype)
@@ -259,6 +264,10 @@ class Transformer:
     def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, attention: Attention,
                lora: LoraPlan | None = None) -> torch.Tensor:
         """The final (normed) hidden state of every row, [T, hidden], in the model's dtype."""
+        # On the native decoder unless tracing a graph or training an adapter (it has no gradients).
+        if self.native is not None and not torch.compiler.is_compiling() and (
+                lora is None or not torch.is_grad_enabled()):
+            return self.native.hidden(self.embed_rows(tokens), positions, attention, lora)
         cfg = self.cfg
         h_q, h_kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         k_end = (h_q + h_kv) * d

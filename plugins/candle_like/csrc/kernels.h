@@ -1,0 +1,33 @@
+// What one kernel file of ruvllm's native library calls in another (decoder.cpp runs the whole
+// layer stack on blockmm.cpp's matmuls and paged_attention.cpp's attention).
+#pragma once
+#include <stdint.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define RUVLLM_X86 1
+
+namespace ruvllm {
+
+// The sum of v's lanes, always in the same order.
+__attribute__((target("avx2,fma,f16c"))) inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+}  // namespace ruvllm
+#endif
+
+extern "C" int blockmm(const float *x, int64_t rows, int64_t k, int64_t n, int bits, const uint8_t *codes,
+                       const float *d, const float *m, float *y, int threads);
+
+// Row b of q (stride q_stride floats: heads x dim, then anything) attends over the lengths[b] pool
+// slots at slots + starts[b] of pool [slots, 2, kv_heads, dim] float16; a row of length 0 is left
+// alone (someone else attends it). out [rows, heads * dim]. Returns 0, -1 when memory ran out, -2
+// when unsupported, -3 when a row's slots run past slot_count.
+extern "C" int paged_attention_rows(const float *q, int64_t q_stride, int64_t rows, int64_t heads,
+                                    int64_t kv_heads, int64_t dim, const uint16_t *pool, const int64_t *slots,
+                                    int64_t slot_count, const int64_t *starts, const int64_t *lengths, float *out,
+                                    int threads);
