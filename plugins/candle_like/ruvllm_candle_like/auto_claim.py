@@ -1,0 +1,62 @@
+"""Whether ``auto`` should pick candle_like for a model on this machine, answered without
+importing torch: every process that picks a backend asks (ruvllm.backend.LlmBackend.fastest_here).
+
+The claim is what was measured, no more (docs/benchmark.md, issue 59's table): on the AVX2 kind
+(AVX2, FMA and F16C, no native bf16), with its native layers on a GGUF's blocks, candle_like
+served the embedded model faster than ruvllm's llamacpp and than llama-server at every load
+measured. So it claims a GGUF model whose every projection its block kernel runs as stored, on
+a CPU where ``dtype=auto`` computes in float32 and the native library was built. Where the CPU
+has native bf16, ``dtype=auto`` runs dense bf16 layers, not measured against llama.cpp on this
+wave's kernels: no claim there, and llamacpp stays first.
+"""
+
+from __future__ import annotations
+
+from ruvllm.errors import ModelError
+from ruvllm.gguf_file import read_gguf_file
+from ruvllm.hardware import cpu_info
+from ruvllm.models import ModelSource
+
+from ruvllm_candle_like import native
+from ruvllm_candle_like.config import GGUF_ARCHITECTURES
+
+#: The GGUF types int4.py maps onto 4-bit codes, group 32, without re-quantising: the block
+#: kernel runs them as stored.
+FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+#: Every type the block kernel runs: the 4-bit ones and Q8_0.
+BLOCK_TYPES = (*FOUR_BIT_TYPES, "Q8_0")
+#: A layer's projection tensors in a GGUF.
+PROJECTION_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+#: What was measured, for the log line and ``ruvllm serve``'s banner.
+MEASURED = ("on the AVX2 kind its native layers on the GGUF's blocks served the embedded model "
+            "fastest of ruvllm's backends at 1 to 32 clients: 0.97-1.18x llama-server's tokens/s "
+            "with one client, 2.1x with 16, 3.0x with 16 long prompts (docs/benchmark.md)")
+
+
+def fastest_here(model: ModelSource) -> str | None:
+    """Why candle_like serves ``model`` fastest here, or None when that was not measured."""
+    if model.format != "gguf":
+        return None
+    cpu = cpu_info()
+    if not {"avx2", "fma", "f16c"} <= cpu.flags or cpu.fast_float_dtype() != "float32":
+        return None
+    if native.library_path() is None:
+        return None
+    try:
+        header = read_gguf_file(model.path)
+    except ModelError:
+        return None  # the loader says what is wrong with the file
+    arch = header.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        return None
+    heads = header.get(f"{arch}.attention.head_count") or 1
+    head_dim = (header.get(f"{arch}.attention.key_length")
+                or header.get(f"{arch}.embedding_length", 0) // heads)
+    if head_dim % 16:  # the native decoder's RoPE and attention work in whole vectors
+        return None
+    projections = [t for t in header.tensors
+                   if t.name.startswith("blk.") and t.name.split(".")[2] in PROJECTION_TENSORS]
+    # Outputs in whole panels of 16 (GGUF shapes put the input dimension first).
+    if not projections or any(t.type_name not in BLOCK_TYPES or t.shape[1] % 16 for t in projections):
+        return None
+    return MEASURED
