@@ -17,8 +17,6 @@ from typing import Any
 
 import attrs
 
-from ruvllm.models import ModelSource
-
 
 @attrs.define
 class LazyBackend:
@@ -59,8 +57,9 @@ class LazyBackend:
             return f"importing {self.target} failed: {type(exc).__name__}: {exc}"
         return cls.unavailable_reason()
 
-    def fastest_here(self, model: ModelSource) -> str | None:
-        """The backend's claim (ruvllm.backend.LlmBackend.fastest_here), without its engine."""
+    def fastest_here(self, model: Any) -> str | None:
+        """The backend's claim on ``model`` (a ``ruvllm.models.ModelSource``, a sibling layer this
+        module does not import; ruvllm.backend.LlmBackend.fastest_here), without its engine."""
         if self.fastest is None or self._missing_requirement() is not None:
             return None
         module, _, attr = self.fastest.partition(":")
