@@ -29,8 +29,8 @@ BLOCK_TYPES = (*FOUR_BIT_TYPES, "Q8_0")
 PROJECTION_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 #: What was measured, for the log line and ``ruvllm serve``'s banner.
 MEASURED = ("on the AVX2 kind its native layers on the GGUF's blocks served the embedded model "
-            "fastest of ruvllm's backends at 1 to 32 clients: 0.97-1.18x llama-server's tokens/s "
-            "with one client, 2.1x with 16, 3.0x with 16 long prompts (docs/benchmark.md)")
+            "fastest of ruvllm's backends at 1 to 32 clients: 0.94-1.18x llama-server's tokens/s "
+            "with one client, 1.9-2.1x with 16, 2.6-3.0x with 16 long prompts (docs/benchmark.md)")
 
 
 def fastest_here(model: ModelSource) -> str | None:
