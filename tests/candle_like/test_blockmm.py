@@ -2,7 +2,7 @@
 with are llama.cpp's bit for bit, its products are float32 sums of them, and a row's bits do not
 depend on the rows beside it.
 
-It runs on x86-64 with AVX2 and FMA (every CPU kind CI meets); elsewhere these tests skip with the
+It runs on x86-64 with AVX2, FMA and F16C (every CPU kind CI meets); elsewhere these tests skip with the
 reason the backend logs, and the int4 projections run on torch's kernel (test_int4.py).
 """
 
@@ -37,6 +37,8 @@ def test_every_quantised_tensor_of_the_embedded_model_dequantises_exactly():
             assert codes is not None
             weights = BlockWeights.from_int4(codes)
         assert torch.equal(weights.dequantize(), torch.from_numpy(blocks.dequantize())), t.name
+        # The file's f16 scales and offsets stay f16: 20 bytes a block, as in the file.
+        assert weights.scale.dtype == weights.offset.dtype == torch.float16, t.name
         seen.add(t.type_name)
     assert seen == {"Q4_1", "Q8_0"}
 
@@ -46,16 +48,25 @@ def test_the_other_4_bit_types_dequantise_exactly(type_name, d_offsets):
     blocks = _random_blocks(type_name, 40, 512, d_offsets)  # 40 outputs: a padded last panel
     codes = int4_codes(blocks)
     assert codes is not None
-    assert torch.equal(BlockWeights.from_int4(codes).dequantize(), torch.from_numpy(blocks.dequantize()))
+    weights = BlockWeights.from_int4(codes)
+    assert torch.equal(weights.dequantize(), torch.from_numpy(blocks.dequantize()))
+    # Q4_K's scales are products of two (d * sc), which float16 does not hold: those stay float32.
+    assert weights.scale.dtype == (torch.float32 if type_name == "Q4_K" else torch.float16)
 
 
-def _weights(bits: int, n: int, k: int) -> BlockWeights:
-    """Random blocks as a GGUF holds them (f16 scales: ``code * scale`` is exact in float32)."""
-    if bits == 8:
+def _weights(kind: str, n: int, k: int) -> BlockWeights:
+    """Random blocks as a GGUF holds them (``code * scale`` is exact in float32): Q8_0 and Q4_1
+    run with float16 scales, Q4_K with float32 ones."""
+    if kind == "Q8_0":
         return BlockWeights.from_q8_0(_random_blocks("Q8_0", n, k, (0,)))
-    codes = int4_codes(_random_blocks("Q4_1", n, k, (0, 2)))
+    codes = int4_codes(_random_blocks(kind, n, k, (0, 2)))
     assert codes is not None
     return BlockWeights.from_int4(codes)
+
+
+KINDS = ("Q4_1", "Q4_K", "Q8_0")
+#: Q4_K's super-blocks need k a multiple of 256, so the short k (one partial chunk) is for the others.
+SHAPES = [*((kind, 200, 1536) for kind in KINDS), ("Q4_1", 96, 64), ("Q8_0", 96, 64)]
 
 
 # Row counts that reach every path: the register kernel (1-4 rows), the buffered 6-row kernel with
@@ -64,12 +75,11 @@ def _weights(bits: int, n: int, k: int) -> BlockWeights:
 ROWS = (*range(1, 14), 16, 64, 300)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize(("n", "k"), [(200, 1536), (96, 64)])
-def test_products_are_float32_sums_of_the_weights(bits, n, k):
+@pytest.mark.parametrize(("kind", "n", "k"), SHAPES)
+def test_products_are_float32_sums_of_the_weights(kind, n, k):
     """Against float64: each output within float32's rounding of a k-term sum (k ulps of the sum
     of absolute terms, a loose form of the textbook bound that a wrong weight or row misses by far)."""
-    w = _weights(bits, n, k)
+    w = _weights(kind, n, k)
     exact_w = w.dequantize().double()
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(max(ROWS), k, generator=gen)
@@ -81,13 +91,13 @@ def test_products_are_float32_sums_of_the_weights(bits, n, k):
         assert bool(((got.double() - want).abs() <= bound).all()), rows
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_a_row_has_the_same_bits_at_every_row_count(bits):
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_has_the_same_bits_at_every_row_count(kind):
     """The batch-invariant mode and the batched == solo tests rest on it: one FMA chain per output,
     in input order, on every path."""
-    w = _weights(bits, 200, 576)
+    w = _weights(kind, 200, 768)
     gen = torch.Generator().manual_seed(3)
-    x = torch.randn(70, 576, generator=gen)
+    x = torch.randn(70, 768, generator=gen)
     alone = torch.cat([w.matmul(x[i:i + 1]) for i in range(70)])
     for rows in range(2, 71):
         assert torch.equal(w.matmul(x[:rows]), alone[:rows]), rows
@@ -96,23 +106,23 @@ def test_a_row_has_the_same_bits_at_every_row_count(bits):
 def test_bfloat16_activations_are_widened_not_rounded():
     """A bf16 model's rows enter as float32 (exact), so bf16 input gives the float32 result of the
     same values."""
-    w = _weights(4, 64, 256)
+    w = _weights("Q4_1", 64, 256)
     x = torch.randn(5, 256).bfloat16()
     assert torch.equal(w.matmul(x), w.matmul(x.float()))
 
 
 def test_a_compiled_graph_calls_the_kernel():
     """compile_decode traces the projections: the kernel is an op inductor calls, same bits."""
-    w = _weights(4, 64, 256)
+    w = _weights("Q4_1", 64, 256)
     x = torch.randn(3, 256)
     compiled = torch.compile(lambda t: w.matmul(t) * 2, fullgraph=True)
     assert torch.equal(compiled(x), w.matmul(x) * 2)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_rows_are_the_dequantised_rows(bits):
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_are_the_dequantised_rows(kind):
     """A tied head's blocks also serve the token embedding (model.py): a row looked up is the row
     the kernel computes with, bit for bit, in any order and with repeats, padding panel included."""
-    w = _weights(bits, 200, 576)
+    w = _weights(kind, 200, 768)
     index = torch.tensor([0, 199, 7, 8, 15, 16, 7, 192])
     assert torch.equal(w.rows(index), w.dequantize()[index])

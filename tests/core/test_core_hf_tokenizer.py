@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import gguf
 import pytest
@@ -81,6 +82,22 @@ def test_special_text_in_user_input_is_not_a_control_token(tok):
     assert 1 not in plain and tok.decode(plain) == text
     assert tok.decode(tok.encode(text, parse_special=True)) == "user"
     assert tok.token_text(2) == "<|im_end|>"
+
+
+def test_threads_encoding_both_ways_at_once_each_get_their_own_way(tok):
+    """Both ways share one tokenizer's flag (set under a lock): request threads encoding user
+    text while others encode templated prompts never get each other's reading of special text."""
+    text = "<|im_start|>user hello<|im_end|>" * 20
+    parsed, plain = tok.encode(text, parse_special=True), tok.encode(text)
+    assert parsed != plain
+
+    def encode(i: int) -> bool:
+        special = i % 2 == 0
+        return tok.encode(text, parse_special=special) == (parsed if special else plain)
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(encode, range(400)))
+    assert not tok.impl.encode_special_tokens  # left as built, for a tokenizer.json saved from it
 
 
 @pytest.mark.parametrize("text", CORPUS)

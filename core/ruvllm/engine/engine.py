@@ -45,6 +45,7 @@ from ruvllm.errors import (
     Overloaded,
 )
 from ruvllm.generation import RequestOutputBuilder, check_prompt, require_core_sampler
+from ruvllm.process_memory import release_freed_memory
 from ruvllm.sampling import LogitsProcessor
 from ruvllm.serving import MetricsSnapshot, PluginMetric
 from ruvllm.tokenizer import Tokenizer, require_in_vocabulary, require_prompt_text
@@ -554,6 +555,8 @@ class ServingEngine:
             f"this engine's KV capacity gives one request {room} of the model's {info.context_length} "
             f"tokens; raise the backend's KV budget ({backend.memory_summary() or 'see its options'})")
         log.info("serving %s on %s through the %s path", info.name, backend.name, self.path)
+        # The load's transients are free now but still resident in this thread's arena.
+        release_freed_memory()
 
     def _invariance(self, backend: LlmBackend, caps: Capabilities) -> Capabilities:
         """``caps`` as this engine serves them: ``batch_invariant`` when the option asks for it

@@ -14,9 +14,11 @@
 // Layout (made by ruvllm_candle_like/blockmm.py): outputs in panels of 16; per panel, per input k,
 // the 16 codes (4-bit: 8 bytes, byte j = output j in the low nibble and output j + 8 in the high
 // one; 8-bit: 16 signed bytes); per panel, per block of 32 inputs, 16 scales d and 16 offsets m:
-// w = code * d + m.
+// w = code * d + m. Scales and offsets are float16 where every one of them is exact in it (the
+// GGUF's own f16 values: Q4_0, Q4_1, Q8_0), else float32 (Q4_K's products d * sc): a block then
+// reads 20 bytes instead of 24, and the values the FMAs see are the same bits either way.
 //
-// x86-64 with AVX2 and FMA only; blockmm_supported() says whether this build and CPU run it.
+// x86-64 with AVX2, FMA and F16C only; blockmm_supported() says whether this build and CPU run it.
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -28,16 +30,16 @@
 extern "C" int blockmm_supported(void) {
 #ifdef BLOCKMM_X86
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #else
     return 0;
 #endif
 }
 
 #ifdef BLOCKMM_X86
-// Only the kernels take AVX2 and FMA: the entry points must run on any x86-64 to say no.
+// Only the kernels take AVX2, FMA and F16C: the entry points must run on any x86-64 to say no.
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 namespace {
 
 constexpr int PANEL = 16;  // outputs per panel: two 8-float vectors
@@ -48,6 +50,15 @@ constexpr int DIRECT = 4;  // up to this many rows, no buffer: dequantise and mu
 
 template <int BITS>
 constexpr int code_bytes() { return BITS == 4 ? 8 : 16; }
+
+// Eight scales (or offsets) from i on, widened to float32 (exactly) when kept as float16.
+template <bool HALF>
+inline __m256 load_scales(const void *p, int64_t i) {
+    if constexpr (HALF)
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(static_cast<const uint16_t *>(p) + i)));
+    else
+        return _mm256_loadu_ps(static_cast<const float *>(p) + i);
+}
 
 template <int BITS>
 inline void dequant16(const uint8_t *c, __m256 d0, __m256 d1, __m256 m0, __m256 m1, __m256 &w0, __m256 &w1) {
@@ -74,13 +85,13 @@ inline void dequant16(const uint8_t *c, __m256 d0, __m256 d1, __m256 m0, __m256 
 #define ACC_STORE(i) if (R > i) { _mm256_storeu_ps(y + i * ldy, a##i##0); _mm256_storeu_ps(y + i * ldy + 8, a##i##1); }
 
 // R <= DIRECT rows of x (row stride k_total) against one panel, dequantising in registers.
-template <int BITS, int R>
-void direct(const float *x, int64_t k_total, const uint8_t *codes, const float *d, const float *m,
+template <int BITS, bool HALF, int R>
+void direct(const float *x, int64_t k_total, const uint8_t *codes, const void *d, const void *m,
             float *y, int64_t ldy) {
     ACC_DECL(0) ACC_DECL(1) ACC_DECL(2) ACC_DECL(3)
     for (int64_t g = 0; g < k_total / BLOCK; g++) {
-        __m256 d0 = _mm256_loadu_ps(d + g * PANEL), d1 = _mm256_loadu_ps(d + g * PANEL + 8);
-        __m256 m0 = _mm256_loadu_ps(m + g * PANEL), m1 = _mm256_loadu_ps(m + g * PANEL + 8);
+        __m256 d0 = load_scales<HALF>(d, g * PANEL), d1 = load_scales<HALF>(d, g * PANEL + 8);
+        __m256 m0 = load_scales<HALF>(m, g * PANEL), m1 = load_scales<HALF>(m, g * PANEL + 8);
         const uint8_t *c = codes + g * BLOCK * code_bytes<BITS>();
         const float *xg = x + g * BLOCK;
 #pragma GCC unroll 4
@@ -95,11 +106,11 @@ void direct(const float *x, int64_t k_total, const uint8_t *codes, const float *
 }
 
 // Inputs [k0, k0 + kc) of one panel as float32, [kc][16].
-template <int BITS>
-void dequant_chunk(int64_t k0, int64_t kc, const uint8_t *codes, const float *d, const float *m, float *buf) {
+template <int BITS, bool HALF>
+void dequant_chunk(int64_t k0, int64_t kc, const uint8_t *codes, const void *d, const void *m, float *buf) {
     for (int64_t g = k0 / BLOCK; g < (k0 + kc) / BLOCK; g++) {
-        __m256 d0 = _mm256_loadu_ps(d + g * PANEL), d1 = _mm256_loadu_ps(d + g * PANEL + 8);
-        __m256 m0 = _mm256_loadu_ps(m + g * PANEL), m1 = _mm256_loadu_ps(m + g * PANEL + 8);
+        __m256 d0 = load_scales<HALF>(d, g * PANEL), d1 = load_scales<HALF>(d, g * PANEL + 8);
+        __m256 m0 = load_scales<HALF>(m, g * PANEL), m1 = load_scales<HALF>(m, g * PANEL + 8);
         for (int kk = 0; kk < BLOCK; kk++) {
             int64_t k = g * BLOCK + kk;
             __m256 w0, w1;
@@ -128,15 +139,17 @@ void micro(const float *xp, int64_t kc, const float *buf, float *y, int64_t ldy,
 using MicroFn = void (*)(const float *, int64_t, const float *, float *, int64_t, bool);
 constexpr MicroFn MICROS[MR + 1] = {nullptr, micro<1>, micro<2>, micro<3>, micro<4>, micro<5>, micro<6>};
 
-template <int BITS>
-using DirectFn = void (*)(const float *, int64_t, const uint8_t *, const float *, const float *, float *, int64_t);
-template <int BITS>
-constexpr DirectFn<BITS> DIRECTS[DIRECT + 1] = {nullptr, direct<BITS, 1>, direct<BITS, 2>, direct<BITS, 3>,
-                                                direct<BITS, 4>};
+using DirectFn = void (*)(const float *, int64_t, const uint8_t *, const void *, const void *, float *, int64_t);
+template <int BITS, bool HALF>
+constexpr DirectFn DIRECTS[DIRECT + 1] = {nullptr, direct<BITS, HALF, 1>, direct<BITS, HALF, 2>,
+                                          direct<BITS, HALF, 3>, direct<BITS, HALF, 4>};
 
-template <int BITS>
+template <int BITS, bool HALF>
 int run(const float *x, int64_t rows, int64_t k_total, int64_t n_total, const uint8_t *codes,
-        const float *d, const float *m, float *y, int threads) {
+        const void *d, const void *m, float *y, int threads) {
+    // Pointer arithmetic on the scales in their own width.
+    const auto *ds = static_cast<const char *>(d), *ms = static_cast<const char *>(m);
+    constexpr int64_t width = HALF ? 2 : 4;
     const int64_t panels = n_total / PANEL;
     const int64_t panel_codes = k_total * code_bytes<BITS>();
     const int64_t panel_scales = k_total / BLOCK * PANEL;
@@ -145,8 +158,9 @@ int run(const float *x, int64_t rows, int64_t k_total, int64_t n_total, const ui
         for (int64_t p = 0; p < panels; p++)
             for (int64_t r = 0; r < rows; r += DIRECT) {
                 int64_t rr = rows - r < DIRECT ? rows - r : DIRECT;
-                DIRECTS<BITS>[rr](x + r * k_total, k_total, codes + p * panel_codes, d + p * panel_scales,
-                                  m + p * panel_scales, y + r * n_total + p * PANEL, n_total);
+                DIRECTS<BITS, HALF>[rr](x + r * k_total, k_total, codes + p * panel_codes,
+                                        ds + p * panel_scales * width, ms + p * panel_scales * width,
+                                        y + r * n_total + p * PANEL, n_total);
             }
         return 0;
     }
@@ -175,8 +189,8 @@ int run(const float *x, int64_t rows, int64_t k_total, int64_t n_total, const ui
             for (int64_t p = 0; p < panels; p++) {
                 for (int64_t k0 = 0; k0 < k_total; k0 += KC) {
                     int64_t kc = k_total - k0 < KC ? k_total - k0 : KC;
-                    dequant_chunk<BITS>(k0, kc, codes + p * panel_codes, d + p * panel_scales,
-                                        m + p * panel_scales, buf);
+                    dequant_chunk<BITS, HALF>(k0, kc, codes + p * panel_codes, ds + p * panel_scales * width,
+                                              ms + p * panel_scales * width, buf);
                     for (int64_t r0 = 0; r0 < rows; r0 += MR) {
                         int64_t rr = rows - r0 < MR ? rows - r0 : MR;
                         MICROS[rr](xp + r0 * k_total + k0 * rr, kc, buf, y + r0 * n_total + p * PANEL,
@@ -195,14 +209,18 @@ int run(const float *x, int64_t rows, int64_t k_total, int64_t n_total, const ui
 #pragma GCC pop_options
 #endif
 
-// y [rows, n] = x [rows, k] @ w.T; n a multiple of 16 and k of 32, all contiguous. Returns 0, or
-// -1 when memory ran out or -2 when this build or CPU cannot run it (blockmm_supported() == 0).
-extern "C" int blockmm(const float *x, int64_t rows, int64_t k, int64_t n, int bits, const uint8_t *codes,
-                       const float *d, const float *m, float *y, int threads) {
+// y [rows, n] = x [rows, k] @ w.T; n a multiple of 16 and k of 32, all contiguous; d and m float16
+// when half_scales, else float32. Returns 0, or -1 when memory ran out or -2 when this build or
+// CPU cannot run it (blockmm_supported() == 0).
+extern "C" int blockmm(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int half_scales,
+                       const uint8_t *codes, const void *d, const void *m, float *y, int threads) {
 #ifdef BLOCKMM_X86
-    if (bits == 4) return run<4>(x, rows, k, n, codes, d, m, y, threads);
-    if (bits == 8) return run<8>(x, rows, k, n, codes, d, m, y, threads);
+    if (bits == 4 && half_scales) return run<4, true>(x, rows, k, n, codes, d, m, y, threads);
+    if (bits == 4) return run<4, false>(x, rows, k, n, codes, d, m, y, threads);
+    if (bits == 8 && half_scales) return run<8, true>(x, rows, k, n, codes, d, m, y, threads);
+    if (bits == 8) return run<8, false>(x, rows, k, n, codes, d, m, y, threads);
 #endif
-    (void)x; (void)rows; (void)k; (void)n; (void)bits; (void)codes; (void)d; (void)m; (void)y; (void)threads;
+    (void)x; (void)rows; (void)k; (void)n; (void)bits; (void)half_scales; (void)codes; (void)d; (void)m;
+    (void)y; (void)threads;
     return -2;
 }

@@ -25,12 +25,13 @@
 // Layouts shared with ruvllm_candle_like/native_decoder.py (ctypes.Structure, same field order).
 struct Projection {
     const uint8_t *codes;  // blockmm.cpp's layout; n a multiple of 16 (no padding), k of 32
-    const float *scale;
-    const float *offset;
+    const void *scale;   // float16 when half_scales, else float32
+    const void *offset;
     const float *bias;  // [n] or null
     int64_t n;
     int64_t k;
     int64_t bits;
+    int64_t half_scales;
 };
 
 struct Layer {
@@ -197,7 +198,8 @@ void silu_mul(const float *gu, float *act, int64_t rows, int64_t inter, int thre
 namespace {
 
 int project(const Projection &p, const float *x, int64_t rows, float *y, int threads) {
-    return blockmm(x, rows, p.k, p.n, static_cast<int>(p.bits), p.codes, p.scale, p.offset, y, threads);
+    return blockmm(x, rows, p.k, p.n, static_cast<int>(p.bits), static_cast<int>(p.half_scales), p.codes,
+                   p.scale, p.offset, y, threads);
 }
 
 }  // namespace

@@ -10,6 +10,9 @@ bytes at every row count.
 - Weights are the file's own codes, scales and offsets: ``w = code * scale + offset`` in float32,
   llama.cpp's dequantisation bit for bit (4-bit: Q4_0, Q4_1, Q4_K through
   :class:`~ruvllm_candle_like.int4.Int4Codes`; 8-bit: Q8_0, the embedded model's tied head).
+  Scales and offsets stay float16, as in the file, wherever float16 holds every one exactly
+  (Q4_0, Q4_1, Q8_0; Q4_K's products of two scales need float32): a block of 32 weights is then
+  20 bytes, not 24, which the embedded model's resident size and every decode step's reads feel.
 - Activations and sums are float32: no bfloat16 rounding of the input, unlike torch's kernel.
 - Each output is one chain of FMAs over the inputs in order, whatever the row count and path: a
   row's result has the same bits alone or in any batch (the batch-invariant mode relies on it).
@@ -39,9 +42,9 @@ _POINTER = ctypes.c_void_p
 
 @functools.cache
 def _kernel() -> Any:
-    return native.kernel("blockmm", supported="blockmm_supported", needs="AVX2 and FMA", argtypes=[
-        _POINTER, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, _POINTER, _POINTER,
-        _POINTER, _POINTER, ctypes.c_int])
+    return native.kernel("blockmm", supported="blockmm_supported", needs="AVX2, FMA and F16C", argtypes=[
+        _POINTER, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, _POINTER,
+        _POINTER, _POINTER, _POINTER, ctypes.c_int])
 
 
 def unavailable() -> str | None:
@@ -58,8 +61,8 @@ def _run(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torc
     rows, k = x.shape
     padded = codes.shape[0] * PANEL
     y = torch.empty(rows, padded)
-    rc = fn(x.data_ptr(), rows, k, padded, bits, codes.data_ptr(), scale.data_ptr(), offset.data_ptr(),
-            y.data_ptr(), torch.get_num_threads())
+    rc = fn(x.data_ptr(), rows, k, padded, bits, scale.dtype == torch.float16, codes.data_ptr(),
+            scale.data_ptr(), offset.data_ptr(), y.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"blockmm could not allocate its buffers for {rows} rows of {k} inputs")
     return y if padded == n else y[:, :n].contiguous()
@@ -84,8 +87,8 @@ class BlockWeights:
 
     ``codes``: ``[panels, k, 8]`` bytes for 4 bits (byte j: output j of the panel in the low
     nibble, output j + 8 in the high one), ``[panels, k, 16]`` signed bytes for 8 bits;
-    ``scale`` and ``offset``: float32 ``[panels, k / 32, 16]``. Outputs past ``n`` (padding to a
-    whole panel) have zero weights.
+    ``scale`` and ``offset``: ``[panels, k / 32, 16]``, float16 when that holds all of both
+    exactly, else float32. Outputs past ``n`` (padding to a whole panel) have zero weights.
     """
 
     codes: torch.Tensor
@@ -106,15 +109,18 @@ class BlockWeights:
         """Q8_0: per block of 32, an f16 scale ``d`` and 32 signed bytes ``q``, ``w = q * d``."""
         rows, cols = blocks.shape
         b = blocks.raw.reshape(rows, cols // GROUP, 2 + GROUP)
-        d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
+        d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0]
         q = np.ascontiguousarray(b[..., 2:]).reshape(rows, cols)
         return cls._make(_panels(q), d, np.zeros_like(d), 8, (rows, cols))
 
     @classmethod
     def _make(cls, packed: np.ndarray, scale: np.ndarray, offset: np.ndarray, bits: int,
               shape: tuple[int, int]) -> BlockWeights:
-        return cls(codes=torch.from_numpy(np.ascontiguousarray(packed)), scale=_panel_scales(scale),
-                   offset=_panel_scales(offset), bits=bits, shape=shape)
+        exact = all(np.array_equal(v.astype(np.float16).astype(np.float32), v.astype(np.float32))
+                    for v in (scale, offset))
+        dtype = np.float16 if exact else np.float32
+        return cls(codes=torch.from_numpy(np.ascontiguousarray(packed)), scale=_panel_scales(scale, dtype),
+                   offset=_panel_scales(offset, dtype), bits=bits, shape=shape)
 
     @property
     def nbytes(self) -> int:
@@ -143,8 +149,8 @@ class BlockWeights:
         else:
             byte = self.codes[panel, :, lane % (PANEL // 2)]
             codes = torch.where((lane < PANEL // 2)[:, None], byte & 0x0F, byte >> 4)
-        scale = self.scale[panel, :, lane].repeat_interleave(GROUP, dim=1)
-        offset = self.offset[panel, :, lane].repeat_interleave(GROUP, dim=1)
+        scale = self.scale[panel, :, lane].float().repeat_interleave(GROUP, dim=1)
+        offset = self.offset[panel, :, lane].float().repeat_interleave(GROUP, dim=1)
         return codes.float() * scale + offset
 
 
@@ -157,6 +163,6 @@ def _panels(codes: np.ndarray) -> np.ndarray:
     return codes.reshape(padded // PANEL, PANEL, k).transpose(0, 2, 1)
 
 
-def _panel_scales(values: np.ndarray) -> torch.Tensor:
-    """``[n, k / 32]`` per-block values as ``[panels, k / 32, 16]`` float32 (padding: zero)."""
-    return torch.from_numpy(np.ascontiguousarray(_panels(values.astype(np.float32))))
+def _panel_scales(values: np.ndarray, dtype: type[np.floating]) -> torch.Tensor:
+    """``[n, k / 32]`` per-block values as ``[panels, k / 32, 16]`` of ``dtype`` (padding: zero)."""
+    return torch.from_numpy(np.ascontiguousarray(_panels(values.astype(dtype))))
