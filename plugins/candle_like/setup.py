@@ -14,9 +14,10 @@ def native_extensions() -> list[Extension]:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return []
     return [Extension(
-        "ruvllm_candle_like._native", ["csrc/blockmm.cpp", "csrc/paged_attention.cpp", "csrc/decoder.cpp"],
+        "ruvllm_candle_like._native",
+        ["csrc/blockmm.cpp", "csrc/blockmm_int8.cpp", "csrc/paged_attention.cpp", "csrc/decoder.cpp"],
         depends=["csrc/kernels.h"], language="c++", optional=True,
-        # The kernels carry their own AVX2/FMA target; the library loads on any x86-64.
+        # The kernels carry their own AVX2/FMA (and AVX-512) targets; the library loads on any x86-64.
         extra_compile_args=["-O3", "-std=c++17", "-fopenmp"], extra_link_args=["-fopenmp"],
     )]
 

@@ -61,7 +61,7 @@ def test_options_are_validated(options, field, hint):
 
 def test_float16_on_cpu_is_refused_naming_the_option():
     with pytest.raises(BackendOptionError, match=r"backends\.candle_like\.dtype: .*use auto, bfloat16 or "):
-        BackendOptions(dtype="float16").resolve_dtype(torch.device("cpu"))
+        BackendOptions(dtype="float16").resolve_dtype(torch.device("cpu"), "gguf")
 
 
 def test_cold_quantisation_round_trip():

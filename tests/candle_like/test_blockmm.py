@@ -103,6 +103,67 @@ def test_a_row_has_the_same_bits_at_every_row_count(kind):
         assert torch.equal(w.matmul(x[:rows]), alone[:rows]), rows
 
 
+needs_int8 = pytest.mark.skipif(blockmm.int8_unavailable() is not None,
+                                reason=str(blockmm.int8_unavailable()))
+
+
+def _int8_weights(kind: str, n: int, k: int) -> BlockWeights:
+    if kind == "Q8_0":
+        return BlockWeights.from_q8_0(_random_blocks("Q8_0", n, k, (0,)), int8=True)
+    codes = int4_codes(_random_blocks(kind, n, k, (0, 2)))
+    assert codes is not None
+    return BlockWeights.from_int4(codes, int8=True)
+
+
+def _int8_reference(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's Q8_1 scheme on float32 ``x`` against float32 weights ``w`` [n, k], summed in
+    float64: per block of 32, da = max|x| / 127 and codes round-half-even(x * 127 / max|x|)
+    (float32 as the kernel computes them); the result and a bound on the kernel's float32
+    rounding (a few roundings per block, each under 2^-24 of the terms' magnitude)."""
+    rows, k = x.shape
+    xb = x.view(rows, k // 32, 32)
+    amax = xb.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    q = torch.round(xb * inv)  # float32 product, half to even
+    da = amax / 127
+    dequant = (q.double() * da.double()).view(rows, k)
+    want = dequant @ w.double().T
+    bound = 8 * (k // 32) * 2.0**-24 * (dequant.abs() @ w.double().abs().T) + 1e-30
+    return want, bound
+
+
+@needs_int8
+@pytest.mark.parametrize(("kind", "n", "k"), SHAPES)
+def test_int8_activations_are_llama_cpps_q8_1_products(kind, n, k):
+    """The int8 kernel computes what llama.cpp's Q8_1 activations times the blocks give, to
+    float32's rounding: not merely "close to the float result" (int8 codes are 0.5 % off that)."""
+    w = _int8_weights(kind, n, k)
+    assert w.int8
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(max(ROWS), k, generator=gen) * torch.linspace(0.01, 10, k)  # blocks of every scale
+    x[3, :32] = 0  # an all-zero block: da = 0, codes 0
+    want, bound = _int8_reference(x, w.dequantize())
+    for rows in ROWS:
+        got = w.matmul(x[:rows]).double()
+        assert bool(((got - want[:rows]).abs() <= bound[:rows]).all()), rows
+
+
+@needs_int8
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_int8_layout_holds_the_same_weights_and_keeps_rows_invariant(kind):
+    """Same codes, scales and offsets in the int8 kernel's layout (Q8_0 as q + 128 with -128 d),
+    and a row's bits again independent of the rows beside it: each row is quantised alone."""
+    n, k = 200, 768
+    float_layout, int8_layout = _weights(kind, n, k), _int8_weights(kind, n, k)
+    assert torch.equal(int8_layout.dequantize(), float_layout.dequantize())
+    index = torch.tensor([0, 199, 7, 8, 15, 16, 7, 192])
+    assert torch.equal(int8_layout.rows(index), float_layout.rows(index))
+    x = torch.randn(70, k, generator=torch.Generator().manual_seed(5))
+    alone = torch.cat([int8_layout.matmul(x[i:i + 1]) for i in range(70)])
+    for rows in range(2, 71):
+        assert torch.equal(int8_layout.matmul(x[:rows]), alone[:rows]), rows
+
+
 def test_bfloat16_activations_are_widened_not_rounded():
     """A bf16 model's rows enter as float32 (exact), so bf16 input gives the float32 result of the
     same values."""

@@ -14,7 +14,7 @@ import pytest
 import torch
 from ruvllm.hardware import BF16_WITHOUT_NATIVE_COST, CpuInfo
 from ruvllm.models import ModelSource
-from ruvllm_candle_like import projection
+from ruvllm_candle_like import blockmm, projection
 from ruvllm_candle_like.backend import CandleLikeBackend
 from ruvllm_candle_like.options import BackendOptions
 
@@ -46,9 +46,24 @@ def _warnings(caplog) -> list[str]:
     (AVX512_BF16, torch.bfloat16), (AVX2_ONLY, torch.float32), (MASKED, torch.float32)])
 def test_auto_computes_in_bf16_only_where_it_is_native(emulated_cpu, info, expected):
     emulated_cpu(info)
-    assert BackendOptions().resolve_dtype(CPU) == expected
+    assert BackendOptions().resolve_dtype(CPU, "hf") == expected
     # GPUs are not asked about: auto stays float16 there.
-    assert BackendOptions().resolve_dtype(torch.device("cuda")) == torch.float16
+    assert BackendOptions().resolve_dtype(torch.device("cuda"), "gguf") == torch.float16
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({}, torch.float32), ({"int8_activations": False}, torch.bfloat16),
+    ({"int4_weights": False}, torch.bfloat16)])
+def test_a_gguf_on_the_int8_kernel_computes_in_float32_between_kernels(emulated_cpu, monkeypatch, options,
+                                                                       expected):
+    """Where the GGUF's blocks run on the int8-activation kernel, its integer products beat bf16
+    dense matmuls even with native bf16 (docs/backends/candle_like.md), so auto keeps the blocks."""
+    emulated_cpu(AVX512_BF16)
+    monkeypatch.setattr(blockmm, "int8_unavailable", lambda: None)
+    assert BackendOptions(**options).resolve_dtype(CPU, "gguf") == expected
+    assert BackendOptions().resolve_dtype(CPU, "hf") == torch.bfloat16
+    monkeypatch.setattr(blockmm, "int8_unavailable", lambda: "no VNNI here")
+    assert BackendOptions().resolve_dtype(CPU, "gguf") == torch.bfloat16
 
 
 @pytest.mark.parametrize(("info", "named"), [
@@ -57,7 +72,7 @@ def test_explicit_bf16_without_native_bf16_warns_once_naming_the_feature(emulate
     emulated_cpu(info)
     with caplog.at_level(logging.WARNING):
         for _ in range(3):  # a process loading the backend again is not warned again
-            assert BackendOptions(dtype="bfloat16").resolve_dtype(CPU) == torch.bfloat16
+            assert BackendOptions(dtype="bfloat16").resolve_dtype(CPU, "hf") == torch.bfloat16
     (message,) = _warnings(caplog)
     assert named in message and BF16_WITHOUT_NATIVE_COST in message and "dtype=auto" in message
 
@@ -65,9 +80,9 @@ def test_explicit_bf16_without_native_bf16_warns_once_naming_the_feature(emulate
 def test_explicit_bf16_with_native_bf16_and_float32_anywhere_are_silent(emulated_cpu, caplog):
     with caplog.at_level(logging.WARNING):
         emulated_cpu(AVX512_BF16)
-        BackendOptions(dtype="bfloat16").resolve_dtype(CPU)
+        BackendOptions(dtype="bfloat16").resolve_dtype(CPU, "hf")
         emulated_cpu(AVX2_ONLY)
-        BackendOptions(dtype="float32").resolve_dtype(CPU)
+        BackendOptions(dtype="float32").resolve_dtype(CPU, "hf")
     assert _warnings(caplog) == []
 
 

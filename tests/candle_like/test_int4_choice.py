@@ -85,11 +85,10 @@ def test_the_options_choose_the_projections(embedded_source, options, kind, dens
             if dense_rows is not None:
                 assert {p.dense_rows for p in projections} == {dense_rows}
             else:
-                # About the GGUF's bytes: 0.5 byte a weight plus a scale and an offset per 32,
-                # float32 on ruvllm's kernel (the file's own values), bfloat16 on torch's.
-                per_block = 8 if blockmm.unavailable() is None else 4
+                # The GGUF's bytes: 0.5 byte a weight plus a scale and an offset per 32, float16
+                # on ruvllm's kernel (the file's own values), bfloat16 on torch's.
                 resident = sum(p.nbytes() for p in projections)
-                assert resident == sum(p.shape.numel() for p in projections) * (0.5 + per_block / 32)
+                assert resident == sum(p.shape.numel() for p in projections) * (0.5 + 4 / 32)
     finally:
         backend.close()
 

@@ -31,12 +31,24 @@ def _ref_logits(ll, ids):
 
 
 @pytest.fixture(scope="module")
-def first_step(backend_fp32, reference_llama):
+def backend_default(embedded_source):
+    """candle_like as `--backend candle_like` runs it here: on an AVX512-VNNI CPU the blocks on
+    int8 activations (llama.cpp's own scheme), elsewhere float32 ones."""
+    from ruvllm_candle_like.backend import CandleLikeBackend
+
+    b = CandleLikeBackend.load(embedded_source, {})
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module", params=["backend_fp32", "backend_default"])
+def first_step(request, reference_llama):
+    backend = request.getfixturevalue(request.param)
     rows = []
     for prompt in PROMPTS:
-        ids = backend_fp32.tokenizer.encode(prompt, parse_special=True)
+        ids = backend.tokenizer.encode(prompt, parse_special=True)
         ref = _ref_logits(reference_llama, ids)
-        ours = backend_fp32.step(backend_fp32.new_cache(len(ids)), ids).numpy()
+        ours = backend.step(backend.new_cache(len(ids)), ids).numpy()
         rows.append((ours, ref))
     return rows
 
@@ -58,22 +70,23 @@ def test_first_step_logits_agree(first_step):
 
 @pytest.fixture(scope="module")
 def backend_int4(embedded_source):
-    """Every projection row on the int4 kernel (no dense copy), as decode steps run it."""
+    """Every projection row on the int4 kernel (no dense copy) on float32 activations."""
     from ruvllm_candle_like.backend import CandleLikeBackend
 
     b = CandleLikeBackend.load(embedded_source, {"dtype": "float32", "int4_weights": True,
-                                                 "dense_weights": False})
+                                                 "dense_weights": False, "int8_activations": False})
     yield b
     b.close()
 
 
 @pytest.mark.slow  # ~1-2 min of CPU each; `make test-all` runs it
-@pytest.mark.parametrize("which", ["backend_fp32", "backend_int4"])
+@pytest.mark.parametrize("which", ["backend_fp32", "backend_int4", "backend_default"])
 def test_greedy_matches_llama_cpp_teacher_forced(which, request, embedded_source):
     """8 prompts x 32 greedy positions, both engines fed llama.cpp's greedy prefix (see
     ruvllm.testing.parity for why teacher-forced, and benchmarks/parity_vs_llamacpp.py for the
     figures: float32 247/256 here, every miss at a llama.cpp margin below 0.34 logit; on the AVX2
-    kind, 2026-12-06, float32 249/256 and int4 weights 248/256, widest miss 0.387 in both)."""
+    kind, 2026-12-06, float32 249/256 and int4 weights 248/256, widest miss 0.387 in both; on the
+    AVX-512 kind, 2026-12-07, the default's int8 activations 245/256, widest miss 0.392)."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
     backend = request.getfixturevalue(which)
     model = backend.model

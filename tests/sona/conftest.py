@@ -1,8 +1,9 @@
 """One candle_like backend for the SONA tests (loading takes seconds), and an engine with SONA
 attached per test (no background thread unless a test starts one).
 
-The backend takes ``dtype = "auto"``, what this CPU computes fast: bf16 where it is native,
-float32 elsewhere. An explicit bf16 on an AVX2-only CPU made training's backward fall to torch's
+The backend takes ``dtype = "auto"``, what this CPU computes fast: float32 on the GGUF's blocks
+(on int8 activations where the CPU has AVX512-VNNI), bf16 dense where bf16 is native and the
+blocks cannot run. An explicit bf16 on an AVX2-only CPU made training's backward fall to torch's
 single-threaded reference gemm (the SONA tests ran over 20 minutes there)."""
 
 from __future__ import annotations

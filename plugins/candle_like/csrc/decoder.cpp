@@ -32,6 +32,7 @@ struct Projection {
     int64_t k;
     int64_t bits;
     int64_t half_scales;
+    int64_t int8;  // codes in blockmm_int8.cpp's layout: int8 activations
 };
 
 struct Layer {
@@ -198,8 +199,8 @@ void silu_mul(const float *gu, float *act, int64_t rows, int64_t inter, int thre
 namespace {
 
 int project(const Projection &p, const float *x, int64_t rows, float *y, int threads) {
-    return blockmm(x, rows, p.k, p.n, static_cast<int>(p.bits), static_cast<int>(p.half_scales), p.codes,
-                   p.scale, p.offset, y, threads);
+    return blockmm(x, rows, p.k, p.n, static_cast<int>(p.bits), static_cast<int>(p.half_scales),
+                   static_cast<int>(p.int8), p.codes, p.scale, p.offset, y, threads);
 }
 
 }  // namespace

@@ -20,8 +20,12 @@ __attribute__((target("avx2,fma,f16c"))) inline float hsum8(__m256 v) {
 }  // namespace ruvllm
 #endif
 
-extern "C" int blockmm(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int half_scales,
+// blockmm.cpp: float32 activations, or with int8 set blockmm_int8.cpp's int8 activations on its
+// own layout of the codes.
+extern "C" int blockmm(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int half_scales, int int8,
                        const uint8_t *codes, const void *d, const void *m, float *y, int threads);
+int blockmm_int8(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int half_scales,
+                 const uint8_t *codes, const void *d, const void *m, float *y, int threads);
 
 // Row b of q (stride q_stride floats: heads x dim, then anything) attends over the lengths[b] pool
 // slots at slots + starts[b] of pool [slots, 2, kv_heads, dim] float16; a row of length 0 is left

@@ -122,7 +122,7 @@ class CandleLikeBackend(LlmBackend):
     def load(cls, model: ModelSource, options: Mapping[str, Any]) -> CandleLikeBackend:
         opts = parse_options(BackendOptions, cls.name, options)
         device = opts.resolve_device()
-        dtype = opts.resolve_dtype(device)
+        dtype = opts.resolve_dtype(device, model.format)
         if opts.n_threads is not None and device.type == "cpu":
             torch.set_num_threads(opts.n_threads)
         if opts.prepack_weights and device.type == "cpu" and (note := unpacked_note(dtype)):
@@ -131,7 +131,8 @@ class CandleLikeBackend(LlmBackend):
         try:
             loaded = load(model, dtype=dtype, device=device, context_length=opts.context_length,
                           prepack=opts.prepack_weights, int4=int4,
-                          dense_rows=opts.dense_from_rows if opts.dense_weights else None)
+                          dense_rows=opts.dense_from_rows if opts.dense_weights else None,
+                          int8=int4 and opts.resolve_int8())
         except RuvllmError:
             raise
         except Exception as exc:  # torch/safetensors errors become a load error with the reason

@@ -17,9 +17,15 @@ bytes at every row count.
 - Each output is one chain of FMAs over the inputs in order, whatever the row count and path: a
   row's result has the same bits alone or in any batch (the batch-invariant mode relies on it).
 
+With ``int8`` the activations are quantised to int8 per block of 32 as llama.cpp quantises them
+(its Q8_1) and the products are integer dot products (``csrc/blockmm_int8.cpp``, AVX512-VNNI):
+the numerics llama.cpp itself runs, 2-4x the float32 kernel's rate at prefill and big batches on
+a CPU that has them (options.py ``int8_activations``). The codes then take that kernel's layout.
+
 The kernel is built when the plugin is installed (``setup.py``, x86-64 only, optional). Where it
 is missing or the CPU lacks AVX2 and FMA, :func:`unavailable` says why: ``int4_weights=auto``
-then runs dense, and ``int4_weights=true`` takes torch's kernel (options.py).
+then runs dense, and ``int4_weights=true`` takes torch's kernel (options.py);
+:func:`int8_unavailable` says why the int8 kernel cannot run.
 """
 
 from __future__ import annotations
@@ -43,14 +49,26 @@ _POINTER = ctypes.c_void_p
 @functools.cache
 def _kernel() -> Any:
     return native.kernel("blockmm", supported="blockmm_supported", needs="AVX2, FMA and F16C", argtypes=[
-        _POINTER, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, _POINTER,
-        _POINTER, _POINTER, _POINTER, ctypes.c_int])
+        _POINTER, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+        _POINTER, _POINTER, _POINTER, _POINTER, ctypes.c_int])
 
 
 def unavailable() -> str | None:
     """Why this machine cannot run the block kernel, or None when it can."""
     fn = _kernel()
     return fn if isinstance(fn, str) else None
+
+
+@functools.cache
+def int8_unavailable() -> str | None:
+    """Why this machine cannot run the int8-activation kernel, or None when it can."""
+    if (why := unavailable()) is not None:
+        return why
+    lib = native.library()
+    assert not isinstance(lib, str)
+    if not lib.blockmm_int8_supported():
+        return "ruvllm's int8-activation kernel needs AVX-512 (F, BW) with VNNI, which this CPU lacks"
+    return None
 
 
 def _run(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
@@ -61,8 +79,9 @@ def _run(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torc
     rows, k = x.shape
     padded = codes.shape[0] * PANEL
     y = torch.empty(rows, padded)
-    rc = fn(x.data_ptr(), rows, k, padded, bits, scale.dtype == torch.float16, codes.data_ptr(),
-            scale.data_ptr(), offset.data_ptr(), y.data_ptr(), torch.get_num_threads())
+    # The int8 layout is [panels, blocks, chunks, 64]: four dimensions where the float one has three.
+    rc = fn(x.data_ptr(), rows, k, padded, bits, scale.dtype == torch.float16, codes.dim() == 4,
+            codes.data_ptr(), scale.data_ptr(), offset.data_ptr(), y.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"blockmm could not allocate its buffers for {rows} rows of {k} inputs")
     return y if padded == n else y[:, :n].contiguous()
@@ -85,8 +104,10 @@ def _(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.T
 class BlockWeights:
     """One weight matrix ``[n, k]`` in the kernel's layout.
 
-    ``codes``: ``[panels, k, 8]`` bytes for 4 bits (byte j: output j of the panel in the low
-    nibble, output j + 8 in the high one), ``[panels, k, 16]`` signed bytes for 8 bits;
+    ``codes``, float32 activations: ``[panels, k, 8]`` bytes for 4 bits (byte j: output j of the
+    panel in the low nibble, output j + 8 in the high one), ``[panels, k, 16]`` signed bytes for 8
+    bits; int8 activations (``int8``): ``[panels, k / 32, chunks, 64]``, csrc/blockmm_int8.cpp's
+    layout (8-bit codes there unsigned, ``q + 128``, with the offset ``-128 d``);
     ``scale`` and ``offset``: ``[panels, k / 32, 16]``, float16 when that holds all of both
     exactly, else float32. Outputs past ``n`` (padding to a whole panel) have zero weights.
     """
@@ -98,19 +119,31 @@ class BlockWeights:
     shape: tuple[int, int]
 
     @classmethod
-    def from_int4(cls, codes: Int4Codes) -> BlockWeights:
-        """4-bit codes (Q4_0, Q4_1, Q4_K as :mod:`~ruvllm_candle_like.int4` maps them)."""
+    def from_int4(cls, codes: Int4Codes, *, int8: bool = False) -> BlockWeights:
+        """4-bit codes (Q4_0, Q4_1, Q4_K as :mod:`~ruvllm_candle_like.int4` maps them), for
+        float32 or (``int8``) int8 activations."""
+        if int8:
+            # [panels, 16 outputs, blocks, half, chunk, 4]: half 0 in the low nibble, 1 in the high.
+            q = _padded(codes.codes).reshape(-1, PANEL, codes.shape[1] // GROUP, 2, 4, 4)
+            packed = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).transpose(0, 2, 3, 1, 4)
+            return cls._make(packed.reshape(*packed.shape[:3], -1), codes.scale, codes.offset, 4, codes.shape)
         q = _panels(codes.codes)
         packed = q[..., :PANEL // 2] | (q[..., PANEL // 2:] << 4)
         return cls._make(packed, codes.scale, codes.offset, 4, codes.shape)
 
     @classmethod
-    def from_q8_0(cls, blocks: GgufBlocks) -> BlockWeights:
+    def from_q8_0(cls, blocks: GgufBlocks, *, int8: bool = False) -> BlockWeights:
         """Q8_0: per block of 32, an f16 scale ``d`` and 32 signed bytes ``q``, ``w = q * d``."""
         rows, cols = blocks.shape
         b = blocks.raw.reshape(rows, cols // GROUP, 2 + GROUP)
         d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0]
         q = np.ascontiguousarray(b[..., 2:]).reshape(rows, cols)
+        if int8:
+            # Unsigned codes for vpdpbusd: w = (q + 128) * d - 128 d, every term exact in float32.
+            u = (q.view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+            chunks = _padded(u).reshape(-1, PANEL, cols // GROUP, 8, 4).transpose(0, 2, 3, 1, 4)
+            return cls._make(chunks.reshape(*chunks.shape[:3], -1), d, d.astype(np.float32) * -128, 8,
+                             (rows, cols))
         return cls._make(_panels(q), d, np.zeros_like(d), 8, (rows, cols))
 
     @classmethod
@@ -126,6 +159,11 @@ class BlockWeights:
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scale.nbytes + self.offset.nbytes
 
+    @property
+    def int8(self) -> bool:
+        """True when the codes are in the int8-activation kernel's layout."""
+        return self.codes.dim() == 4
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ w.T`` in float32, for ``x`` of ``[rows, k]`` in any float dtype."""
         n = self.shape[0]
@@ -135,32 +173,48 @@ class BlockWeights:
         return _run(x, self.codes, self.scale, self.offset, self.bits, n)
 
     def dequantize(self) -> torch.Tensor:
-        """The float32 weights ``[n, k]`` the kernel computes with (its output on an identity)."""
-        return self.matmul(torch.eye(self.shape[1])).T.contiguous()
+        """The float32 weights ``[n, k]`` the codes stand for (:meth:`rows` of every output)."""
+        return self.rows(torch.arange(self.shape[0]))
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Weight rows ``index`` (int64 ``[T]``) as float32 ``[T, k]``, for an embedding table
-        kept as blocks: the same bits as :meth:`dequantize`'s rows wherever ``code * scale`` is
-        exact in float32 (every GGUF type mapped here: f16 scales, Q4_K's ``d sc``), so that one
-        rounding adds the offset, as in the kernel's FMA."""
+        kept as blocks: ``code * scale + offset`` with one rounding, the kernel's FMA, as
+        ``code * scale`` is exact in float32 for every GGUF type mapped here (f16 scales, Q4_K's
+        ``d sc``; the int8 layout's ``(q + 128) d`` too)."""
         panel, lane = index // PANEL, index % PANEL
-        if self.bits == 8:
-            codes = self.codes.view(torch.int8)[panel, :, lane]
-        else:
-            byte = self.codes[panel, :, lane % (PANEL // 2)]
-            codes = torch.where((lane < PANEL // 2)[:, None], byte & 0x0F, byte >> 4)
+        codes = self._codes(panel, lane)
         scale = self.scale[panel, :, lane].float().repeat_interleave(GROUP, dim=1)
         offset = self.offset[panel, :, lane].float().repeat_interleave(GROUP, dim=1)
         return codes.float() * scale + offset
 
+    def _codes(self, panel: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
+        """The codes of outputs ``panel * 16 + lane`` as ``[T, k]`` (int8 for 8-bit floats, else
+        unsigned), read back from either layout."""
+        t, k = len(panel), self.shape[1]
+        if self.int8:
+            # [T, blocks, chunks, 16 outputs, 4] -> the lane's [T, blocks, chunks, 4].
+            chunks = self.codes[panel].view(t, k // GROUP, -1, PANEL, 4)[torch.arange(t), :, :, lane]
+            if self.bits == 8:
+                return chunks.reshape(t, k)
+            halves = torch.stack([chunks & 0x0F, chunks >> 4], dim=2)  # [T, blocks, half, chunk, 4]
+            return halves.reshape(t, k)
+        if self.bits == 8:
+            return self.codes.view(torch.int8)[panel, :, lane]
+        byte = self.codes[panel, :, lane % (PANEL // 2)]
+        return torch.where((lane < PANEL // 2)[:, None], byte & 0x0F, byte >> 4)
+
+
+def _padded(codes: np.ndarray) -> np.ndarray:
+    """``[n, k]`` with zero rows added up to whole panels."""
+    n, k = codes.shape
+    padded = -(-n // PANEL) * PANEL
+    return codes if padded == n else np.concatenate([codes, np.zeros((padded - n, k), dtype=codes.dtype)])
+
 
 def _panels(codes: np.ndarray) -> np.ndarray:
     """``[n, k]`` codes as ``[panels, k, 16]``, outputs padded with zero codes to whole panels."""
-    n, k = codes.shape
-    padded = -(-n // PANEL) * PANEL
-    if padded != n:
-        codes = np.concatenate([codes, np.zeros((padded - n, k), dtype=codes.dtype)])
-    return codes.reshape(padded // PANEL, PANEL, k).transpose(0, 2, 1)
+    codes = _padded(codes)
+    return codes.reshape(-1, PANEL, codes.shape[1]).transpose(0, 2, 1)
 
 
 def _panel_scales(values: np.ndarray, dtype: type[np.floating]) -> torch.Tensor:

@@ -420,6 +420,8 @@ class PagedExecutor:
                      else f"decode attention through SDPA ({self.native_decode_off})")
         layers = ("native layers" if self.model.native is not None
                   else f"layers op by op on PyTorch ({self.model.native_off})")
+        if self.model.int8:
+            layers += ", int8 activations"
         return (f"paged KV for {tokens} tokens (kv_cache_tokens), 16-bit pool (kv_cache=fp16, {dtype}) "
                 f"{self.nbytes() / MIB:.1f} MiB; {attention}; {layers}{graph}")
 

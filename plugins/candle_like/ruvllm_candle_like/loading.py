@@ -55,8 +55,8 @@ def hf_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def load(source: ModelSource, *, dtype: torch.dtype, device: torch.device,
          context_length: int | None = None, prepack: bool = True, int4: bool = False,
-         dense_rows: int | None = None) -> LoadedModel:
-    """``int4``/``dense_rows``: see :class:`~ruvllm_candle_like.model.Transformer` (GGUF only)."""
+         dense_rows: int | None = None, int8: bool = False) -> LoadedModel:
+    """``int4``/``dense_rows``/``int8``: see :class:`~ruvllm_candle_like.model.Transformer` (GGUF only)."""
     path = Path(source.path)
     if not path.exists():
         raise ModelLoadError(str(path), "the path does not exist")
@@ -67,7 +67,8 @@ def load(source: ModelSource, *, dtype: torch.dtype, device: torch.device,
         weights = to_torch_weights(g.tensors(blocks=int4))
         ctx = context_length or cfg.max_position_embeddings
         model = Transformer(cfg, weights, dtype=dtype, device=device, max_positions=ctx,
-                            rope_freqs=g.rope_freqs, prepack=prepack, int4=int4, dense_rows=dense_rows)
+                            rope_freqs=g.rope_freqs, prepack=prepack, int4=int4, dense_rows=dense_rows,
+                            int8=int8)
         return LoadedModel(config=cfg, model=model, tokenizer=tok, chat_template=tok.chat_template,
                            name=g.name, quantization=g.quantization, rope_freqs=g.rope_freqs)
     cfg = read_hf_config(path)

@@ -118,15 +118,18 @@ class Transformer:
 
     def __init__(self, cfg: ModelConfig, weights: Mapping[str, Weight], *, dtype: torch.dtype,
                  device: torch.device, max_positions: int, rope_freqs: np.ndarray | None = None,
-                 prepack: bool = True, int4: bool = False, dense_rows: int | None = None):
+                 prepack: bool = True, int4: bool = False, dense_rows: int | None = None,
+                 int8: bool = False):
         """``prepack``: also keep oneDNN-packed copies of the projections (CPU only; they
         double the projections' memory for 1.5x faster matmuls). ``int4``: run the projections
         and the head given as GGUF blocks on those blocks (int4 codes, Q8_0 on the native
         kernel), with a dense copy for calls of ``dense_rows`` rows or more when that is set
-        (weights.py)."""
+        (weights.py); ``int8``: the block kernel quantises activations to int8 (blockmm.py)."""
         self.cfg = cfg
         self.dtype = dtype
         self.device = device
+        #: The block kernel quantises activations to int8 (for the projections that run on it).
+        self.int8 = int8 and int4
         self.max_positions = max_positions
         self.rope = RotaryTable(cfg, max_positions, device, rope_freqs)
 
@@ -139,7 +142,7 @@ class Transformer:
             return as_tensor(given(name)).to(device=device, dtype=dtype)
 
         projection = ProjectionFactory(dtype=dtype, device=device, prepack=prepack, int4=int4,
-                                       dense_rows=dense_rows)
+                                       dense_rows=dense_rows, int8=int8)
 
         embedding = "model.embed_tokens.weight"
         if tuple(given(embedding).shape) != (cfg.vocab_size, cfg.hidden_size):

@@ -36,7 +36,7 @@ _I64 = ctypes.c_int64
 
 class _Projection(ctypes.Structure):
     _fields_ = [("codes", _POINTER), ("scale", _POINTER), ("offset", _POINTER), ("bias", _POINTER),
-                ("n", _I64), ("k", _I64), ("bits", _I64), ("half_scales", _I64)]
+                ("n", _I64), ("k", _I64), ("bits", _I64), ("half_scales", _I64), ("int8", _I64)]
 
 
 class _Layer(ctypes.Structure):
@@ -135,7 +135,8 @@ def _describe(proj: Int4Projection) -> _Projection:
     assert isinstance(weights, BlockWeights)
     n, k = weights.shape
     return _Projection(weights.codes.data_ptr(), weights.scale.data_ptr(), weights.offset.data_ptr(),
-                       _pointer(proj.bias), n, k, weights.bits, weights.scale.dtype == torch.float16)
+                       _pointer(proj.bias), n, k, weights.bits, weights.scale.dtype == torch.float16,
+                       weights.int8)
 
 
 class NativeDecoder:

@@ -40,8 +40,10 @@ class BackendOptions:
     #: auto | cpu | cuda | cuda:N | mps
     device: str = attrs.field(default="auto", validator=_device)
     #: auto | float32 | bfloat16 | float16. auto: on CPU what this CPU computes fast (bfloat16
-    #: where bf16 is native, else float32; see ruvllm.hardware), float16 on CUDA/MPS. Pass
-    #: float32 for llama.cpp-faithful greedy output whatever the CPU.
+    #: where bf16 is native, else float32; see ruvllm.hardware), float16 on CUDA/MPS; but float32
+    #: for a GGUF whose blocks run on the int8-activation kernel (int4_weights, int8_activations):
+    #: its integer products outran oneDNN's bf16 matmuls at every row count measured, at a fifth
+    #: of their memory.
     dtype: str = attrs.field(default="auto", validator=one_of(("auto", *DTYPES)))
     n_threads: int | None = attrs.field(default=None, validator=optional(positive_int()))
     #: Keep a oneDNN-packed copy of every projection for faster CPU matmuls (costs as much
@@ -63,6 +65,12 @@ class BackendOptions:
     #: the dense weights' memory again (405 MiB in float32 for the embedded model) and makes a
     #: row's numerics depend on the step's row count; off by default.
     dense_weights: bool = attrs.field(default=False, validator=boolean())
+    #: With the GGUF's blocks on ruvllm's kernel: quantise each row's activations to int8 per block
+    #: of 32 as llama.cpp does (its Q8_1) and multiply with integer dot products (AVX512-VNNI), the
+    #: numerics llama.cpp itself runs (blockmm.py). auto: on where the CPU has AVX512-VNNI. false:
+    #: float32 activations (what CPUs without VNNI run). true on a CPU without: float32, after one
+    #: warning saying why.
+    int8_activations: bool | str = attrs.field(default="auto", validator=any_of(boolean(), one_of(("auto",))))
     dense_from_rows: int = attrs.field(default=20, validator=positive_int())
     #: With int4 weights: run the executor's decode-only steps of fewer than dense_from_rows rows
     #: as one torch.compile'd graph (inductor; needs a C++ compiler), compiled when the executor
@@ -124,11 +132,15 @@ class BackendOptions:
             )
         return torch.device("mps")
 
-    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+    def resolve_dtype(self, device: torch.device, model_format: str) -> torch.dtype:
         """The compute dtype; an explicit bfloat16 the CPU has no native kernels for still runs,
         after one warning saying what is missing and what it costs."""
         if self.dtype == "auto":
-            return fast_cpu_dtype() if device.type == "cpu" else torch.float16
+            if device.type != "cpu":
+                return torch.float16
+            on_int8_blocks = (model_format == "gguf" and self.int4_weights is not False
+                              and self.int8_activations is not False and blockmm.int8_unavailable() is None)
+            return torch.float32 if on_int8_blocks else fast_cpu_dtype()
         dtype = DTYPES[self.dtype]
         if device.type == "cpu" and dtype == torch.float16:
             raise BackendOptionError(BACKEND, "dtype", f"{self.dtype} is slow and poorly supported on CPU",
@@ -147,6 +159,15 @@ class BackendOptions:
             warn_once("int4 unavailable", "candle_like: int4_weights has no effect: %s", why)
             return False
         return True
+
+    def resolve_int8(self) -> bool:
+        """Whether the block kernel quantises activations to int8 (see ``int8_activations``)."""
+        if self.int8_activations is False:
+            return False
+        why = blockmm.int8_unavailable()
+        if why is not None and self.int8_activations is True:
+            warn_once("int8 unavailable", "candle_like: int8_activations has no effect: %s", why)
+        return why is None
 
     def resolve_kv_dtype(self, compute: torch.dtype) -> torch.dtype:
         if self.kv_dtype != "auto":

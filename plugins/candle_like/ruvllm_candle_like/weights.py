@@ -40,6 +40,8 @@ class ProjectionFactory:
     int4: bool = False
     #: With int4: also keep a dense copy, taken by calls of at least this many rows (None: no copy).
     dense_rows: int | None = None
+    #: With int4 on ruvllm's block kernel: quantise activations to int8 (blockmm.py).
+    int8: bool = False
 
     def __call__(self, parts: Sequence[tuple[str, Weight]],
                  bias: torch.Tensor | None = None) -> AnyProjection:
@@ -61,7 +63,8 @@ class ProjectionFactory:
             rows = sum(b.shape[0] for b in blocks)
             joined = GgufBlocks("Q8_0", blocks[0].type, np.concatenate([b.raw for b in blocks]),
                                 (rows, blocks[0].shape[1]))
-            return Int4Projection(blockmm.BlockWeights.from_q8_0(joined), bias, dtype=self.dtype)
+            return Int4Projection(blockmm.BlockWeights.from_q8_0(joined, int8=self.int8), bias,
+                                  dtype=self.dtype)
         codes = [codes_or_log(name, w) for name, w in parts if isinstance(w, GgufBlocks)]
         if all(c is not None for c in codes):
             return self._int4(concat([c for c in codes if c is not None]), bias)
@@ -74,12 +77,13 @@ class ProjectionFactory:
             plain = torch.from_numpy(np.ascontiguousarray(codes.dequantize())).to(self.dtype)
             dense = (pack_weight(plain) if self.prepack else None)
             dense = plain if dense is None else dense
-        return Int4Projection(int4_kernel(codes), bias, dtype=self.dtype, dense=dense,
+        return Int4Projection(int4_kernel(codes, int8=self.int8), bias, dtype=self.dtype, dense=dense,
                               dense_rows=self.dense_rows or 1 << 62)
 
 
-def int4_kernel(codes: Int4Codes) -> QuantizedKernel:
-    """ruvllm's block kernel where this machine runs it, else torch's packed int4 kernel."""
+def int4_kernel(codes: Int4Codes, *, int8: bool = False) -> QuantizedKernel:
+    """ruvllm's block kernel where this machine runs it (``int8``: on int8 activations), else
+    torch's packed int4 kernel."""
     if blockmm.unavailable() is None:
-        return blockmm.BlockWeights.from_int4(codes)
+        return blockmm.BlockWeights.from_int4(codes, int8=int8)
     return PackedInt4.pack(codes)
