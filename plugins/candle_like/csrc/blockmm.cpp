@@ -219,10 +219,9 @@ extern "C" int blockmm(const float *x, int64_t rows, int64_t k, int64_t n, int b
                        const uint8_t *codes, const void *d, const void *m, float *y, int threads) {
     if (int8) return blockmm_int8(x, rows, k, n, bits, half_scales, codes, d, m, y, threads);
 #ifdef BLOCKMM_X86
-    if (bits == 4 && half_scales) return run<4, true>(x, rows, k, n, codes, d, m, y, threads);
-    if (bits == 4) return run<4, false>(x, rows, k, n, codes, d, m, y, threads);
-    if (bits == 8 && half_scales) return run<8, true>(x, rows, k, n, codes, d, m, y, threads);
-    if (bits == 8) return run<8, false>(x, rows, k, n, codes, d, m, y, threads);
+    return ruvllm::by_block_format(bits, half_scales, [&](auto b, auto half) {
+        return run<b(), half()>(x, rows, k, n, codes, d, m, y, threads);
+    });
 #endif
     (void)x; (void)rows; (void)k; (void)n; (void)bits; (void)half_scales; (void)codes; (void)d; (void)m;
     (void)y; (void)threads;

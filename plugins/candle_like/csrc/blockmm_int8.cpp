@@ -166,10 +166,9 @@ int blockmm_int8(const float *x, int64_t rows, int64_t k, int64_t n, int bits, i
 #ifdef RUVLLM_X86
     static const int supported = blockmm_int8_supported();
     if (!supported) return -2;
-    if (bits == 4 && half_scales) return run<4, true>(x, rows, k, n, codes, d, m, y, threads);
-    if (bits == 4) return run<4, false>(x, rows, k, n, codes, d, m, y, threads);
-    if (bits == 8 && half_scales) return run<8, true>(x, rows, k, n, codes, d, m, y, threads);
-    if (bits == 8) return run<8, false>(x, rows, k, n, codes, d, m, y, threads);
+    return ruvllm::by_block_format(bits, half_scales, [&](auto b, auto half) {
+        return run<b(), half()>(x, rows, k, n, codes, d, m, y, threads);
+    });
 #endif
     (void)x; (void)rows; (void)k; (void)n; (void)bits; (void)half_scales; (void)codes; (void)d; (void)m;
     (void)y; (void)threads;

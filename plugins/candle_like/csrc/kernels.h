@@ -7,7 +7,20 @@
 #include <immintrin.h>
 #define RUVLLM_X86 1
 
+#include <type_traits>
+
 namespace ruvllm {
+
+// run(bits, half) with both as compile-time constants, for the block formats the kernels take
+// (4 or 8 bits, float16 or float32 scales); -2 for any other.
+template <typename Run>
+int by_block_format(int bits, int half_scales, Run &&run) {
+    using Four = std::integral_constant<int, 4>;
+    using Eight = std::integral_constant<int, 8>;
+    if (bits == 4) return half_scales ? run(Four{}, std::true_type{}) : run(Four{}, std::false_type{});
+    if (bits == 8) return half_scales ? run(Eight{}, std::true_type{}) : run(Eight{}, std::false_type{});
+    return -2;
+}
 
 // The sum of v's lanes, always in the same order.
 __attribute__((target("avx2,fma,f16c"))) inline float hsum8(__m256 v) {
