@@ -61,6 +61,17 @@ class LlmBackend(abc.ABC):
         return None
 
     @classmethod
+    def fastest_here(cls, model: ModelSource) -> str | None:
+        """Why this backend serves ``model`` fastest on this machine at every load, from
+        measurements on CPUs of this kind; None when it makes no such claim (the default).
+
+        ``auto`` puts the first backend of its fixed order that claims this ahead of the others
+        when ``ruvllm tune`` has not measured the machine, and says why. Asked by every process
+        that picks a backend: keep it cheap, and do not import the engine's heavy libraries.
+        """
+        return None
+
+    @classmethod
     @abc.abstractmethod
     def capabilities(cls) -> Capabilities:
         """What this backend offers on this machine."""

@@ -16,6 +16,7 @@ import os
 import platform
 import sys
 import traceback
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -149,6 +150,8 @@ class BackendRegistry:
         preference = None
         if model is not None and cache_dir is not None:
             preference = measured_preference(cache_dir, model, load, fixed)
+        if preference is None and model is not None:
+            preference = self._claimed(model, fixed)
         if preference is None:
             preference = Preference(fixed, f"preference order for {platform_key()}: {', '.join(fixed)}; "
                                            "not measured on this machine (`ruvllm tune` measures)")
@@ -172,6 +175,19 @@ class BackendRegistry:
             log.info("backend %s", choice)  # logged where decided, whoever asked
             return choice
         raise BackendUnavailable("auto", "no installed backend can run here: " + "; ".join(skipped))
+
+
+    def _claimed(self, model: ModelSource, fixed: Sequence[str]) -> Preference | None:
+        """The fixed order with the first backend that claims to serve ``model`` fastest here
+        (LlmBackend.fastest_here) moved to the front; None when none claims it."""
+        for name in fixed:
+            entry = self.backends.get(name)
+            if entry is None or (reason := entry.fastest_here(model)) is None:
+                continue
+            order = (name, *(b for b in fixed if b != name))
+            return Preference(order, f"{name} claims this machine and model: {reason}; not measured "
+                                     "on this machine (`ruvllm tune` measures)")
+        return None
 
 
 def _allowlist() -> set[str] | None:

@@ -99,3 +99,26 @@ def test_discovery_imports_no_engine():
                          check=True)
     backends, engines = out.stdout.strip().splitlines()
     assert engines == "[]", f"discovering {backends} imported {engines}"
+
+
+def test_a_claim_is_asked_without_importing_the_engine(backend_module, tmp_path):
+    """``auto`` asks a lazy backend's ``fastest_here`` through its own light module, and moves a
+    backend that claims the model to the front of the fixed order, saying why."""
+    claims = f"ruvllm_testclaim_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{claims}.py").write_text(textwrap.dedent("""
+        def fastest_here(model):
+            return "measured fastest on this kind" if model.format == "gguf" else None
+    """))
+    lazy, module = backend_module("candle_like", requires=("pluggy",), fastest=f"{claims}:fastest_here")
+    reg = registry_of(lazy)
+    assert reg.backends["candle_like"].fastest_here(GGUF) == "measured fastest on this kind"
+    assert module not in sys.modules
+    HF = ModelSource(name="m", path="/models/m", format="hf")
+    assert reg.backends["candle_like"].fastest_here(HF) is None
+    sys.modules.pop(claims, None)
+
+
+def test_a_missing_engine_makes_no_claim(backend_module):
+    lazy, _ = backend_module("lazy", requires=("ruvllm_no_such_engine_xyz",),
+                                  fastest="ruvllm_no_such_claim_module:fastest_here")
+    assert lazy.fastest_here(GGUF) is None  # not even the claim's module is imported

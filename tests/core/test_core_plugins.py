@@ -144,11 +144,16 @@ def test_duplicate_backend_names_keep_the_first_and_record_the_second(site):
 
 
 # -- selection ----------------------------------------------------------------------------------
-def backend_class(name: str, *, reason: str | None = None, formats=("gguf",)) -> type[LlmBackend]:
+def backend_class(name: str, *, reason: str | None = None, formats=("gguf",),
+                  claim: str | None = None) -> type[LlmBackend]:
     class Fake(LlmBackend):
         @classmethod
         def unavailable_reason(cls):
             return reason
+
+        @classmethod
+        def fastest_here(cls, model):
+            return claim
 
         @classmethod
         def capabilities(cls):
@@ -184,6 +189,22 @@ def test_auto_follows_the_preference_order_not_registration_order():
     assert reg.select("auto").name == "mistralrs"
     del reg.backends["mistralrs"]
     assert reg.select("auto").name == "zeta"  # unknown names come after the known order
+
+
+def test_a_backend_that_claims_the_model_goes_first_and_says_why(caplog):
+    """Without a ``ruvllm tune`` record, the first backend of the fixed order that claims to serve
+    the model fastest here (LlmBackend.fastest_here) is picked; the log line gives its reason."""
+    reg = registry_of(backend_class("llamacpp"), backend_class("candle_like", claim="measured 2x here"),
+                      backend_class("mistralrs", claim="also fast"))
+    with caplog.at_level(logging.INFO, logger="ruvllm.plugins"):
+        choice = reg.auto_choice(GGUF)
+    assert choice.name == "candle_like"
+    assert "candle_like claims this machine and model: measured 2x here" in caplog.text
+    # Without a model there is nothing to claim; an unavailable claimer is passed over.
+    assert reg.select("auto").name == "llamacpp"
+    reg = registry_of(backend_class("llamacpp"), backend_class("candle_like", reason="no torch",
+                                                               claim="measured 2x here"))
+    assert reg.select("auto", GGUF).name == "llamacpp"
 
 
 def test_auto_skips_unavailable_backends_and_logs_why(caplog):

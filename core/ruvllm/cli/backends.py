@@ -9,8 +9,24 @@ from rich.console import Console
 from rich.table import Table
 
 from ruvllm.cli.app import main
+from ruvllm.config import load_config
+from ruvllm.engine import EngineOptions
+from ruvllm.errors import RuvllmError
 from ruvllm.hardware import cpu_info
-from ruvllm.plugins import AUTO_PREFERENCE, get_registry, platform_key, why_unavailable
+from ruvllm.plugins import AUTO_PREFERENCE, BackendRegistry, get_registry, platform_key, why_unavailable
+from ruvllm.registry import resolve
+
+
+def _auto_for_default_model(reg: BackendRegistry) -> str:
+    """What ``ruvllm serve`` with no configuration would pick, and why: a tune record or a
+    backend's claim can put another backend ahead of the fixed order for this model."""
+    try:
+        config = load_config()
+        model = resolve(config.model, config.cache_dir)
+        load = EngineOptions.from_mapping(config.engine).max_num_seqs
+        return str(reg.auto_choice(model, load=load, cache_dir=config.cache_dir))
+    except RuvllmError as exc:
+        return f"auto cannot pick for the configured model: {exc}"
 
 
 def _report() -> dict:
@@ -31,7 +47,7 @@ def _report() -> dict:
         })
     failures = [{"plugin": f.plugin, "reason": f.reason} for f in reg.failures]
     return {"machine": cpu_info().as_dict(), "auto_order": list(AUTO_PREFERENCE[platform_key()]),
-            "backends": rows, "failures": failures}
+            "auto_for_serve": _auto_for_default_model(reg), "backends": rows, "failures": failures}
 
 
 def _capability_text(caps: dict | None) -> str:
@@ -65,6 +81,7 @@ def backends(as_json: bool) -> None:
         for note in (row["capabilities"] or {}).get("notes", ()):
             console.print(f"[bold]{row['name']}[/]: {note}")
     console.print(f"auto preference here: {' > '.join(report['auto_order'])}")
+    console.print(f"ruvllm serve with the configured model: {report['auto_for_serve']}")
     for f in report["failures"]:
         console.print(f"[red]plugin {f['plugin']} failed to load[/]: {f['reason']}")
     if not report["backends"]:

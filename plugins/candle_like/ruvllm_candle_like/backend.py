@@ -26,7 +26,7 @@ from ruvllm.models import ModelSource
 from ruvllm.options import parse_options
 from ruvllm.types import Capabilities, GenerationParams, ModelInfo, SampledToken, SpecialTokens
 
-from ruvllm_candle_like import blockmm
+from ruvllm_candle_like import auto_claim, blockmm
 from ruvllm_candle_like.cpu_dtype import bf16_note, warn_once
 from ruvllm_candle_like.embeddings import mean_pooled
 from ruvllm_candle_like.kv_contiguous import ContiguousCache
@@ -99,6 +99,10 @@ class CandleLikeBackend(LlmBackend):
             except ImportError as exc:
                 return f"the {module!r} package cannot be imported ({exc}); pip install ruvllm-candle-like"
         return None
+
+    @classmethod
+    def fastest_here(cls, model: ModelSource) -> str | None:
+        return auto_claim.fastest_here(model)
 
     @classmethod
     def version(cls) -> str | None:

@@ -34,12 +34,11 @@ import numpy as np
 import torch
 from ruvllm.errors import ModelLoadError
 
+from ruvllm_candle_like.auto_claim import FOUR_BIT_TYPES
 from ruvllm_candle_like.cpu_dtype import warn_once
 
 #: Inputs per scale/zero pair: llama.cpp's block size and the kernel's group size.
 GROUP = 32
-#: The GGUF types mapped onto int4 codes, group 32, without re-quantising.
-MAPPED_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 
 
 @attrs.frozen(eq=False)
@@ -106,7 +105,7 @@ def int4_codes(blocks: GgufBlocks) -> Int4Codes | None:
     """The tensor as int4 codes, or None for a type this module does not map."""
     if blocks.type_name == "Q4_K":
         return _from_q4_k(blocks)
-    if blocks.type_name in MAPPED_TYPES:
+    if blocks.type_name in FOUR_BIT_TYPES:
         return _from_q4(blocks)
     return None
 

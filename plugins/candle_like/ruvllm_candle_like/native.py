@@ -16,16 +16,22 @@ from typing import Any
 LIBRARY = "ruvllm_candle_like._native"
 
 
+def library_path() -> str | None:
+    """The built library's file, found without loading it; None when it was not built."""
+    spec = importlib.util.find_spec(LIBRARY)
+    return None if spec is None else spec.origin
+
+
 @functools.cache
 def library() -> ctypes.CDLL | str:
     """The loaded library, or why there is none."""
-    spec = importlib.util.find_spec(LIBRARY)
-    if spec is None or spec.origin is None:
+    path = library_path()
+    if path is None:
         return ("ruvllm's native kernels were not built (plugins/candle_like/setup.py builds them on x86-64 "
                 "with a C++ compiler; reinstall the plugin to build them)")
     # torch loads its OpenMP runtime first; the library's libgomp.so.1 then resolves to the same
     # one, so both share one thread pool.
-    return ctypes.CDLL(spec.origin)
+    return ctypes.CDLL(path)
 
 
 def kernel(name: str, *, supported: str, needs: str, argtypes: list) -> Any:

@@ -20,7 +20,8 @@ REQUIRES = ("torch", "gguf", "tokenizers", "safetensors")
 def ruvllm_register_backends(register: Callable[[Any], None]) -> None:
     register(LazyBackend("candle_like", "ruvllm_candle_like.backend:CandleLikeBackend",
                          formats=("gguf", "hf"), requires=REQUIRES,
-                         install_hint="pip install ruvllm-candle-like"))
+                         install_hint="pip install ruvllm-candle-like",
+                         fastest="ruvllm_candle_like.auto_claim:fastest_here"))
 
 
 @ruvllm.hookimpl

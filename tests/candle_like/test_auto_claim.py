@@ -1,0 +1,90 @@
+"""candle_like's claim to be ``auto``'s pick (ruvllm_candle_like.auto_claim): made exactly where
+it was measured (a GGUF on its block kernel with int8 activations, on the AVX-512 kind with
+VNNI) and nowhere else, asked without importing torch, and what ``auto`` then picks for the
+embedded model. Whichever it picks, the default server's footprint is checked in
+tests/llamacpp/test_llamacpp_footprint.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from ruvllm.hardware import CpuInfo
+from ruvllm.models import ModelSource
+from ruvllm.plugins import get_registry
+from ruvllm.registry import embedded_model_path
+from ruvllm_candle_like import auto_claim, native
+
+
+def _x86(*features: str) -> CpuInfo:
+    return CpuInfo(arch="x86_64", model="emulated", features=frozenset(features), usable_cores=2,
+                   logical_cores=2, memory_bytes=None)
+
+
+AVX512_VNNI = _x86("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
+AVX2_KIND = _x86("avx2", "fma", "f16c")
+NO_VNNI = _x86("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16")
+AMX_KIND = _x86("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile",
+                "amx_bf16", "amx_int8")
+built = pytest.mark.skipif(native.library_path() is None, reason="the native library was not built")
+
+
+@pytest.fixture
+def embedded() -> ModelSource:
+    return ModelSource.from_path(embedded_model_path())
+
+
+@built
+def test_claimed_on_the_kind_it_was_measured_on(monkeypatch, embedded):
+    monkeypatch.setattr(auto_claim, "cpu_info", lambda: AVX512_VNNI)
+    assert auto_claim.fastest_here(embedded) == auto_claim.MEASURED
+
+
+# The AVX2 kind: fastest there too, but its default server's footprint was not shown under the
+# bound; AMX: not measured on these kernels; no VNNI: the int8 kernel cannot run.
+@pytest.mark.parametrize("cpu", [AVX2_KIND, AMX_KIND, NO_VNNI], ids=["avx2", "amx", "no-vnni"])
+def test_not_claimed_where_not_measured(monkeypatch, embedded, cpu):
+    monkeypatch.setattr(auto_claim, "cpu_info", lambda: cpu)
+    assert auto_claim.fastest_here(embedded) is None
+
+
+def test_not_claimed_for_models_off_the_block_kernel(monkeypatch, tmp_path):
+    monkeypatch.setattr(auto_claim, "cpu_info", lambda: AVX512_VNNI)
+    assert auto_claim.fastest_here(ModelSource.from_path(tmp_path)) is None  # a Hugging Face directory
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF not really")
+    assert auto_claim.fastest_here(ModelSource.from_path(broken)) is None  # the loader says why
+
+
+def test_auto_picks_by_the_claim_for_the_embedded_model(embedded):
+    registry = get_registry()
+    if not {"llamacpp", "candle_like"} <= set(registry.backends):
+        pytest.skip("needs the llamacpp and candle_like backends installed")
+    expected = "candle_like" if auto_claim.fastest_here(embedded) else "llamacpp"
+    assert registry.auto_choice(embedded).name == expected
+
+
+def test_asking_imports_no_torch(embedded):
+    code = ("import sys\nfrom ruvllm.models import ModelSource\nfrom ruvllm.plugins import get_registry\n"
+            f"get_registry().backends['candle_like'].fastest_here(ModelSource.from_path({str(embedded)!r}))\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_ruvllm_backends_says_what_serve_would_pick_and_why(embedded, monkeypatch, tmp_path):
+    """The fixed order alone would mislead where a claim (or a tune record) puts another backend
+    first: the listing also says what `ruvllm serve` picks for the configured model, and why."""
+    import json
+
+    from click.testing import CliRunner
+    from ruvllm.cli.app import main
+
+    monkeypatch.setenv("RUVLLM_CACHE_DIR", str(tmp_path))  # no tune record
+    out = CliRunner().invoke(main, ["backends", "--json"])
+    assert out.exit_code == 0, out.output
+    said = json.loads(out.output)["auto_for_serve"]
+    assert said == str(get_registry().auto_choice(embedded, load=16, cache_dir=tmp_path))
+    assert said.startswith("auto -> candle_like: candle_like claims" if auto_claim.fastest_here(embedded)
+                           else "auto -> llamacpp")
