@@ -30,6 +30,7 @@ def _x86(*features: str, onednn_isa_limit: str | None = None) -> CpuInfo:
 
 AVX512_BF16 = _x86("avx2", "fma", "avx512f", "avx512_bf16")
 AVX2_ONLY = _x86("avx2", "fma")
+AMX = _x86("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 #: AVX-512 bf16 in the CPU, masked the way CI emulates an older machine.
 MASKED = _x86("avx2", "fma", "avx512f", "avx512_bf16", onednn_isa_limit="AVX2")
 #: What oneDNN says on an AVX2-only CPU when asked to pack a bf16 weight.
@@ -63,6 +64,10 @@ def test_a_gguf_on_the_int8_kernel_computes_in_float32_between_kernels(emulated_
     assert BackendOptions(**options).resolve_dtype(CPU, "gguf") == expected
     assert BackendOptions().resolve_dtype(CPU, "hf") == torch.bfloat16
     monkeypatch.setattr(blockmm, "int8_unavailable", lambda: "no VNNI here")
+    assert BackendOptions().resolve_dtype(CPU, "gguf") == torch.bfloat16
+    # The AMX kind keeps bf16 on its tiles: not measured against the int8 kernel.
+    emulated_cpu(AMX)
+    monkeypatch.setattr(blockmm, "int8_unavailable", lambda: None)
     assert BackendOptions().resolve_dtype(CPU, "gguf") == torch.bfloat16
 
 

@@ -41,9 +41,9 @@ class BackendOptions:
     device: str = attrs.field(default="auto", validator=_device)
     #: auto | float32 | bfloat16 | float16. auto: on CPU what this CPU computes fast (bfloat16
     #: where bf16 is native, else float32; see ruvllm.hardware), float16 on CUDA/MPS; but float32
-    #: for a GGUF whose blocks run on the int8-activation kernel (int4_weights, int8_activations):
-    #: its integer products outran oneDNN's bf16 matmuls at every row count measured, at a fifth
-    #: of their memory.
+    #: for a GGUF whose blocks run on the int8-activation kernel (int4_weights, int8_activations)
+    #: outside the AMX kind: its integer products outran oneDNN's bf16 matmuls at every row count
+    #: measured on the AVX-512 kind, at a fifth of their memory (cpu_dtype.py).
     dtype: str = attrs.field(default="auto", validator=one_of(("auto", *DTYPES)))
     n_threads: int | None = attrs.field(default=None, validator=optional(positive_int()))
     #: Keep a oneDNN-packed copy of every projection for faster CPU matmuls (costs as much
@@ -140,7 +140,7 @@ class BackendOptions:
                 return torch.float16
             on_int8_blocks = (model_format == "gguf" and self.int4_weights is not False
                               and self.int8_activations is not False and blockmm.int8_unavailable() is None)
-            return torch.float32 if on_int8_blocks else fast_cpu_dtype()
+            return fast_cpu_dtype(int8_blocks=on_int8_blocks)
         dtype = DTYPES[self.dtype]
         if device.type == "cpu" and dtype == torch.float16:
             raise BackendOptionError(BACKEND, "dtype", f"{self.dtype} is slow and poorly supported on CPU",
