@@ -103,8 +103,11 @@ def test_a_row_has_the_same_bits_at_every_row_count(kind):
         assert torch.equal(w.matmul(x[:rows]), alone[:rows]), rows
 
 
-needs_int8 = pytest.mark.skipif(blockmm.int8_unavailable() is not None,
-                                reason=str(blockmm.int8_unavailable()))
+@pytest.fixture(params=[1, 2], ids=["best-path", "avx2-path"])
+def int8_path(request, monkeypatch):
+    """Both int8 paths on any machine: the best this CPU has (VNNI where present) and AVX2."""
+    monkeypatch.setattr(blockmm, "INT8_PATH", request.param)
+    return request.param
 
 
 def _int8_weights(kind: str, n: int, k: int) -> BlockWeights:
@@ -132,9 +135,8 @@ def _int8_reference(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, tor
     return want, bound
 
 
-@needs_int8
 @pytest.mark.parametrize(("kind", "n", "k"), SHAPES)
-def test_int8_activations_are_llama_cpps_q8_1_products(kind, n, k):
+def test_int8_activations_are_llama_cpps_q8_1_products(int8_path, kind, n, k):
     """The int8 kernel computes what llama.cpp's Q8_1 activations times the blocks give, to
     float32's rounding: not merely "close to the float result" (int8 codes are 0.5 % off that)."""
     w = _int8_weights(kind, n, k)
@@ -148,9 +150,8 @@ def test_int8_activations_are_llama_cpps_q8_1_products(kind, n, k):
         assert bool(((got - want[:rows]).abs() <= bound[:rows]).all()), rows
 
 
-@needs_int8
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_int8_layout_holds_the_same_weights_and_keeps_rows_invariant(kind):
+def test_the_int8_layout_holds_the_same_weights_and_keeps_rows_invariant(int8_path, kind):
     """Same codes, scales and offsets in the int8 kernel's layout (Q8_0 as q + 128 with -128 d),
     and a row's bits again independent of the rows beside it: each row is quantised alone."""
     n, k = 200, 768
@@ -162,6 +163,18 @@ def test_the_int8_layout_holds_the_same_weights_and_keeps_rows_invariant(kind):
     alone = torch.cat([int8_layout.matmul(x[i:i + 1]) for i in range(70)])
     for rows in range(2, 71):
         assert torch.equal(int8_layout.matmul(x[:rows]), alone[:rows]), rows
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_both_int8_paths_give_the_same_bits(monkeypatch, kind):
+    """AVX2 and VNNI sum the same integers exactly and run the same float epilogue: a model
+    answers alike on either kind of CPU (on an AVX2 machine both settings take the AVX2 path)."""
+    w = _int8_weights(kind, 200, 768)
+    x = torch.randn(37, 768, generator=torch.Generator().manual_seed(9)) * 3
+    monkeypatch.setattr(blockmm, "INT8_PATH", 1)
+    best = [w.matmul(x[:rows]) for rows in (1, 4, 5, 37)]
+    monkeypatch.setattr(blockmm, "INT8_PATH", 2)
+    assert all(torch.equal(w.matmul(x[:rows]), b) for rows, b in zip((1, 4, 5, 37), best, strict=True))
 
 
 def test_bfloat16_activations_are_widened_not_rounded():

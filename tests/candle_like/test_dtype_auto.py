@@ -60,14 +60,14 @@ def test_a_gguf_on_the_int8_kernel_computes_in_float32_between_kernels(emulated_
     """Where the GGUF's blocks run on the int8-activation kernel, its integer products beat bf16
     dense matmuls even with native bf16 (docs/backends/candle_like.md), so auto keeps the blocks."""
     emulated_cpu(AVX512_BF16)
-    monkeypatch.setattr(blockmm, "int8_unavailable", lambda: None)
+    monkeypatch.setattr(blockmm, "int8_by_default", lambda: True)
     assert BackendOptions(**options).resolve_dtype(CPU, "gguf") == expected
     assert BackendOptions().resolve_dtype(CPU, "hf") == torch.bfloat16
-    monkeypatch.setattr(blockmm, "int8_unavailable", lambda: "no VNNI here")
+    monkeypatch.setattr(blockmm, "int8_by_default", lambda: False)  # no VNNI
     assert BackendOptions().resolve_dtype(CPU, "gguf") == torch.bfloat16
     # The AMX kind keeps bf16 on its tiles: not measured against the int8 kernel.
     emulated_cpu(AMX)
-    monkeypatch.setattr(blockmm, "int8_unavailable", lambda: None)
+    monkeypatch.setattr(blockmm, "int8_by_default", lambda: True)
     assert BackendOptions().resolve_dtype(CPU, "gguf") == torch.bfloat16
 
 

@@ -53,14 +53,7 @@ constexpr int DIRECT = 4;  // up to this many rows, no buffer: dequantise and mu
 template <int BITS>
 constexpr int code_bytes() { return BITS == 4 ? 8 : 16; }
 
-// Eight scales (or offsets) from i on, widened to float32 (exactly) when kept as float16.
-template <bool HALF>
-inline __m256 load_scales(const void *p, int64_t i) {
-    if constexpr (HALF)
-        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(static_cast<const uint16_t *>(p) + i)));
-    else
-        return _mm256_loadu_ps(static_cast<const float *>(p) + i);
-}
+using ruvllm::load_scales8;
 
 template <int BITS>
 inline void dequant16(const uint8_t *c, __m256 d0, __m256 d1, __m256 m0, __m256 m1, __m256 &w0, __m256 &w1) {
@@ -92,8 +85,8 @@ void direct(const float *x, int64_t k_total, const uint8_t *codes, const void *d
             float *y, int64_t ldy) {
     ACC_DECL(0) ACC_DECL(1) ACC_DECL(2) ACC_DECL(3)
     for (int64_t g = 0; g < k_total / BLOCK; g++) {
-        __m256 d0 = load_scales<HALF>(d, g * PANEL), d1 = load_scales<HALF>(d, g * PANEL + 8);
-        __m256 m0 = load_scales<HALF>(m, g * PANEL), m1 = load_scales<HALF>(m, g * PANEL + 8);
+        __m256 d0 = load_scales8<HALF>(d, g * PANEL), d1 = load_scales8<HALF>(d, g * PANEL + 8);
+        __m256 m0 = load_scales8<HALF>(m, g * PANEL), m1 = load_scales8<HALF>(m, g * PANEL + 8);
         const uint8_t *c = codes + g * BLOCK * code_bytes<BITS>();
         const float *xg = x + g * BLOCK;
 #pragma GCC unroll 4
@@ -111,8 +104,8 @@ void direct(const float *x, int64_t k_total, const uint8_t *codes, const void *d
 template <int BITS, bool HALF>
 void dequant_chunk(int64_t k0, int64_t kc, const uint8_t *codes, const void *d, const void *m, float *buf) {
     for (int64_t g = k0 / BLOCK; g < (k0 + kc) / BLOCK; g++) {
-        __m256 d0 = load_scales<HALF>(d, g * PANEL), d1 = load_scales<HALF>(d, g * PANEL + 8);
-        __m256 m0 = load_scales<HALF>(m, g * PANEL), m1 = load_scales<HALF>(m, g * PANEL + 8);
+        __m256 d0 = load_scales8<HALF>(d, g * PANEL), d1 = load_scales8<HALF>(d, g * PANEL + 8);
+        __m256 m0 = load_scales8<HALF>(m, g * PANEL), m1 = load_scales8<HALF>(m, g * PANEL + 8);
         for (int kk = 0; kk < BLOCK; kk++) {
             int64_t k = g * BLOCK + kk;
             __m256 w0, w1;
@@ -217,7 +210,7 @@ int run(const float *x, int64_t rows, int64_t k_total, int64_t n_total, const ui
 // or blockmm_int8_supported() with int8).
 extern "C" int blockmm(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int half_scales, int int8,
                        const uint8_t *codes, const void *d, const void *m, float *y, int threads) {
-    if (int8) return blockmm_int8(x, rows, k, n, bits, half_scales, codes, d, m, y, threads);
+    if (int8) return blockmm_int8(x, rows, k, n, bits, half_scales, codes, d, m, y, threads, int8);
 #ifdef BLOCKMM_X86
     return ruvllm::by_block_format(bits, half_scales, [&](auto b, auto half) {
         return run<b(), half()>(x, rows, k, n, codes, d, m, y, threads);

@@ -14,6 +14,12 @@
 // Every row is quantised alone and its outputs summed block by block in input order: a row's
 // result does not depend on the rows beside it.
 //
+// Two instruction sets, the same bits: AVX512-VNNI (vpdpbusd on 16 outputs at once) and AVX2
+// (vpmaddubsw then vpmaddwd on 8: pairs of 4-bit code x int8 products stay under 2 * 15 * 127, so
+// a block's sixteen-bit sums cannot saturate; 8-bit codes go as two nibbles, u = 16 h + l). The
+// integer sums are exact either way and the float epilogue is the same operations in the same
+// order, so a row's result does not depend on which ran.
+//
 // Layout (ruvllm_candle_like/blockmm.py, layout "int8"): outputs in panels of 16; per panel, per
 // block, 4-bit: 4 chunks of 64 bytes, chunk g byte 4 o + j = u[o, 4g + j] | u[o, 16 + 4g + j] << 4;
 // 8-bit: 8 chunks of 64 bytes, chunk g byte 4 o + j = u[o, 4g + j]. Scales and offsets as in
@@ -24,7 +30,8 @@
 
 #include "kernels.h"
 
-extern "C" int blockmm_int8_supported(void) {
+// Whether this CPU runs the VNNI path (the AVX2 one runs wherever blockmm.cpp's kernel does).
+extern "C" int blockmm_int8_vnni(void) {
 #ifdef RUVLLM_X86
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -41,6 +48,14 @@ namespace {
 
 constexpr int PANEL = 16;
 constexpr int BLOCK = 32;
+
+using PanelFn = void (*)(const int8_t *, int64_t, const float *, const float *, const uint8_t *, const void *,
+                         const void *, float *, int64_t);
+
+}  // namespace
+
+namespace vnni {
+
 constexpr int MR = 8;  // rows per pass over a panel: 8 integer + 8 float accumulators
 
 template <bool HALF>
@@ -119,16 +134,147 @@ void panel_rows(const int8_t *qa, int64_t k, const float *da, const float *sa, c
     for (int r = 0; r < R; r++) _mm512_storeu_ps(y + r * ldy, f[r]);
 }
 
-using PanelFn = void (*)(const int8_t *, int64_t, const float *, const float *, const uint8_t *, const void *,
-                         const void *, float *, int64_t);
 template <int BITS, bool HALF>
 constexpr PanelFn PANELS[MR + 1] = {nullptr, panel_rows<BITS, HALF, 1>, panel_rows<BITS, HALF, 2>,
                                     panel_rows<BITS, HALF, 3>, panel_rows<BITS, HALF, 4>, panel_rows<BITS, HALF, 5>,
                                     panel_rows<BITS, HALF, 6>, panel_rows<BITS, HALF, 7>, panel_rows<BITS, HALF, 8>};
 
+}  // namespace vnni
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+
+constexpr int MR = 4;  // rows per pass over half a panel: 4 sixteen-bit + 4 float accumulators
+
+using ruvllm::load_scales8;
+
+inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline int32_t hsum8i(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+// vnni::quantize_row's values with eight lanes: max and integer sums are exact, the rest the same
+// scalar and per-lane operations.
+void quantize_row(const float *x, int64_t k, int8_t *q, float *da, float *sa) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < k / BLOCK; b++) {
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + b * BLOCK + 8 * i);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+        }
+        const float amax = hmax8(mx);
+        const float d = amax / 127.0f;
+        const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i sum = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
+            sum = _mm256_add_epi32(sum, c);
+            const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+            _mm_storel_epi64(reinterpret_cast<__m128i *>(q + b * BLOCK + 8 * i), _mm_packs_epi16(w, w));
+        }
+        da[b] = d;
+        sa[b] = d * static_cast<float>(hsum8i(sum));
+    }
+}
+
+inline __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// R rows against outputs [8 h, 8 h + 8) of one panel.
+template <int BITS, bool HALF, int R>
+void half_panel(int h, const int8_t *qa, int64_t k, const float *da, const float *sa, const uint8_t *codes,
+                const void *d, const void *m, float *y, int64_t ldy) {
+    const int64_t nb = k / BLOCK;
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+    __m256 f[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) f[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256 dv = load_scales8<HALF>(d, b * PANEL + 8 * h), mv = load_scales8<HALF>(m, b * PANEL + 8 * h);
+        const int8_t *xb = qa + b * BLOCK;
+        __m256i acc[R];
+        if constexpr (BITS == 4) {
+            // Sixteen products of a code under 16 and |q| <= 127 sum to at most 30,480: no saturation.
+            __m256i s16[R];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
+            const uint8_t *c = codes + b * 256 + 32 * h;
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(c + 64 * g));
+                const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, bcast4(xb + r * k + 4 * g)));
+                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, bcast4(xb + r * k + 16 + 4 * g)));
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r] = _mm256_madd_epi16(s16[r], ones);
+        } else {
+            // u = 16 h + l: each nibble's products stay as small as 4-bit codes'.
+            __m256i sl[R], sh[R];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) sl[r] = sh[r] = _mm256_setzero_si256();
+            const uint8_t *c = codes + b * 512 + 32 * h;
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(c + 64 * g));
+                const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    const __m256i xq = bcast4(xb + r * k + 4 * g);
+                    sl[r] = _mm256_add_epi16(sl[r], _mm256_maddubs_epi16(lo, xq));
+                    sh[r] = _mm256_add_epi16(sh[r], _mm256_maddubs_epi16(hi, xq));
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r] = _mm256_add_epi32(_mm256_madd_epi16(sl[r], ones), _mm256_madd_epi16(sh[r], sixteen));
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_mul_ps(dv, _mm256_set1_ps(da[r * nb + b])), f[r]);
+            f[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(sa[r * nb + b]), f[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ldy + 8 * h, f[r]);
+}
+
+template <int BITS, bool HALF, int R>
+void panel_rows(const int8_t *qa, int64_t k, const float *da, const float *sa, const uint8_t *codes, const void *d,
+                const void *m, float *y, int64_t ldy) {
+    half_panel<BITS, HALF, R>(0, qa, k, da, sa, codes, d, m, y, ldy);
+    half_panel<BITS, HALF, R>(1, qa, k, da, sa, codes, d, m, y, ldy);
+}
+
 template <int BITS, bool HALF>
-int run(const float *x, int64_t rows, int64_t k, int64_t n, const uint8_t *codes, const void *d, const void *m,
-        float *y, int threads) {
+constexpr PanelFn PANELS[MR + 1] = {nullptr, panel_rows<BITS, HALF, 1>, panel_rows<BITS, HALF, 2>,
+                                    panel_rows<BITS, HALF, 3>, panel_rows<BITS, HALF, 4>};
+
+}  // namespace avx2
+#pragma GCC pop_options
+
+namespace {
+
+// Quantise every row, then each thread runs its panels over all rows, MR at a time.
+template <int BITS, bool HALF, int MR, typename Quantize>
+int run(Quantize quantize, const PanelFn *panels_fn, const float *x, int64_t rows, int64_t k, int64_t n,
+        const uint8_t *codes, const void *d, const void *m, float *y, int threads) {
     const int64_t nb = k / BLOCK, panels = n / PANEL;
     const int64_t panel_codes = nb * (BITS == 4 ? 256 : 512);
     const int64_t width = HALF ? 2 : 4;
@@ -143,14 +289,13 @@ int run(const float *x, int64_t rows, int64_t k, int64_t n, const uint8_t *codes
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) quantize_row(x + r * k, k, qa + r * k, da + r * nb, sa + r * nb);
+        for (int64_t r = 0; r < rows; r++) quantize(x + r * k, k, qa + r * k, da + r * nb, sa + r * nb);
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; p++)
             for (int64_t r0 = 0; r0 < rows; r0 += MR) {
                 const int64_t rr = rows - r0 < MR ? rows - r0 : MR;
-                PANELS<BITS, HALF>[rr](qa + r0 * k, k, da + r0 * nb, sa + r0 * nb, codes + p * panel_codes,
-                                       ds + p * nb * PANEL * width, ms + p * nb * PANEL * width,
-                                       y + r0 * n + p * PANEL, n);
+                panels_fn[rr](qa + r0 * k, k, da + r0 * nb, sa + r0 * nb, codes + p * panel_codes,
+                              ds + p * nb * PANEL * width, ms + p * nb * PANEL * width, y + r0 * n + p * PANEL, n);
             }
     }
     free(qa); free(da); free(sa);
@@ -158,19 +303,24 @@ int run(const float *x, int64_t rows, int64_t k, int64_t n, const uint8_t *codes
 }
 
 }  // namespace
-#pragma GCC pop_options
 #endif
 
 int blockmm_int8(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int half_scales,
-                 const uint8_t *codes, const void *d, const void *m, float *y, int threads) {
+                 const uint8_t *codes, const void *d, const void *m, float *y, int threads, int isa) {
 #ifdef RUVLLM_X86
-    static const int supported = blockmm_int8_supported();
-    if (!supported) return -2;
+    static const int has_vnni = blockmm_int8_vnni();
+    if (isa == 1 && has_vnni) {
+        return ruvllm::by_block_format(bits, half_scales, [&](auto b, auto half) {
+            return run<b(), half(), vnni::MR>(vnni::quantize_row, vnni::PANELS<b(), half()>, x, rows, k, n, codes,
+                                              d, m, y, threads);
+        });
+    }
     return ruvllm::by_block_format(bits, half_scales, [&](auto b, auto half) {
-        return run<b(), half()>(x, rows, k, n, codes, d, m, y, threads);
+        return run<b(), half(), avx2::MR>(avx2::quantize_row, avx2::PANELS<b(), half()>, x, rows, k, n, codes, d, m,
+                                          y, threads);
     });
 #endif
     (void)x; (void)rows; (void)k; (void)n; (void)bits; (void)half_scales; (void)codes; (void)d; (void)m;
-    (void)y; (void)threads;
+    (void)y; (void)threads; (void)isa;
     return -2;
 }

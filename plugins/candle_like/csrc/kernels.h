@@ -11,6 +11,15 @@
 
 namespace ruvllm {
 
+// Eight block scales (or offsets) from i on as float32, widened exactly when kept as float16.
+template <bool HALF>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load_scales8(const void *p, int64_t i) {
+    if constexpr (HALF)
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(static_cast<const uint16_t *>(p) + i)));
+    else
+        return _mm256_loadu_ps(static_cast<const float *>(p) + i);
+}
+
 // run(bits, half) with both as compile-time constants, for the block formats the kernels take
 // (4 or 8 bits, float16 or float32 scales); -2 for any other.
 template <typename Run>
@@ -33,12 +42,13 @@ __attribute__((target("avx2,fma,f16c"))) inline float hsum8(__m256 v) {
 }  // namespace ruvllm
 #endif
 
-// blockmm.cpp: float32 activations, or with int8 set blockmm_int8.cpp's int8 activations on its
-// own layout of the codes.
+// blockmm.cpp: float32 activations (int8 = 0), or blockmm_int8.cpp's int8 activations on its own
+// layout of the codes: int8 = 1 on the best instructions this CPU has, 2 on AVX2 whatever it has
+// (the tests' way to run that path on a VNNI machine).
 extern "C" int blockmm(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int half_scales, int int8,
                        const uint8_t *codes, const void *d, const void *m, float *y, int threads);
 int blockmm_int8(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int half_scales,
-                 const uint8_t *codes, const void *d, const void *m, float *y, int threads);
+                 const uint8_t *codes, const void *d, const void *m, float *y, int threads, int isa);
 
 // Row b of q (stride q_stride floats: heads x dim, then anything) attends over the lengths[b] pool
 // slots at slots + starts[b] of pool [slots, 2, kv_heads, dim] float16; a row of length 0 is left

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ruvllm_candle_like import native
+from ruvllm_candle_like import blockmm, native
 from ruvllm_candle_like.blockmm import PANEL, BlockWeights
 from ruvllm_candle_like.lora import LoraPlan
 from ruvllm_candle_like.paged_attention import PoolRows
@@ -136,7 +136,7 @@ def _describe(proj: Int4Projection) -> _Projection:
     n, k = weights.shape
     return _Projection(weights.codes.data_ptr(), weights.scale.data_ptr(), weights.offset.data_ptr(),
                        _pointer(proj.bias), n, k, weights.bits, weights.scale.dtype == torch.float16,
-                       weights.int8)
+                       blockmm.INT8_PATH if weights.int8 else 0)
 
 
 class NativeDecoder:

@@ -66,10 +66,10 @@ class BackendOptions:
     #: row's numerics depend on the step's row count; off by default.
     dense_weights: bool = attrs.field(default=False, validator=boolean())
     #: With the GGUF's blocks on ruvllm's kernel: quantise each row's activations to int8 per block
-    #: of 32 as llama.cpp does (its Q8_1) and multiply with integer dot products (AVX512-VNNI), the
-    #: numerics llama.cpp itself runs (blockmm.py). auto: on where the CPU has AVX512-VNNI. false:
-    #: float32 activations (what CPUs without VNNI run). true on a CPU without: float32, after one
-    #: warning saying why.
+    #: of 32 as llama.cpp does (its Q8_1) and multiply with integer dot products (AVX512-VNNI, or
+    #: AVX2 with the same bits), the numerics llama.cpp itself runs (blockmm.py). auto: on where the
+    #: CPU has AVX512-VNNI, where it was measured 2-3x faster; false: float32 activations; true: on
+    #: wherever the block kernel runs (the AVX2 path, not yet measured on the AVX2 kind).
     int8_activations: bool | str = attrs.field(default="auto", validator=any_of(boolean(), one_of(("auto",))))
     dense_from_rows: int = attrs.field(default=20, validator=positive_int())
     #: With int4 weights: run the executor's decode-only steps of fewer than dense_from_rows rows
@@ -138,8 +138,7 @@ class BackendOptions:
         if self.dtype == "auto":
             if device.type != "cpu":
                 return torch.float16
-            on_int8_blocks = (model_format == "gguf" and self.int4_weights is not False
-                              and self.int8_activations is not False and blockmm.int8_unavailable() is None)
+            on_int8_blocks = model_format == "gguf" and self.int4_weights is not False and self.resolve_int8()
             return fast_cpu_dtype(int8_blocks=on_int8_blocks)
         dtype = DTYPES[self.dtype]
         if device.type == "cpu" and dtype == torch.float16:
@@ -162,12 +161,12 @@ class BackendOptions:
 
     def resolve_int8(self) -> bool:
         """Whether the block kernel quantises activations to int8 (see ``int8_activations``)."""
-        if self.int8_activations is False:
-            return False
-        why = blockmm.int8_unavailable()
-        if why is not None and self.int8_activations is True:
+        if self.int8_activations == "auto":
+            return blockmm.int8_by_default()
+        if self.int8_activations and (why := blockmm.unavailable()) is not None:
             warn_once("int8 unavailable", "candle_like: int8_activations has no effect: %s", why)
-        return why is None
+            return False
+        return bool(self.int8_activations)
 
     def resolve_kv_dtype(self, compute: torch.dtype) -> torch.dtype:
         if self.kv_dtype != "auto":
