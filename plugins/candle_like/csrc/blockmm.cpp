@@ -205,9 +205,9 @@ int run(const float *x, int64_t rows, int64_t k_total, int64_t n_total, const ui
 #endif
 
 // y [rows, n] = x [rows, k] @ w.T; n a multiple of 16 and k of 32, all contiguous; d and m float16
-// when half_scales, else float32; int8: the codes in blockmm_int8.cpp's layout, run there. Returns
-// 0, or -1 when memory ran out or -2 when this build or CPU cannot run it (blockmm_supported() == 0,
-// or blockmm_int8_supported() with int8).
+// when half_scales, else float32; int8 (1 or 2, kernels.h): the codes in blockmm_int8.cpp's layout,
+// run there. Returns 0, or -1 when memory ran out or -2 when this build or CPU cannot run it
+// (blockmm_supported() == 0).
 extern "C" int blockmm(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int half_scales, int int8,
                        const uint8_t *codes, const void *d, const void *m, float *y, int threads) {
     if (int8) return blockmm_int8(x, rows, k, n, bits, half_scales, codes, d, m, y, threads, int8);
