@@ -16,9 +16,9 @@
 //
 // Two instruction sets, the same bits: AVX512-VNNI (vpdpbusd on 16 outputs at once) and AVX2
 // (vpmaddubsw then vpmaddwd on 8: pairs of 4-bit code x int8 products stay under 2 * 15 * 127, so
-// a block's sixteen-bit sums cannot saturate; 8-bit codes go as two nibbles, u = 16 h + l). The
-// integer sums are exact either way and the float epilogue is the same operations in the same
-// order, so a row's result does not depend on which ran.
+// a block's sixteen-bit sums cannot saturate; 8-bit codes go as two nibbles, u = 16 h + l). One
+// quantiser serves both, the integer sums are exact either way and the float epilogue is the same
+// operations in the same order, so a row's result does not depend on which ran.
 //
 // Layout (ruvllm_candle_like/blockmm.py, layout "int8"): outputs in panels of 16; per panel, per
 // block, 4-bit: 4 chunks of 64 bytes, chunk g byte 4 o + j = u[o, 4g + j] | u[o, 16 + 4g + j] << 4;
@@ -64,22 +64,6 @@ inline __m512 load16(const void *p, int64_t i) {
         return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(static_cast<const uint16_t *>(p) + i)));
     else
         return _mm512_loadu_ps(static_cast<const float *>(p) + i);
-}
-
-// One row: codes q [k], per block its scale da and scaled code sum sa.
-void quantize_row(const float *x, int64_t k, int8_t *q, float *da, float *sa) {
-    for (int64_t b = 0; b < k / BLOCK; b++) {
-        const __m512 v0 = _mm512_loadu_ps(x + b * BLOCK), v1 = _mm512_loadu_ps(x + b * BLOCK + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        const float d = amax / 127.0f;
-        const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        // Round to nearest even (the default MXCSR mode), as llama.cpp's AVX quantiser does.
-        const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(q + b * BLOCK), _mm512_cvtepi32_epi8(i0));
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(q + b * BLOCK + 16), _mm512_cvtepi32_epi8(i1));
-        da[b] = d;
-        sa[b] = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1)));
-    }
 }
 
 inline __m512i bcast4(const int8_t *p) {
@@ -162,8 +146,9 @@ inline int32_t hsum8i(__m256i v) {
     return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
-// vnni::quantize_row's values with eight lanes: max and integer sums are exact, the rest the same
-// scalar and per-lane operations.
+// One row: codes q [k], per block its scale da and scaled code sum sa. Both paths quantise with
+// it: the cost is the row's size, not the matmul's, and one quantiser is the same codes by
+// construction.
 void quantize_row(const float *x, int64_t k, int8_t *q, float *da, float *sa) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < k / BLOCK; b++) {
@@ -175,6 +160,7 @@ void quantize_row(const float *x, int64_t k, int8_t *q, float *da, float *sa) {
         const float amax = hmax8(mx);
         const float d = amax / 127.0f;
         const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        // Round to nearest even (the default MXCSR mode), as llama.cpp's AVX quantiser does.
         __m256i sum = _mm256_setzero_si256();
         for (int i = 0; i < 4; i++) {
             const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
@@ -272,8 +258,8 @@ constexpr PanelFn PANELS[MR + 1] = {nullptr, panel_rows<BITS, HALF, 1>, panel_ro
 namespace {
 
 // Quantise every row, then each thread runs its panels over all rows, MR at a time.
-template <int BITS, bool HALF, int MR, typename Quantize>
-int run(Quantize quantize, const PanelFn *panels_fn, const float *x, int64_t rows, int64_t k, int64_t n,
+template <int BITS, bool HALF, int MR>
+int run(const PanelFn *panels_fn, const float *x, int64_t rows, int64_t k, int64_t n,
         const uint8_t *codes, const void *d, const void *m, float *y, int threads) {
     const int64_t nb = k / BLOCK, panels = n / PANEL;
     const int64_t panel_codes = nb * (BITS == 4 ? 256 : 512);
@@ -289,7 +275,7 @@ int run(Quantize quantize, const PanelFn *panels_fn, const float *x, int64_t row
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) quantize(x + r * k, k, qa + r * k, da + r * nb, sa + r * nb);
+        for (int64_t r = 0; r < rows; r++) avx2::quantize_row(x + r * k, k, qa + r * k, da + r * nb, sa + r * nb);
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; p++)
             for (int64_t r0 = 0; r0 < rows; r0 += MR) {
@@ -311,12 +297,12 @@ int blockmm_int8(const float *x, int64_t rows, int64_t k, int64_t n, int bits, i
     static const int has_vnni = blockmm_int8_vnni();
     if (isa == 1 && has_vnni) {
         return ruvllm::by_block_format(bits, half_scales, [&](auto b, auto half) {
-            return run<b(), half(), vnni::MR>(vnni::quantize_row, vnni::PANELS<b(), half()>, x, rows, k, n, codes,
+            return run<b(), half(), vnni::MR>(vnni::PANELS<b(), half()>, x, rows, k, n, codes,
                                               d, m, y, threads);
         });
     }
     return ruvllm::by_block_format(bits, half_scales, [&](auto b, auto half) {
-        return run<b(), half(), avx2::MR>(avx2::quantize_row, avx2::PANELS<b(), half()>, x, rows, k, n, codes, d, m,
+        return run<b(), half(), avx2::MR>(avx2::PANELS<b(), half()>, x, rows, k, n, codes, d, m,
                                           y, threads);
     });
 #endif
