@@ -80,8 +80,7 @@ def _run(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torc
     rows, k = x.shape
     padded = codes.shape[0] * PANEL
     y = torch.empty(rows, padded)
-    # The int8 layout is [panels, blocks, chunks, 64]: four dimensions where the float one has three.
-    int8 = INT8_PATH if codes.dim() == 4 else 0
+    int8 = INT8_PATH if _int8_layout(codes) else 0
     rc = fn(x.data_ptr(), rows, k, padded, bits, scale.dtype == torch.float16, int8, codes.data_ptr(),
             scale.data_ptr(), offset.data_ptr(), y.data_ptr(), torch.get_num_threads())
     if rc != 0:
@@ -164,7 +163,7 @@ class BlockWeights:
     @property
     def int8(self) -> bool:
         """True when the codes are in the int8-activation kernel's layout."""
-        return self.codes.dim() == 4
+        return _int8_layout(self.codes)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ w.T`` in float32, for ``x`` of ``[rows, k]`` in any float dtype."""
@@ -204,6 +203,12 @@ class BlockWeights:
             return self.codes.view(torch.int8)[panel, :, lane]
         byte = self.codes[panel, :, lane % (PANEL // 2)]
         return torch.where((lane < PANEL // 2)[:, None], byte & 0x0F, byte >> 4)
+
+
+def _int8_layout(codes: torch.Tensor) -> bool:
+    """The int8 kernel's layout is ``[panels, blocks, chunks, 64]``: four dimensions where the
+    float one has three."""
+    return codes.dim() == 4
 
 
 def _padded(codes: np.ndarray) -> np.ndarray:
