@@ -289,6 +289,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", default="1,4,16", help="client levels, comma-separated")
     ap.add_argument("--gen-length", type=int, default=64)
+    ap.add_argument("--model", default=None,
+                    help="a model reference or GGUF path for every server (default: the embedded model)")
     ap.add_argument("--prompt-length", default="64",
                     help="prompt lengths in tokens, comma-separated: each is a sweep over --clients, every "
                          "request with a prompt of its own (issue 59's short and long: 64,550)")
@@ -332,7 +334,7 @@ def main() -> int:
     levels = [int(c) for c in args.clients.split(",")]
     lengths = sorted({int(n) for n in args.prompt_length.split(",")})
     per_sweep = prompts_per_sweep(levels, args.min_requests)
-    with LLM(backend="llamacpp") as llm:
+    with LLM(backend="llamacpp", model=args.model) as llm:
         model_path = llm.info.path
         eos_ids = llm.info.special_tokens.eos_ids
         if args.workload == "grounded":  # its few prompts, in turn; labelled by their median length
@@ -359,7 +361,7 @@ def main() -> int:
             opts.setdefault("kv_budget_mib", str(args.kv_budget_mib))
         url = f"http://127.0.0.1:{free_port()}"
         cmd = [str(bin_dir / "ruvllm"), "serve", "--backend", backend, "--port", url.rsplit(":", 1)[1],
-               "--log-level", "warning"]
+               "--log-level", "warning", *(["--model", args.model] if args.model else [])]
         for key, value in opts.items():
             cmd += ["-o", f"{key}={value}"]
         settings = [*(f"{k}={v}" for k, v in opts.items()), *([" ".join(flags)] if flags else [])]

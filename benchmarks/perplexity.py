@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/perplexity.py
     .venv/bin/python benchmarks/perplexity.py --variant 'candle_like:dtype=bfloat16'
+    .venv/bin/python benchmarks/perplexity.py --model /path/to/other.gguf
 
 Issue 59 asks that candle_like's int4 path (the GGUF's Q4 codes on torch's packed int4 kernel)
 score a held-out text within 1 % of llama.cpp's perplexity on the same GGUF. Every variant is a
@@ -61,15 +62,18 @@ def main() -> None:
     ap.add_argument("--variant", action="append", help="BACKEND:KEY=VALUE,... (repeatable; default: "
                     + "; ".join(DEFAULT_VARIANTS) + ")")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default="default",
+                    help="a model reference or GGUF path (default: the embedded model)")
     a = ap.parse_args()
     print(machine_line())
+    print(f"model: {a.model}")
     strings = [GENERAL_TEXT, *VALIDATION_TEXTS]
     rows = []
     ids_of_first: list[list[int]] | None = None
     for spec in a.variant or DEFAULT_VARIANTS:
         backend, options = parse_variant(spec)
         options.setdefault("n_threads", a.threads)
-        config = load_config(overrides={"backend": backend, "model": "default"},
+        config = load_config(overrides={"backend": backend, "model": a.model},
                              backend_options=options)
         start = time.perf_counter()
         engine = ServingEngine.from_config(config)

@@ -13,10 +13,10 @@ import torch
 from ruvllm.gguf_file import read_gguf_file
 from ruvllm.registry import embedded_model_path
 from ruvllm_candle_like import blockmm
+from ruvllm_candle_like.block_codes import BlockCodes, block_codes, concat
 from ruvllm_candle_like.blockmm import BlockWeights
-from ruvllm_candle_like.int4 import int4_codes
 
-from .test_int4 import _blocks, _random_blocks
+from .test_block_codes import _blocks, _random_blocks
 
 pytestmark = pytest.mark.skipif(blockmm.unavailable() is not None, reason=str(blockmm.unavailable()))
 
@@ -30,12 +30,7 @@ def test_every_quantised_tensor_of_the_embedded_model_dequantises_exactly():
         if t.type_name not in ("Q4_1", "Q8_0"):
             continue
         blocks = _blocks(f, t)
-        if t.type_name == "Q8_0":
-            weights = BlockWeights.from_q8_0(blocks)
-        else:
-            codes = int4_codes(blocks)
-            assert codes is not None
-            weights = BlockWeights.from_int4(codes)
+        weights = BlockWeights.from_codes(_codes(blocks))
         assert torch.equal(weights.dequantize(), torch.from_numpy(blocks.dequantize())), t.name
         # The file's f16 scales and offsets stay f16: 20 bytes a block, as in the file.
         assert weights.scale.dtype == weights.offset.dtype == torch.float16, t.name
@@ -43,29 +38,37 @@ def test_every_quantised_tensor_of_the_embedded_model_dequantises_exactly():
     assert seen == {"Q4_1", "Q8_0"}
 
 
-@pytest.mark.parametrize(("type_name", "d_offsets"), [("Q4_0", (0,)), ("Q4_1", (0, 2)), ("Q4_K", (0, 2))])
-def test_the_other_4_bit_types_dequantise_exactly(type_name, d_offsets):
-    blocks = _random_blocks(type_name, 40, 512, d_offsets)  # 40 outputs: a padded last panel
-    codes = int4_codes(blocks)
+def _codes(blocks) -> BlockCodes:
+    codes = block_codes(blocks)
     assert codes is not None
-    weights = BlockWeights.from_int4(codes)
+    return codes
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K"])
+@pytest.mark.parametrize("int8", [False, True], ids=["float-layout", "int8-layout"])
+def test_the_other_types_dequantise_exactly(type_name, int8):
+    blocks = _random_blocks(type_name, 40, 512)  # 40 outputs: a padded last panel
+    weights = BlockWeights.from_codes(_codes(blocks), int8=int8)
     assert torch.equal(weights.dequantize(), torch.from_numpy(blocks.dequantize()))
-    # Q4_K's scales are products of two (d * sc), which float16 does not hold: those stay float32.
-    assert weights.scale.dtype == (torch.float32 if type_name == "Q4_K" else torch.float16)
+    # The K-quants' scales are products of two (d * sc), which float16 does not hold: float32.
+    assert weights.scale.dtype == (torch.float32 if type_name.endswith("_K") else torch.float16)
 
 
-def _weights(kind: str, n: int, k: int) -> BlockWeights:
-    """Random blocks as a GGUF holds them (``code * scale`` is exact in float32): Q8_0 and Q4_1
-    run with float16 scales, Q4_K with float32 ones."""
-    if kind == "Q8_0":
-        return BlockWeights.from_q8_0(_random_blocks("Q8_0", n, k, (0,)))
-    codes = int4_codes(_random_blocks(kind, n, k, (0, 2)))
-    assert codes is not None
-    return BlockWeights.from_int4(codes)
+def _weights(kind: str, n: int, k: int, *, int8: bool = False) -> BlockWeights:
+    """Random blocks as a GGUF holds them (``code * scale`` is exact in float32): Q8_0, Q4_1 and
+    Q5_0 run with float16 scales, the K-quants with float32 ones; "Q4_K+Q8_0" is a fused matrix
+    of both widths (8-bit codes, unsigned groups with offsets beside signed ones)."""
+    if kind == "Q4_K+Q8_0":
+        half = n // 2
+        codes = concat([_codes(_random_blocks("Q4_K", half, k)), _codes(_random_blocks("Q8_0", n - half, k))])
+    else:
+        codes = _codes(_random_blocks(kind, n, k))
+    return BlockWeights.from_codes(codes, int8=int8)
 
 
-KINDS = ("Q4_1", "Q4_K", "Q8_0")
-#: Q4_K's super-blocks need k a multiple of 256, so the short k (one partial chunk) is for the others.
+KINDS = ("Q4_1", "Q4_K", "Q8_0", "Q5_0", "Q5_K", "Q4_K+Q8_0")
+#: The K-quants' super-blocks need k a multiple of 256, so the short k (one partial chunk) is for
+#: the others.
 SHAPES = [*((kind, 200, 1536) for kind in KINDS), ("Q4_1", 96, 64), ("Q8_0", 96, 64)]
 
 
@@ -111,11 +114,7 @@ def int8_path(request, monkeypatch):
 
 
 def _int8_weights(kind: str, n: int, k: int) -> BlockWeights:
-    if kind == "Q8_0":
-        return BlockWeights.from_q8_0(_random_blocks("Q8_0", n, k, (0,)), int8=True)
-    codes = int4_codes(_random_blocks(kind, n, k, (0, 2)))
-    assert codes is not None
-    return BlockWeights.from_int4(codes, int8=True)
+    return _weights(kind, n, k, int8=True)
 
 
 def _int8_reference(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,7 +151,7 @@ def test_int8_activations_are_llama_cpps_q8_1_products(int8_path, kind, n, k):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_int8_layout_holds_the_same_weights_and_keeps_rows_invariant(int8_path, kind):
-    """Same codes, scales and offsets in the int8 kernel's layout (Q8_0 as q + 128 with -128 d),
+    """Same codes, scales and offsets in the int8 kernel's layout (signed groups as q + 128 with -128 d),
     and a row's bits again independent of the rows beside it: each row is quantised alone."""
     n, k = 200, 768
     float_layout, int8_layout = _weights(kind, n, k), _int8_weights(kind, n, k)

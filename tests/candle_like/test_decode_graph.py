@@ -14,8 +14,8 @@ import torch
 from ruvllm.executor import BatchEntry
 from ruvllm.testing.isolation import NearTieRule, max_distance
 from ruvllm_candle_like import decode_graph
+from ruvllm_candle_like.block_codes import GgufBlocks
 from ruvllm_candle_like.executor import PagedExecutor
-from ruvllm_candle_like.int4 import GgufBlocks
 from ruvllm_candle_like.model import Transformer
 
 from .tiny import tiny_config, tiny_weights

@@ -1,9 +1,8 @@
-"""The GGUF -> packed int4 mapping (ruvllm_candle_like.int4) against llama.cpp's dequantisation.
+"""torch's packed int4 kernel (ruvllm_candle_like.int4) on the GGUF's 4-bit codes, against
+llama.cpp's dequantisation (``gguf.quants.dequantize``, its reference). Two things are proved on
+every Q4_1 tensor of the embedded model:
 
-``gguf.quants.dequantize`` is llama.cpp's reference (the ``gguf`` package ships with llama.cpp).
-Two things are proved on every Q4_1 tensor of the embedded model:
-
-1. the mapping: ``(code - 8) * d + (m + 8 d)`` in float32 equals the reference bit for bit
+1. its zero point: ``(code - 8) * d + (m + 8 d)`` in float32 equals the reference bit for bit
    (``(code - 8) * d`` is exact, so both sides round once, in the same place);
 2. the kernel: ``_weight_int4pack_mm_for_cpu`` on an identity returns, bit for bit, the bfloat16
    of ``(code - 8) * bf16(scale) + bf16(zero)`` computed in float32. That pins its formula and
@@ -21,7 +20,10 @@ import pytest
 import torch
 from ruvllm.gguf_file import read_gguf_file
 from ruvllm.registry import embedded_model_path
-from ruvllm_candle_like.int4 import GROUP, GgufBlocks, Int4Codes, PackedInt4, int4_codes, requantize
+from ruvllm_candle_like.block_codes import GROUP, BlockCodes, block_codes
+from ruvllm_candle_like.int4 import PackedInt4, requantize
+
+from .test_block_codes import _blocks, _random_blocks
 
 #: bf16 keeps 8 significant bits: |d - bf16(d)| <= 2^-8 |d| (round to nearest), so a weight the
 #: kernel computes with is off llama.cpp's by at most 2^-8 (8 |d| + |m + 8 d|) (|code - 8| <= 8),
@@ -29,11 +31,7 @@ from ruvllm_candle_like.int4 import GROUP, GgufBlocks, Int4Codes, PackedInt4, in
 BF16_HALF_ULP = 2.0**-8
 
 
-def _blocks(f, t) -> GgufBlocks:
-    return GgufBlocks(t.type_name, t.type, f.tensor_data(t), tuple(reversed(t.shape)))
-
-
-def _kernel_formula(codes: Int4Codes) -> torch.Tensor:
+def _kernel_formula(codes: BlockCodes) -> torch.Tensor:
     s = torch.from_numpy(codes.scale).bfloat16().float().repeat_interleave(GROUP, 1)
     z = torch.from_numpy(codes.zero).bfloat16().float().repeat_interleave(GROUP, 1)
     return ((torch.from_numpy(codes.codes).float() - 8) * s + z).bfloat16()
@@ -46,10 +44,12 @@ def test_every_q4_tensor_of_the_embedded_model_maps_exactly():
     worst = 0.0
     for t in quantized:
         blocks = _blocks(f, t)
-        codes = int4_codes(blocks)
+        codes = block_codes(blocks)
         assert codes is not None
         reference = blocks.dequantize()
-        assert np.array_equal(codes.dequantize(), reference), t.name
+        assert np.array_equal((codes.codes.astype(np.float32) - 8).reshape(codes.shape[0], -1, GROUP)
+                              * codes.scale[..., None] + codes.zero[..., None],
+                              reference.reshape(codes.shape[0], -1, GROUP)), t.name
         packed = PackedInt4.pack(codes)
         got = packed.matmul(torch.eye(codes.shape[1])).T
         assert torch.equal(got, _kernel_formula(codes)), t.name
@@ -66,34 +66,12 @@ def test_every_q4_tensor_of_the_embedded_model_maps_exactly():
     logging.getLogger(__name__).info("worst |error| / (8 |d| + |zero|) from bf16 scales: %.6f", worst)
 
 
-def _random_blocks(type_name: str, rows: int, cols: int, d_offsets: tuple[int, ...]) -> GgufBlocks:
-    """Random codes, scales and mins in ``type_name``'s layout, its f16 scales at ``d_offsets``."""
-    import gguf
-
-    qtype = gguf.GGMLQuantizationType[type_name]
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    rng = np.random.default_rng(0)
-    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    for at in d_offsets:
-        d = (rng.random((rows, cols // block)) * 0.02 + 1e-3).astype(np.float16)
-        raw[..., at:at + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
-    return GgufBlocks(type_name, int(qtype), raw.reshape(rows, -1), (rows, cols))
-
-
-@pytest.mark.parametrize(("type_name", "d_offsets"), [("Q4_0", (0,)), ("Q4_1", (0, 2)), ("Q4_K", (0, 2))])
-def test_the_other_mapped_types_map_exactly(type_name, d_offsets):
-    """On random blocks (the embedded model has no Q4_0 or Q4_K): Q4_0's zero is 0; Q4_K's 8
-    groups of 32 per super-block take their 6-bit scales and mins."""
-    blocks = _random_blocks(type_name, 64, 512, d_offsets)
-    codes = int4_codes(blocks)
-    assert codes is not None and codes.scale.shape == (64, 512 // GROUP)
-    assert np.array_equal(codes.dequantize(), blocks.dequantize())
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q4_K"])
+def test_every_4_bit_type_runs_the_kernel_formula(type_name):
+    """On random blocks (the embedded model has no Q4_0 or Q4_K): Q4_0's zero is 0."""
+    codes = block_codes(_random_blocks(type_name, 64, 512))
+    assert codes is not None
     assert torch.equal(PackedInt4.pack(codes).matmul(torch.eye(512)).T, _kernel_formula(codes))
-
-
-def test_other_types_have_no_mapping():
-    assert int4_codes(_random_blocks("Q6_K", 4, 256, (208,))) is None
-    assert int4_codes(_random_blocks("Q8_0", 4, 64, (0,))) is None
 
 
 def test_the_int4_kernel_gives_a_row_the_same_bits_at_every_row_count():

@@ -94,20 +94,44 @@ def test_the_options_choose_the_projections(embedded_source, options, kind, dens
 
 
 def test_a_fused_matrix_with_an_unmapped_part_runs_dense_and_says_so(caplog):
-    """q/k Q4_1 with a Q6_K v (as in Q4_K_M files): the whole q/k/v runs dense, exactly dequantised,
-    after one log line naming the type."""
+    """q/k Q4_1 with a Q3_K v: the whole q/k/v runs dense, exactly dequantised, after one log
+    line naming the type."""
     from ruvllm_candle_like import cpu_dtype
     from ruvllm_candle_like.weights import ProjectionFactory
 
-    from .test_int4 import _random_blocks
+    from .test_block_codes import _random_blocks
 
-    q4 = _random_blocks("Q4_1", 64, 256, (0, 2))
-    q6 = _random_blocks("Q6_K", 32, 256, (208,))
+    q4 = _random_blocks("Q4_1", 64, 256)
+    q3 = _random_blocks("Q3_K", 32, 256, (108,))
     factory = ProjectionFactory(dtype=torch.float32, device=torch.device("cpu"), prepack=False, int4=True)
-    cpu_dtype._warned.discard("int4 Q6_K")
+    cpu_dtype._warned.discard("codes Q3_K")
+    with caplog.at_level("WARNING"):
+        proj = factory([("blk.0.attn_q.weight", q4), ("blk.0.attn_v.weight", q3)])
+    assert type(proj) is Projection
+    assert torch.equal(proj.weight, torch.from_numpy(np.concatenate([q4.dequantize(), q3.dequantize()])))
+    assert "Q3_K weights (first: blk.0.attn_v.weight) have no block-kernel mapping" in caplog.text
+    assert type(factory([("blk.0.attn_q.weight", q4)])) is Int4Projection
+
+
+@pytest.mark.skipif(blockmm.unavailable() is not None, reason=str(blockmm.unavailable()))
+def test_a_q4_k_m_style_fused_matrix_runs_on_8_bit_codes_and_says_what_is_requantised(caplog):
+    """q Q4_1 with a Q6_K v (as in Q4_K_M files): one 8-bit matrix on the block kernel, q's
+    weights exactly, v's re-quantised within half a step; one log line says so."""
+    from ruvllm_candle_like import cpu_dtype
+    from ruvllm_candle_like.block_codes import block_codes
+    from ruvllm_candle_like.weights import ProjectionFactory
+
+    from .test_block_codes import _random_blocks
+
+    q4 = _random_blocks("Q4_1", 64, 256)
+    q6 = _random_blocks("Q6_K", 32, 256)
+    factory = ProjectionFactory(dtype=torch.float32, device=torch.device("cpu"), prepack=False, int4=True)
+    cpu_dtype._warned.discard("codes Q6_K")
     with caplog.at_level("WARNING"):
         proj = factory([("blk.0.attn_q.weight", q4), ("blk.0.attn_v.weight", q6)])
-    assert type(proj) is Projection
-    assert torch.equal(proj.weight, torch.from_numpy(np.concatenate([q4.dequantize(), q6.dequantize()])))
-    assert "Q6_K weights (first: blk.0.attn_v.weight) have no int4 mapping" in caplog.text
-    assert type(factory([("blk.0.attn_q.weight", q4)])) is Int4Projection
+    assert type(proj) is Int4Projection and proj.int4.bits == 8
+    requantised = block_codes(q6)
+    assert requantised is not None
+    want = np.concatenate([q4.dequantize(), requantised.dequantize()])
+    assert torch.equal(proj.weight, torch.from_numpy(want))
+    assert "Q6_K weights (first: blk.0.attn_v.weight) run re-quantised to 8 bits" in caplog.text

@@ -24,10 +24,12 @@ from ruvllm.models import ModelSource
 from ruvllm_candle_like import native
 from ruvllm_candle_like.config import GGUF_ARCHITECTURES
 
-#: The GGUF types int4.py maps onto 4-bit codes, group 32, without re-quantising: the block
-#: kernel runs them as stored.
+#: The GGUF types block_codes.py maps onto 4-bit codes, group 32, without re-quantising: the
+#: block kernel runs them as stored.
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-#: Every type the block kernel runs: the 4-bit ones and Q8_0.
+#: The types it maps onto 8-bit codes as stored.
+EIGHT_BIT_TYPES = ("Q5_0", "Q5_1", "Q5_K", "Q8_0")
+#: The types this claim covers: measured against llama-server (the embedded model's Q4_1/Q8_0).
 BLOCK_TYPES = (*FOUR_BIT_TYPES, "Q8_0")
 #: A layer's projection tensors in a GGUF.
 PROJECTION_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")

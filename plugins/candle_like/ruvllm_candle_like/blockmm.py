@@ -8,11 +8,12 @@ kernel quantised weights need no dense copy for prefill: the weights stay at abo
 bytes at every row count.
 
 - Weights are the file's own codes, scales and offsets: ``w = code * scale + offset`` in float32,
-  llama.cpp's dequantisation bit for bit (4-bit: Q4_0, Q4_1, Q4_K through
-  :class:`~ruvllm_candle_like.int4.Int4Codes`; 8-bit: Q8_0, the embedded model's tied head).
-  Scales and offsets stay float16, as in the file, wherever float16 holds every one exactly
-  (Q4_0, Q4_1, Q8_0; Q4_K's products of two scales need float32): a block of 32 weights is then
-  20 bytes, not 24, which the embedded model's resident size and every decode step's reads feel.
+  llama.cpp's dequantisation bit for bit (:class:`~ruvllm_candle_like.block_codes.BlockCodes`:
+  4-bit Q4_0, Q4_1, Q4_K; 8-bit Q5_0, Q5_1, Q5_K, Q8_0, the embedded model's tied head; Q6_K
+  re-quantised to 8 bits). Scales and offsets stay float16, as in the file, wherever float16
+  holds every one exactly (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the K-quants' products of two scales
+  need float32): a 4-bit block of 32 weights is then 20 bytes, not 24, which the embedded
+  model's resident size and every decode step's reads feel.
 - Activations and sums are float32: no bfloat16 rounding of the input, unlike torch's kernel.
 - Each output is one chain of FMAs over the inputs in order, whatever the row count and path: a
   row's result has the same bits alone or in any batch (the batch-invariant mode relies on it).
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 
 from ruvllm_candle_like import native
-from ruvllm_candle_like.int4 import GROUP, GgufBlocks, Int4Codes
+from ruvllm_candle_like.block_codes import GROUP, BlockCodes
 
 #: Outputs per panel of the kernel's layout.
 PANEL = 16
@@ -120,32 +121,30 @@ class BlockWeights:
     shape: tuple[int, int]
 
     @classmethod
-    def from_int4(cls, codes: Int4Codes, *, int8: bool = False) -> BlockWeights:
-        """4-bit codes (Q4_0, Q4_1, Q4_K as :mod:`~ruvllm_candle_like.int4` maps them), for
-        float32 or (``int8``) int8 activations."""
-        if int8:
+    def from_codes(cls, codes: BlockCodes, *, int8: bool = False) -> BlockWeights:
+        """The codes (block_codes.py) for float32 or (``int8``) int8 activations."""
+        rows, cols = codes.shape
+        groups = cols // GROUP
+        if codes.bits == 4 and int8:
             # [panels, 16 outputs, blocks, half, chunk, 4]: half 0 in the low nibble, 1 in the high.
-            q = _padded(codes.codes).reshape(-1, PANEL, codes.shape[1] // GROUP, 2, 4, 4)
+            q = _padded(codes.codes).reshape(-1, PANEL, groups, 2, 4, 4)
             packed = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).transpose(0, 2, 3, 1, 4)
             return cls._make(packed.reshape(*packed.shape[:3], -1), codes.scale, codes.offset, 4, codes.shape)
-        q = _panels(codes.codes)
-        packed = q[..., :PANEL // 2] | (q[..., PANEL // 2:] << 4)
-        return cls._make(packed, codes.scale, codes.offset, 4, codes.shape)
-
-    @classmethod
-    def from_q8_0(cls, blocks: GgufBlocks, *, int8: bool = False) -> BlockWeights:
-        """Q8_0: per block of 32, an f16 scale ``d`` and 32 signed bytes ``q``, ``w = q * d``."""
-        rows, cols = blocks.shape
-        b = blocks.raw.reshape(rows, cols // GROUP, 2 + GROUP)
-        d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0]
-        q = np.ascontiguousarray(b[..., 2:]).reshape(rows, cols)
-        if int8:
-            # Unsigned codes for vpdpbusd: w = (q + 128) * d - 128 d, every term exact in float32.
-            u = (q.view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-            chunks = _padded(u).reshape(-1, PANEL, cols // GROUP, 8, 4).transpose(0, 2, 3, 1, 4)
-            return cls._make(chunks.reshape(*chunks.shape[:3], -1), d, d.astype(np.float32) * -128, 8,
-                             (rows, cols))
-        return cls._make(_panels(q), d, np.zeros_like(d), 8, (rows, cols))
+        if codes.bits == 4:
+            q = _panels(codes.codes)
+            return cls._make(q[..., :PANEL // 2] | (q[..., PANEL // 2:] << 4), codes.scale, codes.offset, 4,
+                             codes.shape)
+        if not int8:
+            return cls._make(_panels(codes.codes.view(np.uint8)), codes.scale, codes.offset, 8, codes.shape)
+        # vpdpbusd takes unsigned codes: a group with a negative code is stored as q + 128 with the
+        # offset -128 scale (exact: such groups have a zero offset, block_codes.py).
+        q = codes.codes.reshape(rows, groups, GROUP)
+        signed = (q < 0).any(axis=-1)
+        assert not codes.offset[signed].any(), "a group with negative codes has an offset"
+        u = (q.astype(np.int16) + np.int16(128) * signed[..., None]).astype(np.uint8)
+        offset = np.where(signed, np.float32(-128) * codes.scale, codes.offset)
+        chunks = _padded(u.reshape(rows, cols)).reshape(-1, PANEL, groups, 8, 4).transpose(0, 2, 3, 1, 4)
+        return cls._make(chunks.reshape(*chunks.shape[:3], -1), codes.scale, offset, 8, codes.shape)
 
     @classmethod
     def _make(cls, packed: np.ndarray, scale: np.ndarray, offset: np.ndarray, bits: int,

@@ -3,7 +3,7 @@
 Every quantisation the ``gguf`` package can dequantise (Q4_0, Q4_1, Q8_0, the K-quants, F16,
 F32...) is expanded to float32 here; the model then runs in the configured dtype. Asked for blocks,
 the quantised projection matrices come as their GGUF blocks instead (rows un-permuted), for the
-model to run as packed int4 (:mod:`ruvllm_candle_like.int4`) or dequantise. llama.cpp's
+model to run as packed int4 (:mod:`ruvllm_candle_like.block_codes`) or dequantise. llama.cpp's
 converter permutes the rows of ``attn_q``/``attn_k`` of Llama-architecture models so that its
 interleaved ("normal") RoPE applies; we undo that permutation so one model implementation with
 the Hugging Face (half-split) RoPE layout serves GGUF and HF weights alike. Qwen2 uses the
@@ -24,8 +24,8 @@ from ruvllm.errors import ModelError, ModelLoadError
 from ruvllm.gguf_file import GgufFile, read_gguf_file
 from ruvllm.hf_tokenizer import GgufVocab
 
+from ruvllm_candle_like.block_codes import GgufBlocks, dequantize
 from ruvllm_candle_like.config import GGUF_ARCHITECTURES, ModelConfig
-from ruvllm_candle_like.int4 import GgufBlocks, dequantize
 
 #: Architectures whose q/k rows llama.cpp's converter permuted.
 PERMUTED_ARCHITECTURES = ("llama", "mistral")

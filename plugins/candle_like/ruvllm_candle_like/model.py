@@ -20,15 +20,16 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+import attrs
 import numpy as np
 import torch
 import torch.nn.functional as F
 from ruvllm.errors import ModelLoadError
 
 from ruvllm_candle_like import native_decoder
+from ruvllm_candle_like.block_codes import GgufBlocks
 from ruvllm_candle_like.blockmm import BlockWeights
 from ruvllm_candle_like.config import ModelConfig
-from ruvllm_candle_like.int4 import GgufBlocks
 from ruvllm_candle_like.lora import LoraPlan
 from ruvllm_candle_like.projection import Int4Projection, Projection
 from ruvllm_candle_like.weights import AnyProjection, ProjectionFactory, Weight, as_tensor
@@ -122,8 +123,8 @@ class Transformer:
                  int8: bool = False):
         """``prepack``: also keep oneDNN-packed copies of the projections (CPU only; they
         double the projections' memory for 1.5x faster matmuls). ``int4``: run the projections
-        and the head given as GGUF blocks on those blocks (int4 codes, Q8_0 on the native
-        kernel), with a dense copy for calls of ``dense_rows`` rows or more when that is set
+        and the head given as GGUF blocks on those blocks (block_codes.py; 8-bit codes on the
+        native kernel only), with a dense copy for calls of ``dense_rows`` rows or more when that is set
         (weights.py); ``int8``: the block kernel quantises activations to int8 (blockmm.py)."""
         self.cfg = cfg
         self.dtype = dtype
@@ -156,7 +157,8 @@ class Transformer:
         head = embedding if self.tied else "lm_head.weight"
         # On its own blocks where they map (the embedded model's Q8_0 embedding: a quarter of
         # float32's bytes, read in full by every step); else dense, sharing the embedding if tied.
-        quantized_head = projection.quantized([(head, given(head))])
+        # No dense copy: the head mostly sees one row per sequence (a prompt's last position).
+        quantized_head = attrs.evolve(projection, dense_rows=None).quantized([(head, given(head))])
         #: A tied head on ruvllm's kernel also serves the token rows (dequantised per lookup,
         #: exactly): no float32 copy of the vocabulary's rows stays resident.
         self.embedding_blocks = (quantized_head.int4 if self.tied and quantized_head is not None

@@ -49,12 +49,13 @@ class BackendOptions:
     #: Keep a oneDNN-packed copy of every projection for faster CPU matmuls (costs as much
     #: memory again as the projection weights; ignored off CPU).
     prepack_weights: bool = attrs.field(default=True, validator=boolean())
-    #: GGUF on CPU: run the projections on the file's own blocks (Q4_0/Q4_1/Q4_K as int4 codes,
-    #: Q8_0 as int8, the tied head included) instead of dense float copies; other types and
-    #: devices run dense. auto: on when computing in float32 where ruvllm's native block kernel
-    #: runs (x86-64 with AVX2 and FMA, blockmm.py): there it measured faster than dense float32
-    #: at every row count, at a fifth of the memory, and a row's numerics do not depend on the
-    #: step's row count. In bfloat16 (explicit, or dtype=auto on a CPU with native bf16 but no
+    #: GGUF on CPU: run the projections on the file's own blocks (block_codes.py: Q4_0/Q4_1/Q4_K
+    #: as 4-bit codes, Q5_0/Q5_1/Q5_K/Q8_0 as 8-bit ones, Q6_K re-quantised to 8 bits, the tied
+    #: head included) instead of dense float copies; other types and devices run dense.
+    #: auto: on when computing in float32 where ruvllm's native block kernel runs (x86-64 with
+    #: AVX2 and FMA, blockmm.py): there it measured faster than dense float32 at every row
+    #: count, at a fifth of the memory, and a row's numerics do not depend on the step's row
+    #: count. In bfloat16 (explicit, or dtype=auto on a CPU with native bf16 but no
     #: AVX512-VNNI for the int8 kernel) auto stays dense: oneDNN's bf16 matmuls on AMX or
     #: avx512_bf16 are the fast path for prefill and big batches there. true: on in any dtype,
     #: also on torch's packed int4 kernel where the native one is missing (bf16 activations).

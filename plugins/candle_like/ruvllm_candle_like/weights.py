@@ -1,9 +1,9 @@
-"""Which kernel each projection matrix gets: packed int4 from the GGUF's blocks, or dense.
+"""Which kernel each projection matrix gets: the GGUF's blocks as codes, or dense.
 
-A fused matrix (q/k/v, gate/up) runs int4 only when every part maps onto int4
-(:func:`ruvllm_candle_like.int4.int4_codes`); one part in another type (a Q6_K ``attn_v`` in a
-Q4_K_M file) makes the whole matrix dense, dequantised exactly, rather than re-quantising the
-part that has no int4 mapping.
+A fused matrix (q/k/v, gate/up) runs on its codes when every part maps onto codes
+(:func:`ruvllm_candle_like.block_codes.block_codes`), in the widest part's width; one part in a
+type with no mapping (a Q3_K ``attn_v``) makes the whole matrix dense, dequantised exactly.
+8-bit codes need ruvllm's block kernel; where it cannot run, only 4-bit ones take torch's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import numpy as np
 import torch
 
 from ruvllm_candle_like import blockmm
-from ruvllm_candle_like.int4 import GgufBlocks, Int4Codes, PackedInt4, codes_or_log, concat
+from ruvllm_candle_like.block_codes import BlockCodes, GgufBlocks, codes_or_log, concat
+from ruvllm_candle_like.cpu_dtype import warn_once
+from ruvllm_candle_like.int4 import PackedInt4
 from ruvllm_candle_like.projection import Int4Projection, Projection, QuantizedKernel, pack_weight
 
 #: A weight as the loader hands it over: a tensor, or a GGUF tensor's blocks.
@@ -36,7 +38,8 @@ class ProjectionFactory:
     device: torch.device
     #: Keep oneDNN-packed copies of dense weights (projection.py).
     prepack: bool = True
-    #: Run projections whose GGUF blocks map onto int4 on the packed int4 kernel (CPU only).
+    #: Run projections whose GGUF blocks map onto codes (block_codes.py) on them (CPU only): on
+    #: ruvllm's block kernel, else torch's int4 kernel.
     int4: bool = False
     #: With int4: also keep a dense copy, taken by calls of at least this many rows (None: no copy).
     dense_rows: int | None = None
@@ -54,36 +57,30 @@ class ProjectionFactory:
 
     def quantized(self, parts: Sequence[tuple[str, Weight]],
                   bias: torch.Tensor | None = None) -> Int4Projection | None:
-        """The projection on the parts' own blocks, or None where they run dense: 4-bit types
-        as int4 codes, Q8_0 on ruvllm's 8-bit kernel (where it runs)."""
-        blocks = [w for _, w in parts if isinstance(w, GgufBlocks)]
-        if not self.int4 or self.device.type != "cpu" or len(blocks) != len(parts):
+        """The projection on the parts' own codes, or None where it runs dense."""
+        if not self.int4 or self.device.type != "cpu" or not all(isinstance(w, GgufBlocks) for _, w in parts):
             return None
-        if all(b.type_name == "Q8_0" for b in blocks) and blockmm.unavailable() is None:
-            rows = sum(b.shape[0] for b in blocks)
-            joined = GgufBlocks("Q8_0", blocks[0].type, np.concatenate([b.raw for b in blocks]),
-                                (rows, blocks[0].shape[1]))
-            return Int4Projection(blockmm.BlockWeights.from_q8_0(joined, int8=self.int8), bias,
-                                  dtype=self.dtype)
         codes = [codes_or_log(name, w) for name, w in parts if isinstance(w, GgufBlocks)]
-        if all(c is not None for c in codes):
-            return self._int4(concat([c for c in codes if c is not None]), bias)
-        return None
-
-    def _int4(self, codes: Int4Codes, bias: torch.Tensor | None) -> Int4Projection:
+        if any(c is None for c in codes):
+            return None
+        joined = concat([c for c in codes if c is not None])
+        why = blockmm.unavailable()
+        if joined.bits == 8 and why is not None:
+            warn_once("codes 8-bit", "candle_like: 8-bit codes (first: %s) run dense: %s", parts[0][0], why)
+            return None
         dense = None
         if self.dense_rows is not None:
-            # The dense copy holds llama.cpp's exact weights, not the kernel's bf16-scaled ones.
-            plain = torch.from_numpy(np.ascontiguousarray(codes.dequantize())).to(self.dtype)
+            # The dense copy holds llama.cpp's exact weights, not torch's kernel's bf16-scaled ones.
+            plain = torch.from_numpy(np.ascontiguousarray(joined.dequantize())).to(self.dtype)
             dense = (pack_weight(plain) if self.prepack else None)
             dense = plain if dense is None else dense
-        return Int4Projection(int4_kernel(codes, int8=self.int8), bias, dtype=self.dtype, dense=dense,
+        return Int4Projection(block_kernel(joined, int8=self.int8), bias, dtype=self.dtype, dense=dense,
                               dense_rows=self.dense_rows or 1 << 62)
 
 
-def int4_kernel(codes: Int4Codes, *, int8: bool = False) -> QuantizedKernel:
+def block_kernel(codes: BlockCodes, *, int8: bool = False) -> QuantizedKernel:
     """ruvllm's block kernel where this machine runs it (``int8``: on int8 activations), else
-    torch's packed int4 kernel."""
+    torch's packed int4 kernel (4-bit codes only)."""
     if blockmm.unavailable() is None:
-        return blockmm.BlockWeights.from_int4(codes, int8=int8)
+        return blockmm.BlockWeights.from_codes(codes, int8=int8)
     return PackedInt4.pack(codes)
