@@ -88,3 +88,35 @@ def test_ruvllm_backends_says_what_serve_would_pick_and_why(embedded, monkeypatc
     assert said == str(get_registry().auto_choice(embedded, load=16, cache_dir=tmp_path))
     assert said.startswith("auto -> candle_like: candle_like claims" if auto_claim.fastest_here(embedded)
                            else "auto -> llamacpp")
+
+
+def _gguf_with_projections(path, types: dict[str, str]) -> ModelSource:
+    """A llama GGUF header whose layer-0 projections are of ``types`` (tensor -> GGUF type): all
+    the claim reads."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("llama.attention.head_count", 4)
+    w.add_uint32("llama.embedding_length", 256)
+    for name in auto_claim.PROJECTION_TENSORS:
+        qtype = gguf.GGMLQuantizationType[types.get(name, "Q4_K")]
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        w.add_tensor(f"blk.0.{name}.weight", np.zeros((32, 256 // block * size), dtype=np.uint8),
+                     raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return ModelSource.from_path(path)
+
+
+@built
+def test_claimed_for_a_q4_k_m_file_not_for_one_with_an_unmapped_type(monkeypatch, tmp_path):
+    """Q4_K_M files mix Q4_K/Q5_0 with Q8_0 and Q6_K (re-quantised): measured faster than both
+    of ruvllm's other CPU paths there. A Q3_K projection would run dense: no claim."""
+    monkeypatch.setattr(auto_claim, "cpu_info", lambda: AVX512_VNNI)
+    q4_k_m = {"attn_q": "Q5_0", "attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_output": "Q8_0"}
+    assert auto_claim.fastest_here(_gguf_with_projections(tmp_path / "m.gguf", q4_k_m)) == auto_claim.MEASURED
+    q3 = _gguf_with_projections(tmp_path / "q3.gguf", {"attn_v": "Q3_K"})
+    assert auto_claim.fastest_here(q3) is None

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from ruvllm.gguf_file import read_gguf_file
 from ruvllm.registry import embedded_model_path
-from ruvllm_candle_like.auto_claim import EIGHT_BIT_TYPES, FOUR_BIT_TYPES
-from ruvllm_candle_like.block_codes import GROUP, REQUANTISED, GgufBlocks, block_codes, concat
+from ruvllm_candle_like.auto_claim import EIGHT_BIT_TYPES, FOUR_BIT_TYPES, REQUANTISED_TYPES
+from ruvllm_candle_like.block_codes import GROUP, GgufBlocks, block_codes, concat
 
 #: Where each type's float16 scale (and min) sit in its block, for random blocks.
 SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
@@ -70,7 +70,7 @@ def test_every_type_mapped_as_stored_maps_exactly(type_name):
 def test_q6_k_is_requantised_to_8_bits_within_half_a_step():
     """Its groups of 16 have their own scales: per 32, d = f16(max|w| / 127), codes round(w / d),
     each weight within d / 2 of Q6_K's (a mistaken group order or scale would be whole steps off)."""
-    assert REQUANTISED == ("Q6_K",)
+    assert REQUANTISED_TYPES == ("Q6_K",)
     blocks = _random_blocks("Q6_K", 32, 512)
     codes = block_codes(blocks)
     assert codes is not None and codes.bits == 8

@@ -5,8 +5,10 @@ The claim is what was measured, no more (docs/benchmark.md, issue 59's table). O
 kind with AVX512-VNNI (the 2-core AMD EPYC), its native layers on a GGUF's blocks with int8
 activations served the embedded model 1.8x llama-server's tokens/s with one client, 4.3x with
 16 and 3.6x with 16 long prompts, at a fifth of the TTFT, and the default server idled at ~400 MB
-resident. So it claims a GGUF model whose every projection the block kernel runs as stored, on
-a CPU of that kind where the native library was built.
+resident; a Q4_K_M file of the same model (Q5_0, Q4_K, Q8_0 and Q6_K tensors: 8-bit codes, Q6_K
+re-quantised) 1.2x, 2.0x and 2.6x, where ruvllm's llamacpp backend served 0.68-0.96x. So it
+claims a GGUF model whose every projection the block kernel runs, on a CPU of that kind where
+the native library was built.
 
 Where it does not claim, llamacpp stays first: on the AVX2 kind candle_like also served fastest
 (float32 activations), but a fresh clone's default server idled at 545 MB there before the cuts
@@ -29,15 +31,17 @@ from ruvllm_candle_like.config import GGUF_ARCHITECTURES
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 #: The types it maps onto 8-bit codes as stored.
 EIGHT_BIT_TYPES = ("Q5_0", "Q5_1", "Q5_K", "Q8_0")
-#: The types this claim covers: measured against llama-server (the embedded model's Q4_1/Q8_0).
-BLOCK_TYPES = (*FOUR_BIT_TYPES, "Q8_0")
+#: The types it re-quantises to 8-bit codes (their groups of 16 have scales of their own).
+REQUANTISED_TYPES = ("Q6_K",)
+#: Every type the block kernel runs.
+BLOCK_TYPES = (*FOUR_BIT_TYPES, *EIGHT_BIT_TYPES, *REQUANTISED_TYPES)
 #: A layer's projection tensors in a GGUF.
 PROJECTION_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 #: What was measured, for the log line and ``ruvllm serve``'s banner.
 MEASURED = ("on the AVX-512 kind with VNNI its native layers on the GGUF's blocks (int8 activations) "
             "served the embedded model fastest of ruvllm's backends at 1 to 32 clients: 1.8x "
-            "llama-server's tokens/s with one client, 4.3x with 16, 3.6x with 16 long prompts "
-            "(docs/benchmark.md)")
+            "llama-server's tokens/s with one client, 4.3x with 16, 3.6x with 16 long prompts; "
+            "a Q4_K_M file of it 1.2x, 2.0x and 2.6x (docs/benchmark.md)")
 #: The CPU flags the int8-activation kernel needs (csrc/blockmm_int8.cpp), as /proc/cpuinfo names them.
 INT8_KERNEL_FLAGS = frozenset({"avx512f", "avx512bw", "avx512_vnni", "f16c"})
 

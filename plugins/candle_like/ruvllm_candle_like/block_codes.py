@@ -31,12 +31,11 @@ import attrs
 import numpy as np
 from ruvllm.errors import ModelLoadError
 
+from ruvllm_candle_like.auto_claim import REQUANTISED_TYPES
 from ruvllm_candle_like.cpu_dtype import warn_once
 
 #: Inputs per scale/offset pair: llama.cpp's block size and the kernels' group size.
 GROUP = 32
-#: Types re-quantised to 8-bit codes (not their stored weights).
-REQUANTISED = ("Q6_K",)
 
 
 @attrs.frozen(eq=False)
@@ -120,7 +119,7 @@ def codes_or_log(name: str, blocks: GgufBlocks) -> BlockCodes | None:
     if codes is None:
         warn_once(f"codes {blocks.type_name}", "candle_like: %s weights (first: %s) have no block-kernel "
                   "mapping; their projections run dense", blocks.type_name, name)
-    elif blocks.type_name in REQUANTISED:
+    elif blocks.type_name in REQUANTISED_TYPES:
         warn_once(f"codes {blocks.type_name}", "candle_like: %s weights (first: %s) run re-quantised to "
                   "8 bits per group of 32 (each within half a step, 1/127 of its group's largest weight)",
                   blocks.type_name, name)

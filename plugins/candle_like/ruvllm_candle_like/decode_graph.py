@@ -36,8 +36,8 @@ from collections.abc import Callable
 
 import torch
 
-from ruvllm_candle_like.model import PROJECTIONS, Attention, Transformer
-from ruvllm_candle_like.projection import Int4Projection
+from ruvllm_candle_like.model import Attention, Transformer
+from ruvllm_candle_like.projection import PROJECTIONS, Int4Projection
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ import math
 
 import torch
 
-from ruvllm_candle_like.model import PROJECTIONS, Layer, Transformer
-from ruvllm_candle_like.projection import Int4Projection
+from ruvllm_candle_like.model import Layer, Transformer
+from ruvllm_candle_like.projection import PROJECTIONS, Int4Projection
 from ruvllm_candle_like.weights import AnyProjection
 
 #: Every matmul of the mode runs on a multiple of this many rows: MKL's K = 64 matmul blocks rows

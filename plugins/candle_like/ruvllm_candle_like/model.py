@@ -31,7 +31,7 @@ from ruvllm_candle_like.block_codes import GgufBlocks
 from ruvllm_candle_like.blockmm import BlockWeights
 from ruvllm_candle_like.config import ModelConfig
 from ruvllm_candle_like.lora import LoraPlan
-from ruvllm_candle_like.projection import Int4Projection, Projection
+from ruvllm_candle_like.projection import PROJECTIONS, Int4Projection, Projection
 from ruvllm_candle_like.weights import AnyProjection, ProjectionFactory, Weight, as_tensor
 
 
@@ -96,10 +96,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Half-split ("rotate_half") RoPE, as Hugging Face's Llama applies it, with ``sin`` from
     :meth:`RotaryTable.lookup` (first half negated): 4 ops where slice/neg/cat took 7, same bits."""
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
-
-
-#: A layer's projections, by attribute name: what twins, the compiled graph and counts walk.
-PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
 class Layer:

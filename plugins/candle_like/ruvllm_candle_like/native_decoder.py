@@ -25,7 +25,7 @@ from ruvllm_candle_like import blockmm, native
 from ruvllm_candle_like.blockmm import PANEL, BlockWeights
 from ruvllm_candle_like.lora import LoraPlan
 from ruvllm_candle_like.paged_attention import PoolRows
-from ruvllm_candle_like.projection import Int4Projection
+from ruvllm_candle_like.projection import PROJECTIONS, Int4Projection
 
 if TYPE_CHECKING:
     from ruvllm_candle_like.model import Attention, Layer, Transformer
@@ -63,10 +63,8 @@ class _PoolAttention(ctypes.Structure):
 _HOOK = ctypes.CFUNCTYPE(ctypes.c_int, _I64, _I64)
 #: The hook's sites (csrc/decoder.cpp's Site): attention, then LoRA after each projection.
 ATTEND = 0
-#: A layer's projections in csrc/decoder.cpp's Layer order (model.PROJECTIONS', which model.py
-#: cannot hand over: it imports this module); hook site i + 1 is the LoRA site after the i-th.
-LAYER_PROJECTIONS = ("qkv", "o", "gate_up", "down")
-LORA_SITES = dict(enumerate(LAYER_PROJECTIONS, start=1))
+#: Hook site i + 1 is the LoRA site after a layer's i-th projection.
+LORA_SITES = dict(enumerate(PROJECTIONS, start=1))
 
 
 @functools.cache
@@ -120,7 +118,7 @@ def unavailable(model: Transformer) -> str | None:
     if cfg.head_dim % 16:
         return f"the native decoder needs a head size that is a multiple of 16, not {cfg.head_dim}"
     for layer in model.layers:
-        for name in LAYER_PROJECTIONS:
+        for name in PROJECTIONS:
             if isinstance(why := _projection(layer, name), str):
                 return why
     return None
@@ -148,7 +146,7 @@ class NativeDecoder:
         self.cfg = cfg
         self._layers = (_Layer * cfg.num_layers)(*[
             _Layer(layer.ln1.data_ptr(), layer.ln2.data_ptr(), *(_describe(getattr(layer, n))
-                                                                 for n in LAYER_PROJECTIONS))
+                                                                 for n in PROJECTIONS))
             for layer in model.layers])
         self._model = _Model(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                              cfg.intermediate_size, cfg.rms_norm_eps, self._layers, model.norm.data_ptr(),

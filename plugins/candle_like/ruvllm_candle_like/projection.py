@@ -89,6 +89,11 @@ class Projection:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+#: A layer's projections, by attribute name, in csrc/decoder.cpp's Layer order: what twins, the
+#: compiled graph, counts and the native decoder walk.
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+
 class QuantizedKernel(Protocol):
     """Block-quantised weights ``[out, in]`` and the kernel that multiplies by them:
     :class:`~ruvllm_candle_like.blockmm.BlockWeights` (ruvllm's own) or
