@@ -13,6 +13,7 @@ import torch
 from ruvllm.gguf_file import read_gguf_file
 from ruvllm.registry import embedded_model_path
 from ruvllm_candle_like import blockmm
+from ruvllm_candle_like.auto_claim import KERNEL_BYTES
 from ruvllm_candle_like.block_codes import BlockCodes, block_codes, concat
 from ruvllm_candle_like.blockmm import BlockWeights
 
@@ -52,6 +53,14 @@ def test_the_other_types_dequantise_exactly(type_name, int8):
     assert torch.equal(weights.dequantize(), torch.from_numpy(blocks.dequantize()))
     # The K-quants' scales are products of two (d * sc), which float16 does not hold: float32.
     assert weights.scale.dtype == (torch.float32 if type_name.endswith("_K") else torch.float16)
+
+
+@pytest.mark.parametrize("type_name", sorted(KERNEL_BYTES))
+@pytest.mark.parametrize("int8", [False, True], ids=["float-layout", "int8-layout"])
+def test_the_claim_counts_the_bytes_the_kernel_holds(type_name, int8):
+    """auto_claim.KERNEL_BYTES, what the claim weighs a model's memory by, is what the weights take."""
+    weights = BlockWeights.from_codes(_codes(_random_blocks(type_name, 32, 512)), int8=int8)
+    assert weights.nbytes == 32 * 512 * KERNEL_BYTES[type_name] // 32
 
 
 def _weights(kind: str, n: int, k: int, *, int8: bool = False) -> BlockWeights:

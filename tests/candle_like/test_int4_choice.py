@@ -135,3 +135,34 @@ def test_a_q4_k_m_style_fused_matrix_runs_on_8_bit_codes_and_says_what_is_requan
     want = np.concatenate([q4.dequantize(), requantised.dequantize()])
     assert torch.equal(proj.weight, torch.from_numpy(want))
     assert "Q6_K weights (first: blk.0.attn_v.weight) run re-quantised to 8 bits" in caplog.text
+
+
+@pytest.mark.skipif(blockmm.unavailable() is not None, reason=str(blockmm.unavailable()))
+def test_an_untied_embedding_stays_on_its_blocks():
+    """A model with its own head (most large ones) keeps the token table on its GGUF blocks too,
+    read row by row exactly, instead of a float32 copy of the vocabulary (2 GiB at 128k x 4096)."""
+    import gguf
+    from ruvllm_candle_like.block_codes import GgufBlocks
+    from ruvllm_candle_like.model import Transformer
+
+    from .tiny import tiny_config, tiny_weights
+
+    cfg = tiny_config("mistral", 300)
+    assert not cfg.tie_word_embeddings
+    q8_0, q4_1 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_1
+    weights: dict = {}
+    for name, arr in tiny_weights(cfg, 0).items():
+        if name.endswith(("_proj.weight", "embed_tokens.weight", "lm_head.weight")):
+            qtype = q8_0 if name.endswith("embed_tokens.weight") else q4_1
+            weights[name] = GgufBlocks(qtype.name, int(qtype), gguf.quants.quantize(arr, qtype), arr.shape)
+        else:
+            weights[name] = torch.from_numpy(arr)
+    model = Transformer(cfg, weights, dtype=torch.float32, device=torch.device("cpu"), max_positions=64,
+                        int4=True)
+    assert model.embed is None and model.embedding_blocks is not None and model.embedding_blocks.bits == 8
+    tokens = torch.tensor([0, 299, 7, 7, 150])
+    table = torch.from_numpy(weights["model.embed_tokens.weight"].dequantize())
+    assert torch.equal(model.embed_rows(tokens), table[tokens])
+    assert torch.equal(model.embedding_matrix(), table)
+    # The head stays its own matrix, on its own (4-bit) blocks.
+    assert type(model.lm_head) is Int4Projection and model.lm_head.int4.bits == 4

@@ -19,22 +19,26 @@ not measured on these kernels.
 from __future__ import annotations
 
 from ruvllm.errors import ModelError
-from ruvllm.gguf_file import read_gguf_file
+from ruvllm.gguf_file import GgufTensor, read_gguf_file
 from ruvllm.hardware import cpu_info
 from ruvllm.models import ModelSource
 
 from ruvllm_candle_like import native
 from ruvllm_candle_like.config import GGUF_ARCHITECTURES
 
-#: The GGUF types block_codes.py maps onto 4-bit codes, group 32, without re-quantising: the
-#: block kernel runs them as stored.
-FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-#: The types it maps onto 8-bit codes as stored.
-EIGHT_BIT_TYPES = ("Q5_0", "Q5_1", "Q5_K", "Q8_0")
-#: The types it re-quantises to 8-bit codes (their groups of 16 have scales of their own).
+#: The types block_codes.py re-quantises to 8-bit codes (their groups of 16 have scales of their
+#: own); it maps the other types of KERNEL_BYTES as stored.
 REQUANTISED_TYPES = ("Q6_K",)
-#: Every type the block kernel runs.
-BLOCK_TYPES = (*FOUR_BIT_TYPES, *EIGHT_BIT_TYPES, *REQUANTISED_TYPES)
+#: Bytes the block kernel holds per 32 weights of each type it runs (blockmm.py): 4-bit or 8-bit
+#: codes and a scale and an offset per 32, float16 where the file's values are, float32 for the
+#: K-quants' products ``d sc``.
+KERNEL_BYTES = {"Q4_0": 20, "Q4_1": 20, "Q4_K": 24, "Q5_0": 36, "Q5_1": 36, "Q5_K": 40, "Q8_0": 36,
+                "Q6_K": 36}
+#: How many more bytes than the file's the kernel's weights may hold where candle_like claims a
+#: model: ruvllm's llamacpp server keeps its 256 MiB KV pool resident from the start, candle_like
+#: maps its pool as requests fill it, so up to this much more in weights its idle server is still
+#: the smaller one. Past it (a 7B Q4_K_M: its Q4_K scales in float32 add ~1 GiB) llamacpp stays.
+EXTRA_WEIGHT_BYTES = 256 << 20
 #: A layer's projection tensors in a GGUF.
 PROJECTION_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 #: What was measured, for the log line and ``ruvllm serve``'s banner.
@@ -70,6 +74,22 @@ def fastest_here(model: ModelSource) -> str | None:
     projections = [t for t in header.tensors
                    if t.name.startswith("blk.") and t.name.split(".")[2] in PROJECTION_TENSORS]
     # Outputs in whole panels of 16 (GGUF shapes put the input dimension first).
-    if not projections or any(t.type_name not in BLOCK_TYPES or t.shape[1] % 16 for t in projections):
+    if not projections or any(t.type_name not in KERNEL_BYTES or t.shape[1] % 16 for t in projections):
+        return None
+    tables = [t for t in header.tensors if t.name in ("token_embd.weight", "output.weight")]
+    if extra_weight_bytes([*projections, *tables]) > EXTRA_WEIGHT_BYTES:
         return None
     return MEASURED
+
+
+def extra_weight_bytes(tensors: list[GgufTensor]) -> int:
+    """How many more bytes candle_like holds ``tensors`` in than the file does: on the block
+    kernel's blocks, or float32 for a type it does not run (a table in F16, say)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    extra = 0
+    for t in tensors:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(t.type)]
+        per_32 = KERNEL_BYTES.get(t.type_name, 4 * 32)
+        extra += t.n_elements * per_32 // 32 - t.n_elements * size // block
+    return extra

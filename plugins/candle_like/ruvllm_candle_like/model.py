@@ -154,11 +154,14 @@ class Transformer:
         # On its own blocks where they map (the embedded model's Q8_0 embedding: a quarter of
         # float32's bytes, read in full by every step); else dense, sharing the embedding if tied.
         # No dense copy: the head mostly sees one row per sequence (a prompt's last position).
-        quantized_head = attrs.evolve(projection, dense_rows=None).quantized([(head, given(head))])
-        #: A tied head on ruvllm's kernel also serves the token rows (dequantised per lookup,
-        #: exactly): no float32 copy of the vocabulary's rows stays resident.
-        self.embedding_blocks = (quantized_head.int4 if self.tied and quantized_head is not None
-                                 and isinstance(quantized_head.int4, BlockWeights) else None)
+        blocks_only = attrs.evolve(projection, dense_rows=None)
+        quantized_head = blocks_only.quantized([(head, given(head))])
+        table = quantized_head if self.tied else blocks_only.quantized([(embedding, given(embedding))])
+        #: The token rows on ruvllm's kernel's blocks (the tied head's own, or the embedding's),
+        #: dequantised per lookup, exactly: no float32 copy of the vocabulary's rows stays
+        #: resident (a 128k x 4096 one would be 2 GiB).
+        self.embedding_blocks = (table.int4 if table is not None and isinstance(table.int4, BlockWeights)
+                                 else None)
         #: The dense embedding matrix, or None when :attr:`embedding_blocks` serves the rows.
         self.embed: torch.Tensor | None = None if self.embedding_blocks is not None else get(embedding)
         self.lm_head: AnyProjection = quantized_head or Projection(
