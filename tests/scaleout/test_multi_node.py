@@ -276,16 +276,23 @@ def test_a_rolling_restart_under_load_loses_no_request(setup):
 
 # ---------------------------------------------------------------------------------- node loss
 
-def _stream_one(setup: Setup, i: int, tally: Tally, started: threading.Event) -> None:
-    """One streamed chat: answered (a finish reason), failed with the replica-death error, or lost."""
+def _stream_one(setup: Setup, i: int, tally: Tally, started: threading.Event, *, long: bool) -> None:
+    """One streamed chat: answered (a finish reason), failed with the replica-death error, or lost.
+
+    The node-loss test needs both kinds of request on the node when it goes, whatever the
+    machine's speed: ``long=False`` streams 256 tokens (EOS ignored), still streaming seconds
+    later; ``long=True`` sends a ~2,000-token prompt, whose prefill on one thread takes longer
+    than the 0.3 s before the kill, so it has no token yet (on a fast machine 64 tokens of a
+    short prompt were all done in that time, and a 60-token prompt's first token already out)."""
     tokens = 0
     try:
         # A prompt of its own first blocks: a new key, so the router spreads the streams over both
         # nodes (the home of fewest keys takes each new one).
-        text = f"Story {i} at {time.time()}: " + "the river runs past the old mill. " * 6 + "Go on."
+        text = (f"Story {i} at {time.time()}: " + "the river runs past the old mill. " * (250 if long else 6)
+                + "Go on.")
         stream = setup.client.chat.completions.create(
-            model=setup.model, max_tokens=64, temperature=0, stream=True,
-            messages=[{"role": "user", "content": text}])
+            model=setup.model, max_tokens=16 if long else 256, temperature=0, stream=True,
+            messages=[{"role": "user", "content": text}], extra_body={"ignore_eos": True})
         finish = None
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
@@ -308,13 +315,15 @@ def test_losing_a_worker_node_loses_no_request(setup):
     tally, started = Tally(), [threading.Event() for _ in range(sent)]
     victim = setup.cluster.hosts[1]
     with ThreadPoolExecutor(sent) as pool:
-        futures = [pool.submit(_stream_one, setup, i, tally, started[i]) for i in range(sent // 2)]
+        futures = [pool.submit(_stream_one, setup, i, tally, started[i], long=False)
+                   for i in range(sent // 2)]
         # The first wave (spread over both nodes by their keys) all producing tokens...
         deadline = time.monotonic() + REPLICA_START_S
         assert all(e.wait(max(0.0, deadline - time.monotonic())) for e in started[: sent // 2]), \
             "the first wave did not all start streaming"
         # ... and a second wave still without tokens when the node goes: these are to be resent.
-        futures += [pool.submit(_stream_one, setup, i, tally, started[i]) for i in range(sent // 2, sent)]
+        futures += [pool.submit(_stream_one, setup, i, tally, started[i], long=True)
+                    for i in range(sent // 2, sent)]
         time.sleep(0.3)
         capacity = _metric(httpx.get(setup.url + "/metrics", timeout=HTTP_TIMEOUT_S).text,
                            "kv_cache_capacity_tokens")
