@@ -27,12 +27,12 @@ from ruvllm.bench.machine import machine_line
 from ruvllm.models import ModelSource
 from ruvllm.registry import embedded_model_path
 from ruvllm_candle_like.backend import CandleLikeBackend
-from ruvllm_candle_like.projection import Int4Projection, Projection, tensor_bytes
+from ruvllm_candle_like.projection import BlockProjection, Projection, tensor_bytes
 
 MIB = 1 << 20
 
 
-def projections(backend: CandleLikeBackend) -> list[Projection | Int4Projection]:
+def projections(backend: CandleLikeBackend) -> list[Projection | BlockProjection]:
     return [p for layer in backend.model.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
 
 
@@ -40,7 +40,7 @@ def weight_bytes(backend: CandleLikeBackend) -> int:
     """Resident bytes of the projection weights (plain, packed, int4, dense copy)."""
     total = 0
     for p in projections(backend):
-        if isinstance(p, Int4Projection):
+        if isinstance(p, BlockProjection):
             total += p.nbytes()
         else:
             total += tensor_bytes(p.weight) + (0 if p.packed is None else tensor_bytes(p.packed))

@@ -15,9 +15,8 @@ from ruvllm.registry import embedded_model_path
 from ruvllm_candle_like.auto_claim import KERNEL_BYTES, REQUANTISED_TYPES
 from ruvllm_candle_like.block_codes import GROUP, GgufBlocks, block_codes, concat
 
-#: The types mapped as stored (the rest of what the block kernel runs is re-quantised), and their
-#: code width: 4 bits where a block of 32 takes 20 or 24 bytes there.
-AS_STORED = {t: 4 if size < 32 else 8 for t, size in KERNEL_BYTES.items() if t not in REQUANTISED_TYPES}
+#: The types mapped as stored, and their code width.
+AS_STORED = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q8_0": 8}
 #: Where each type's float16 scale (and min) sit in its block, for random blocks.
 SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
                  "Q5_K": (0, 2), "Q8_0": (0,), "Q6_K": (208,)}
@@ -41,6 +40,10 @@ def _random_blocks(type_name: str, rows: int, cols: int,
         d = (rng.random((rows, cols // block)) * 0.02 + 1e-3).astype(np.float16)
         raw[..., at:at + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
     return GgufBlocks(type_name, int(qtype), raw.reshape(rows, -1), (rows, cols))
+
+
+def test_every_type_the_kernel_runs_is_mapped_as_stored_or_requantised():
+    assert set(KERNEL_BYTES) == set(AS_STORED) | set(REQUANTISED_TYPES)
 
 
 def test_every_quantised_tensor_of_the_embedded_model_maps_exactly():
@@ -91,10 +94,15 @@ def test_other_types_have_no_mapping():
     assert block_codes(_random_blocks("Q2_K", 4, 256, (80,))) is None
 
 
-def test_a_fused_matrix_of_both_widths_takes_8_bits_with_the_same_weights():
-    """q/k in Q4_K and v in Q6_K, as in Q4_K_M files: one 8-bit matrix, every part's weights kept."""
-    q4, q6 = block_codes(_random_blocks("Q4_K", 64, 256)), block_codes(_random_blocks("Q6_K", 32, 256))
-    assert q4 is not None and q6 is not None
-    joined = concat([q4, q6])
-    assert joined.bits == 8 and joined.codes.dtype == np.int8
-    assert np.array_equal(joined.dequantize(), np.concatenate([q4.dequantize(), q6.dequantize()]))
+@pytest.mark.parametrize(("qk", "v", "bits", "dtype"), [
+    ("Q4_1", "Q5_0", 5, np.uint8),
+    ("Q4_K", "Q6_K", 8, np.int8),  # as in Q4_K_M files
+    ("Q5_0", "Q8_0", 8, np.int8),  # as in Q4_K_M files of models whose widths are not multiples of 256
+])
+def test_a_fused_matrix_takes_its_widest_part_s_width_with_every_part_s_weights(qk, v, bits, dtype):
+    """q/k in one type and v in another: one matrix, one kernel call, the same weights."""
+    first, second = block_codes(_random_blocks(qk, 64, 256)), block_codes(_random_blocks(v, 32, 256))
+    assert first is not None and second is not None
+    joined = concat([first, second])
+    assert joined.bits == bits and joined.codes.dtype == dtype
+    assert np.array_equal(joined.dequantize(), np.concatenate([first.dequantize(), second.dequantize()]))

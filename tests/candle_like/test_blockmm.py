@@ -66,7 +66,7 @@ def test_the_claim_counts_the_bytes_the_kernel_holds(type_name, int8):
 def _weights(kind: str, n: int, k: int, *, int8: bool = False) -> BlockWeights:
     """Random blocks as a GGUF holds them (``code * scale`` is exact in float32): Q8_0, Q4_1 and
     Q5_0 run with float16 scales, the K-quants with float32 ones; "Q4_K+Q8_0" is a fused matrix
-    of both widths (8-bit codes, unsigned groups with offsets beside signed ones)."""
+    of two widths (8-bit codes, unsigned groups with offsets beside signed ones)."""
     if kind == "Q4_K+Q8_0":
         half = n // 2
         codes = concat([_codes(_random_blocks("Q4_K", half, k)), _codes(_random_blocks("Q8_0", n - half, k))])
@@ -75,10 +75,10 @@ def _weights(kind: str, n: int, k: int, *, int8: bool = False) -> BlockWeights:
     return BlockWeights.from_codes(codes, int8=int8)
 
 
-KINDS = ("Q4_1", "Q4_K", "Q8_0", "Q5_0", "Q5_K", "Q4_K+Q8_0")
+KINDS = ("Q4_1", "Q4_K", "Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q4_K+Q8_0")
 #: The K-quants' super-blocks need k a multiple of 256, so the short k (one partial chunk) is for
 #: the others.
-SHAPES = [*((kind, 200, 1536) for kind in KINDS), ("Q4_1", 96, 64), ("Q8_0", 96, 64)]
+SHAPES = [*((kind, 200, 1536) for kind in KINDS), ("Q4_1", 96, 64), ("Q5_0", 96, 64), ("Q8_0", 96, 64)]
 
 
 # Row counts that reach every path: the register kernel (1-4 rows), the buffered 6-row kernel with

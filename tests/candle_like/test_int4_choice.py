@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from ruvllm_candle_like import blockmm
 from ruvllm_candle_like.backend import CandleLikeBackend
 from ruvllm_candle_like.int4 import PackedInt4, requantize
-from ruvllm_candle_like.projection import Int4Projection, Projection, pack_weight
+from ruvllm_candle_like.projection import BlockProjection, Projection, pack_weight
 
 
 @pytest.fixture(scope="module")
@@ -20,12 +20,12 @@ def weights():
     return codes, torch.randn(20, 64, generator=gen)
 
 
-def _paths(proj: Int4Projection, x: torch.Tensor, dense: torch.Tensor) -> list[str]:
+def _paths(proj: BlockProjection, x: torch.Tensor, dense: torch.Tensor) -> list[str]:
     """Which kernel served each row count 1..len(x), told apart by their different bits."""
     out = []
     for rows in range(1, len(x) + 1):
         got = proj(x[:rows])
-        if torch.equal(got, proj.int4.matmul(x[:rows]).float()):
+        if torch.equal(got, proj.kernel.matmul(x[:rows]).float()):
             out.append("int4")
         elif torch.equal(got, F.linear(x[:rows], dense)):
             out.append("dense")
@@ -37,32 +37,33 @@ def _paths(proj: Int4Projection, x: torch.Tensor, dense: torch.Tensor) -> list[s
 def test_with_a_dense_copy_rows_from_dense_rows_on_take_it(weights):
     codes, x = weights
     dense = torch.from_numpy(np.ascontiguousarray(codes.dequantize()))
-    proj = Int4Projection(PackedInt4.pack(codes), None, dtype=torch.float32, dense=dense, dense_rows=8)
+    proj = BlockProjection(PackedInt4.pack(codes), None, dtype=torch.float32, dense=dense, dense_rows=8)
     assert _paths(proj, x, dense) == ["int4"] * 7 + ["dense"] * 13
     # The oneDNN-packed copy (where this CPU packs float32) is served the same way.
     onednn = pack_weight(dense)
     if onednn is not None:
-        packed = Int4Projection(PackedInt4.pack(codes), None, dtype=torch.float32, dense=onednn, dense_rows=8)
+        packed = BlockProjection(PackedInt4.pack(codes), None, dtype=torch.float32, dense=onednn,
+                                 dense_rows=8)
         assert torch.allclose(packed(x[8:]), F.linear(x[8:], dense), atol=1e-5)
 
 
 def test_without_a_dense_copy_every_row_count_runs_int4(weights):
     codes, x = weights
     dense = torch.from_numpy(np.ascontiguousarray(codes.dequantize()))
-    proj = Int4Projection(PackedInt4.pack(codes), None, dtype=torch.float32)
+    proj = BlockProjection(PackedInt4.pack(codes), None, dtype=torch.float32)
     assert _paths(proj, x, dense) == ["int4"] * 20
-    assert _paths(Int4Projection(PackedInt4.pack(codes), None, dtype=torch.float32, dense=dense,
-                                 dense_rows=8).int4_only(), x, dense) == ["int4"] * 20
+    assert _paths(BlockProjection(PackedInt4.pack(codes), None, dtype=torch.float32, dense=dense,
+                                 dense_rows=8).kernel_only(), x, dense) == ["int4"] * 20
 
 
 #: The default (int4_weights=auto): the GGUF's blocks where ruvllm's kernel runs, else dense.
-DEFAULT_KIND = Int4Projection if blockmm.unavailable() is None else Projection
+DEFAULT_KIND = BlockProjection if blockmm.unavailable() is None else Projection
 
 
 @pytest.mark.parametrize(("options", "kind", "dense_rows"), [
-    ({"int4_weights": True}, Int4Projection, None),
-    ({"int4_weights": True, "dense_weights": True}, Int4Projection, 20),
-    ({"int4_weights": True, "dense_weights": True, "dense_from_rows": 8}, Int4Projection, 8),
+    ({"int4_weights": True}, BlockProjection, None),
+    ({"int4_weights": True, "dense_weights": True}, BlockProjection, 20),
+    ({"int4_weights": True, "dense_weights": True, "dense_from_rows": 8}, BlockProjection, 8),
     ({}, DEFAULT_KIND, None),
     ({"int4_weights": False}, Projection, None),
     # auto stays dense in bfloat16: the kind with native bf16 has its fast matmuls there.
@@ -76,11 +77,11 @@ def test_the_options_choose_the_projections(embedded_source, options, kind, dens
         assert all(type(p) is kind for p in projections)
         # The tied head on the embedding's own Q8_0 blocks where ruvllm's kernel runs.
         head = backend.model.lm_head
-        if kind is Int4Projection and blockmm.unavailable() is None:
-            assert type(head) is Int4Projection and head.int4.bits == 8 and head.dense is None
+        if kind is BlockProjection and blockmm.unavailable() is None:
+            assert type(head) is BlockProjection and head.kernel.bits == 8 and head.dense is None
         else:
             assert type(head) is Projection and head.weight is backend.model.embed
-        if kind is Int4Projection:
+        if kind is BlockProjection:
             assert all((p.dense is None) == (dense_rows is None) for p in projections)
             if dense_rows is not None:
                 assert {p.dense_rows for p in projections} == {dense_rows}
@@ -110,7 +111,7 @@ def test_a_fused_matrix_with_an_unmapped_part_runs_dense_and_says_so(caplog):
     assert type(proj) is Projection
     assert torch.equal(proj.weight, torch.from_numpy(np.concatenate([q4.dequantize(), q3.dequantize()])))
     assert "Q3_K weights (first: blk.0.attn_v.weight) have no block-kernel mapping" in caplog.text
-    assert type(factory([("blk.0.attn_q.weight", q4)])) is Int4Projection
+    assert type(factory([("blk.0.attn_q.weight", q4)])) is BlockProjection
 
 
 @pytest.mark.skipif(blockmm.unavailable() is not None, reason=str(blockmm.unavailable()))
@@ -129,7 +130,7 @@ def test_a_q4_k_m_style_fused_matrix_runs_on_8_bit_codes_and_says_what_is_requan
     cpu_dtype._warned.discard("codes Q6_K")
     with caplog.at_level("WARNING"):
         proj = factory([("blk.0.attn_q.weight", q4), ("blk.0.attn_v.weight", q6)])
-    assert type(proj) is Int4Projection and proj.int4.bits == 8
+    assert type(proj) is BlockProjection and proj.kernel.bits == 8
     requantised = block_codes(q6)
     assert requantised is not None
     want = np.concatenate([q4.dequantize(), requantised.dequantize()])
@@ -165,4 +166,4 @@ def test_an_untied_embedding_stays_on_its_blocks():
     assert torch.equal(model.embed_rows(tokens), table[tokens])
     assert torch.equal(model.embedding_matrix(), table)
     # The head stays its own matrix, on its own (4-bit) blocks.
-    assert type(model.lm_head) is Int4Projection and model.lm_head.int4.bits == 4
+    assert type(model.lm_head) is BlockProjection and model.lm_head.kernel.bits == 4

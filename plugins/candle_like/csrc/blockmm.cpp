@@ -13,7 +13,8 @@
 //
 // Layout (made by ruvllm_candle_like/blockmm.py): outputs in panels of 16; per panel, per input k,
 // the 16 codes (4-bit: 8 bytes, byte j = output j in the low nibble and output j + 8 in the high
-// one; 8-bit: 16 signed bytes); per panel, per block of 32 inputs, 16 scales d and 16 offsets m:
+// one; 5-bit: those 8 bytes, then 2 bytes whose bit j is output j's fifth bit; 8-bit: 16 signed
+// bytes); per panel, per block of 32 inputs, 16 scales d and 16 offsets m:
 // w = code * d + m. Scales and offsets are float16 where every one of them is exact in it (the
 // GGUF's own f16 values: Q4_0, Q4_1, Q8_0), else float32 (Q4_K's products d * sc): a block then
 // reads 20 bytes instead of 24, and the values the FMAs see are the same bits either way.
@@ -51,18 +52,25 @@ constexpr int KC = 256;    // inputs per dequantised chunk: 16 KB of float32, st
 constexpr int DIRECT = 4;  // up to this many rows, no buffer: dequantise and multiply in registers
 
 template <int BITS>
-constexpr int code_bytes() { return BITS == 4 ? 8 : 16; }
+constexpr int code_bytes() { return BITS == 4 ? 8 : BITS == 5 ? 10 : 16; }
 
 using ruvllm::load_scales8;
 
 template <int BITS>
 inline void dequant16(const uint8_t *c, __m256 d0, __m256 d1, __m256 m0, __m256 m1, __m256 &w0, __m256 &w1) {
     __m256i q0, q1;
-    if constexpr (BITS == 4) {
+    if constexpr (BITS == 4 || BITS == 5) {
         __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(c));
         __m128i mask = _mm_set1_epi8(0x0F);
         q0 = _mm256_cvtepu8_epi32(_mm_and_si128(v, mask));
         q1 = _mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), mask));
+        if constexpr (BITS == 5) {
+            // Output j's fifth bit is bit j of c[8..9]: 16 where it is set.
+            const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128), sixteen = _mm256_set1_epi32(16);
+            const __m256i b0 = _mm256_set1_epi32(c[8]), b1 = _mm256_set1_epi32(c[9]);
+            q0 = _mm256_or_si256(q0, _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_and_si256(b0, lane), lane), sixteen));
+            q1 = _mm256_or_si256(q1, _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_and_si256(b1, lane), lane), sixteen));
+        }
     } else {
         __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(c));
         q0 = _mm256_cvtepi8_epi32(v);

@@ -22,8 +22,11 @@
 //
 // Layout (ruvllm_candle_like/blockmm.py, layout "int8"): outputs in panels of 16; per panel, per
 // block, 4-bit: 4 chunks of 64 bytes, chunk g byte 4 o + j = u[o, 4g + j] | u[o, 16 + 4g + j] << 4;
-// 8-bit: 8 chunks of 64 bytes, chunk g byte 4 o + j = u[o, 4g + j]. Scales and offsets as in
-// blockmm.cpp: per panel, per block, 16 each, float16 or float32.
+// 5-bit: those 4 chunks of the low nibbles, then per chunk g two 64-bit masks, bit 4 o + j of
+// mask h the fifth bit of u[o, 16 h + 4g + j]; 8-bit: 8 chunks of 64 bytes, chunk g byte 4 o + j
+// = u[o, 4g + j]. Scales and offsets as in blockmm.cpp: per panel, per block, 16 each, float16 or
+// float32.
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +51,10 @@ namespace {
 
 constexpr int PANEL = 16;
 constexpr int BLOCK = 32;
+
+// Code bytes of one panel's block of 32 inputs.
+template <int BITS>
+constexpr int64_t block_bytes() { return BITS == 4 ? 256 : BITS == 5 ? 320 : 512; }
 
 using PanelFn = void (*)(const int8_t *, int64_t, const float *, const float *, const uint8_t *, const void *,
                          const void *, float *, int64_t);
@@ -87,12 +94,18 @@ void panel_rows(const int8_t *qa, int64_t k, const float *da, const float *sa, c
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
         const int8_t *xb = qa + b * BLOCK;
-        if constexpr (BITS == 4) {
-            const uint8_t *c = codes + b * 256;
+        if constexpr (BITS == 4 || BITS == 5) {
+            const uint8_t *c = codes + b * block_bytes<BITS>();
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
                 const __m512i w = _mm512_loadu_si512(c + 64 * g);
-                const __m512i lo = _mm512_and_si512(w, low), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+                __m512i lo = _mm512_and_si512(w, low), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+                if constexpr (BITS == 5) {
+                    uint64_t fifth[2];
+                    memcpy(fifth, c + 256 + 16 * g, 16);
+                    lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(fifth[0], _mm512_set1_epi8(16)));
+                    hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(fifth[1], _mm512_set1_epi8(16)));
+                }
 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
                     acc[r] = _mm512_dpbusd_epi32(acc[r], lo, bcast4(xb + r * k + 4 * g));
@@ -179,6 +192,18 @@ inline __m256i bcast4(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
+// 16 in byte i of 32 where bit i of the 32-bit mask at p is set: 5-bit codes' fifth bits.
+inline __m256i fifth_bits(const uint8_t *p) {
+    uint32_t m;
+    memcpy(&m, p, 4);
+    // Byte i takes mask byte i / 8 (shuffles stay within 128-bit lanes, each holding all of m).
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(m)), spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
 // R rows against outputs [8 h, 8 h + 8) of one panel.
 template <int BITS, bool HALF, int R>
 void half_panel(int h, const int8_t *qa, int64_t k, const float *da, const float *sa, const uint8_t *codes,
@@ -210,6 +235,27 @@ void half_panel(int h, const int8_t *qa, int64_t k, const float *da, const float
             }
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) acc[r] = _mm256_madd_epi16(s16[r], ones);
+        } else if constexpr (BITS == 5) {
+            // Codes under 32: each half's eight products per lane reach 31,496, so the halves sum apart.
+            __m256i sl[R], sh[R];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) sl[r] = sh[r] = _mm256_setzero_si256();
+            const uint8_t *c = codes + b * block_bytes<5>();
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(c + 64 * g + 32 * h));
+                const __m256i lo = _mm256_or_si256(_mm256_and_si256(w, low), fifth_bits(c + 256 + 16 * g + 4 * h));
+                const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low),
+                                                   fifth_bits(c + 256 + 16 * g + 8 + 4 * h));
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    sl[r] = _mm256_add_epi16(sl[r], _mm256_maddubs_epi16(lo, bcast4(xb + r * k + 4 * g)));
+                    sh[r] = _mm256_add_epi16(sh[r], _mm256_maddubs_epi16(hi, bcast4(xb + r * k + 16 + 4 * g)));
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[r] = _mm256_add_epi32(_mm256_madd_epi16(sl[r], ones), _mm256_madd_epi16(sh[r], ones));
         } else {
             // u = 16 h + l: each nibble's products stay as small as 4-bit codes'.
             __m256i sl[R], sh[R];
@@ -241,6 +287,26 @@ void half_panel(int h, const int8_t *qa, int64_t k, const float *da, const float
     for (int r = 0; r < R; r++) _mm256_storeu_ps(y + r * ldy + 8 * h, f[r]);
 }
 
+// One panel's nb blocks of 5-bit codes in the 8-bit layout: for calls whose rows pass over a
+// panel more than once (a prompt), the fifth bits are put back once instead of once a pass.
+void widen5(const uint8_t *codes, int64_t nb, uint8_t *wide) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *c = codes + b * block_bytes<5>();
+        uint8_t *o = wide + b * block_bytes<8>();
+        for (int g = 0; g < 4; g++)
+            for (int h = 0; h < 2; h++) {
+                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(c + 64 * g + 32 * h));
+                const __m256i lo = _mm256_or_si256(_mm256_and_si256(w, low), fifth_bits(c + 256 + 16 * g + 4 * h));
+                const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low),
+                                                   fifth_bits(c + 256 + 16 * g + 8 + 4 * h));
+                // Inputs 4g + j are 8-bit chunk g, inputs 16 + 4g + j chunk 4 + g.
+                _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + 64 * g + 32 * h), lo);
+                _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + 64 * (4 + g) + 32 * h), hi);
+            }
+    }
+}
+
 template <int BITS, bool HALF, int R>
 void panel_rows(const int8_t *qa, int64_t k, const float *da, const float *sa, const uint8_t *codes, const void *d,
                 const void *m, float *y, int64_t ldy) {
@@ -257,34 +323,47 @@ constexpr PanelFn PANELS[MR + 1] = {nullptr, panel_rows<BITS, HALF, 1>, panel_ro
 
 namespace {
 
-// Quantise every row, then each thread runs its panels over all rows, MR at a time.
+// Quantise every row, then each thread runs its panels over all rows, MR at a time. 5-bit codes
+// with more than MR rows: each panel is widened to 8 bits once (avx2::widen5) and runs on the
+// 8-bit kernel (wide_fn), the same integers.
 template <int BITS, bool HALF, int MR>
-int run(const PanelFn *panels_fn, const float *x, int64_t rows, int64_t k, int64_t n,
+int run(const PanelFn *panels_fn, const PanelFn *wide_fn, const float *x, int64_t rows, int64_t k, int64_t n,
         const uint8_t *codes, const void *d, const void *m, float *y, int threads) {
     const int64_t nb = k / BLOCK, panels = n / PANEL;
-    const int64_t panel_codes = nb * (BITS == 4 ? 256 : 512);
+    const int64_t panel_codes = nb * block_bytes<BITS>();
     const int64_t width = HALF ? 2 : 4;
+    const bool widen = BITS == 5 && rows > MR;
     const auto *ds = static_cast<const char *>(d), *ms = static_cast<const char *>(m);
     int8_t *qa = static_cast<int8_t *>(malloc(rows * k));
     float *da = static_cast<float *>(malloc(sizeof(float) * rows * nb));
     float *sa = static_cast<float *>(malloc(sizeof(float) * rows * nb));
-    if (qa == nullptr || da == nullptr || sa == nullptr) {
-        free(qa); free(da); free(sa);
+    uint8_t *wide = widen ? static_cast<uint8_t *>(malloc(threads * nb * block_bytes<8>())) : nullptr;
+    if (qa == nullptr || da == nullptr || sa == nullptr || (widen && wide == nullptr)) {
+        free(qa); free(da); free(sa); free(wide);
         return -1;
     }
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) avx2::quantize_row(x + r * k, k, qa + r * k, da + r * nb, sa + r * nb);
+        uint8_t *mine = widen ? wide + omp_get_thread_num() * nb * block_bytes<8>() : nullptr;
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < panels; p++)
+        for (int64_t p = 0; p < panels; p++) {
+            const uint8_t *pc = codes + p * panel_codes;
+            const PanelFn *fn = panels_fn;
+            if (widen) {
+                avx2::widen5(pc, nb, mine);
+                pc = mine;
+                fn = wide_fn;
+            }
             for (int64_t r0 = 0; r0 < rows; r0 += MR) {
                 const int64_t rr = rows - r0 < MR ? rows - r0 : MR;
-                panels_fn[rr](qa + r0 * k, k, da + r0 * nb, sa + r0 * nb, codes + p * panel_codes,
-                              ds + p * nb * PANEL * width, ms + p * nb * PANEL * width, y + r0 * n + p * PANEL, n);
+                fn[rr](qa + r0 * k, k, da + r0 * nb, sa + r0 * nb, pc, ds + p * nb * PANEL * width,
+                       ms + p * nb * PANEL * width, y + r0 * n + p * PANEL, n);
             }
+        }
     }
-    free(qa); free(da); free(sa);
+    free(qa); free(da); free(sa); free(wide);
     return 0;
 }
 
@@ -297,13 +376,13 @@ int blockmm_int8(const float *x, int64_t rows, int64_t k, int64_t n, int bits, i
     static const int has_vnni = blockmm_int8_vnni();
     if (isa == 1 && has_vnni) {
         return ruvllm::by_block_format(bits, half_scales, [&](auto b, auto half) {
-            return run<b(), half(), vnni::MR>(vnni::PANELS<b(), half()>, x, rows, k, n, codes,
-                                              d, m, y, threads);
+            return run<b(), half(), vnni::MR>(vnni::PANELS<b(), half()>, vnni::PANELS<8, half()>, x, rows,
+                                              k, n, codes, d, m, y, threads);
         });
     }
     return ruvllm::by_block_format(bits, half_scales, [&](auto b, auto half) {
-        return run<b(), half(), avx2::MR>(avx2::PANELS<b(), half()>, x, rows, k, n, codes, d, m,
-                                          y, threads);
+        return run<b(), half(), avx2::MR>(avx2::PANELS<b(), half()>, avx2::PANELS<8, half()>, x, rows, k,
+                                          n, codes, d, m, y, threads);
     });
 #endif
     (void)x; (void)rows; (void)k; (void)n; (void)bits; (void)half_scales; (void)codes; (void)d; (void)m;

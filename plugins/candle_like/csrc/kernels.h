@@ -21,12 +21,14 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256 load_scales8(const void *
 }
 
 // run(bits, half) with both as compile-time constants, for the block formats the kernels take
-// (4 or 8 bits, float16 or float32 scales); -2 for any other.
+// (4, 5 or 8 bits, float16 or float32 scales); -2 for any other.
 template <typename Run>
 int by_block_format(int bits, int half_scales, Run &&run) {
     using Four = std::integral_constant<int, 4>;
+    using Five = std::integral_constant<int, 5>;
     using Eight = std::integral_constant<int, 8>;
     if (bits == 4) return half_scales ? run(Four{}, std::true_type{}) : run(Four{}, std::false_type{});
+    if (bits == 5) return half_scales ? run(Five{}, std::true_type{}) : run(Five{}, std::false_type{});
     if (bits == 8) return half_scales ? run(Eight{}, std::true_type{}) : run(Eight{}, std::false_type{});
     return -2;
 }

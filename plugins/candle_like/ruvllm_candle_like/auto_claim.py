@@ -29,10 +29,10 @@ from ruvllm_candle_like.config import GGUF_ARCHITECTURES
 #: The types block_codes.py re-quantises to 8-bit codes (their groups of 16 have scales of their
 #: own); it maps the other types of KERNEL_BYTES as stored.
 REQUANTISED_TYPES = ("Q6_K",)
-#: Bytes the block kernel holds per 32 weights of each type it runs (blockmm.py): 4-bit or 8-bit
+#: Bytes the block kernel holds per 32 weights of each type it runs (blockmm.py): 4, 5 or 8-bit
 #: codes and a scale and an offset per 32, float16 where the file's values are, float32 for the
 #: K-quants' products ``d sc``.
-KERNEL_BYTES = {"Q4_0": 20, "Q4_1": 20, "Q4_K": 24, "Q5_0": 36, "Q5_1": 36, "Q5_K": 40, "Q8_0": 36,
+KERNEL_BYTES = {"Q4_0": 20, "Q4_1": 20, "Q4_K": 24, "Q5_0": 24, "Q5_1": 24, "Q5_K": 28, "Q8_0": 36,
                 "Q6_K": 36}
 #: How many more bytes than the file's the kernel's weights may hold where candle_like claims a
 #: model: ruvllm's llamacpp server keeps its 256 MiB KV pool resident from the start, candle_like

@@ -8,8 +8,9 @@ dequantisation makes, and the weights are its bits):
 - 4 bits, codes 0..15: Q4_1 (``scale = d``, ``offset = m``), Q4_0 (``d``, ``-8 d``) and Q4_K,
   whose super-blocks are 8 groups of 32 with 6-bit scales and mins under ``d``/``dmin``
   (``d sc``, ``-dmin mn``);
-- 8 bits, signed codes: Q8_0 (``q``, ``d``, 0), Q5_0 (``q - 16``, ``d``, 0), Q5_1 (``q`` 0..31,
-  ``d``, ``m``) and Q5_K (Q4_K's groups with a fifth bit).
+- 5 bits, codes 0..31: Q5_0 (``d``, ``-16 d``), Q5_1 (``d``, ``m``) and Q5_K (Q4_K's groups with
+  a fifth bit);
+- 8 bits, signed codes: Q8_0 (``q``, ``d``, 0).
 
 Q6_K is the one common type that does not fit: its groups of 16 carry their own 8-bit scales,
 which one scale per 32 cannot hold. Its weights are re-quantised per group of 32 to 8 bits as
@@ -19,8 +20,8 @@ tensors: docs/backends/candle_like.md), and said once in the log. Dense rather t
 would cost 4 bytes a weight instead of 1.1 on every step's reads. Other types (Q2_K, Q3_K, the
 IQ types) have no mapping: their projections run dense, exactly dequantised, after a log line.
 
-A fused matrix (q/k/v, gate/up) whose parts have both widths takes 8 bits for every part (a 4-bit
-code is the same 8-bit code): one kernel call, the same weights.
+A fused matrix (q/k/v, gate/up) whose parts have several widths takes the widest for every part
+(a 4-bit code is the same 5-bit or 8-bit code): one kernel call, the same weights.
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ def dequantize(raw: np.ndarray, ggml_type: int, type_name: str, shape: tuple[int
 @attrs.frozen(eq=False)
 class BlockCodes:
     """Codes ``[rows, cols]`` with float32 ``scale`` and ``offset`` ``[rows, cols / 32]``:
-    ``w = code * scale + offset``. 4 bits: uint8 codes 0..15; 8 bits: int8 codes, and where a
-    group has a negative code its offset is zero (the kernels' int8 layout relies on it)."""
+    ``w = code * scale + offset``. 4 and 5 bits: uint8 codes 0..15 or 0..31; 8 bits: int8 codes,
+    and where a group has a negative code its offset is zero (the kernels' int8 layout relies on
+    it)."""
 
     codes: np.ndarray
     scale: np.ndarray
@@ -92,16 +94,18 @@ class BlockCodes:
         q = self.codes.reshape(rows, cols // GROUP, GROUP).astype(np.float32)
         return (q * self.scale[..., None] + self.offset[..., None]).reshape(rows, cols)
 
-    def widened(self) -> BlockCodes:
-        """The same weights as 8-bit codes."""
-        return self if self.bits == 8 else attrs.evolve(self, codes=self.codes.astype(np.int8), bits=8)
+    def widened(self, bits: int) -> BlockCodes:
+        """The same weights as codes of ``bits`` (at least this width)."""
+        if bits == self.bits:
+            return self
+        return attrs.evolve(self, codes=self.codes.astype(np.int8 if bits == 8 else np.uint8), bits=bits)
 
 
 def concat(parts: Sequence[BlockCodes]) -> BlockCodes:
     """The codes of the row-wise concatenation (the fused q/k/v and gate/up matrices), in the
     widest of the parts' widths."""
-    if len({p.bits for p in parts}) > 1:
-        parts = [p.widened() for p in parts]
+    bits = max(p.bits for p in parts)
+    parts = [p.widened(bits) for p in parts]
     return BlockCodes(codes=np.concatenate([p.codes for p in parts]),
                       scale=np.concatenate([p.scale for p in parts]),
                       offset=np.concatenate([p.offset for p in parts]), bits=parts[0].bits)
@@ -162,8 +166,8 @@ def _from_q5_k(blocks: GgufBlocks) -> BlockCodes:
     qs = b[:, 48:].reshape(-1, 4, 1, GROUP)
     low = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, GROUP)
     # Group g's fifth bits are bit g of the 32 high bytes.
-    codes = (low | ((qh & 1) << 4)).astype(np.int8).reshape(rows, cols)
-    return BlockCodes(codes=codes, scale=scale, offset=offset, bits=8)
+    codes = (low | ((qh & 1) << 4)).reshape(rows, cols)
+    return BlockCodes(codes=codes, scale=scale, offset=offset, bits=5)
 
 
 def _k_scales(b: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -185,11 +189,9 @@ def _from_q5(blocks: GgufBlocks) -> BlockCodes:
     qh = np.ascontiguousarray(b[..., head:head + 4]).view(np.uint32)  # bit j: element j's fifth bit
     high = ((qh >> np.arange(GROUP, dtype=np.uint32)) & 1).astype(np.uint8) << 4
     qs = b[..., head + 4:]
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | high
-    if has_min:
-        return BlockCodes(codes=codes.astype(np.int8).reshape(rows, cols), scale=d, offset=_f16(b, 2), bits=8)
-    signed = (codes.astype(np.int8) - np.int8(16)).reshape(rows, cols)
-    return BlockCodes(codes=signed, scale=d, offset=np.zeros_like(d), bits=8)
+    codes = (np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | high).reshape(rows, cols)
+    offset = _f16(b, 2) if has_min else np.float32(-16) * d
+    return BlockCodes(codes=codes, scale=d, offset=offset, bits=5)
 
 
 def _from_q8_0(blocks: GgufBlocks) -> BlockCodes:

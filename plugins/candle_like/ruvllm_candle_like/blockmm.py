@@ -9,7 +9,7 @@ bytes at every row count.
 
 - Weights are the file's own codes, scales and offsets: ``w = code * scale + offset`` in float32,
   llama.cpp's dequantisation bit for bit (:class:`~ruvllm_candle_like.block_codes.BlockCodes`:
-  4-bit Q4_0, Q4_1, Q4_K; 8-bit Q5_0, Q5_1, Q5_K, Q8_0, the embedded model's tied head; Q6_K
+  4-bit Q4_0, Q4_1, Q4_K; 5-bit Q5_0, Q5_1, Q5_K; 8-bit Q8_0, the embedded model's tied head; Q6_K
   re-quantised to 8 bits). Scales and offsets stay float16, as in the file, wherever float16
   holds every one exactly (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the K-quants' products of two scales
   need float32): a 4-bit block of 32 weights is then 20 bytes, not 24, which the embedded
@@ -107,9 +107,10 @@ class BlockWeights:
     """One weight matrix ``[n, k]`` in the kernel's layout.
 
     ``codes``, float32 activations: ``[panels, k, 8]`` bytes for 4 bits (byte j: output j of the
-    panel in the low nibble, output j + 8 in the high one), ``[panels, k, 16]`` signed bytes for 8
-    bits; int8 activations (``int8``): ``[panels, k / 32, chunks, 64]``, csrc/blockmm_int8.cpp's
-    layout (8-bit codes there unsigned, ``q + 128``, with the offset ``-128 d``);
+    panel in the low nibble, output j + 8 in the high one), ``[panels, k, 10]`` for 5 bits (then
+    two bytes of fifth bits, bit j output j's), ``[panels, k, 16]`` signed bytes for 8 bits; int8
+    activations (``int8``): ``[panels, k / 32, chunks, 64]``, csrc/blockmm_int8.cpp's layout
+    (8-bit codes there unsigned, ``q + 128``, with the offset ``-128 d``);
     ``scale`` and ``offset``: ``[panels, k / 32, 16]``, float16 when that holds all of both
     exactly, else float32. Outputs past ``n`` (padding to a whole panel) have zero weights.
     """
@@ -125,15 +126,9 @@ class BlockWeights:
         """The codes (block_codes.py) for float32 or (``int8``) int8 activations."""
         rows, cols = codes.shape
         groups = cols // GROUP
-        if codes.bits == 4 and int8:
-            # [panels, 16 outputs, blocks, half, chunk, 4]: half 0 in the low nibble, 1 in the high.
-            q = _padded(codes.codes).reshape(-1, PANEL, groups, 2, 4, 4)
-            packed = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).transpose(0, 2, 3, 1, 4)
-            return cls._make(packed.reshape(*packed.shape[:3], -1), codes.scale, codes.offset, 4, codes.shape)
-        if codes.bits == 4:
-            q = _panels(codes.codes)
-            return cls._make(q[..., :PANEL // 2] | (q[..., PANEL // 2:] << 4), codes.scale, codes.offset, 4,
-                             codes.shape)
+        if codes.bits != 8:
+            packed = _nibbles(codes.codes, codes.bits == 5, int8)
+            return cls._make(packed, codes.scale, codes.offset, codes.bits, codes.shape)
         if not int8:
             return cls._make(_panels(codes.codes.view(np.uint8)), codes.scale, codes.offset, 8, codes.shape)
         # vpdpbusd takes unsigned codes: a group with a negative code is stored as q + 128 with the
@@ -191,17 +186,53 @@ class BlockWeights:
         """The codes of outputs ``panel * 16 + lane`` as ``[T, k]`` (int8 for 8-bit floats, else
         unsigned), read back from either layout."""
         t, k = len(panel), self.shape[1]
+        blocks, rows = k // GROUP, torch.arange(t)
         if self.int8:
-            # [T, blocks, chunks, 16 outputs, 4] -> the lane's [T, blocks, chunks, 4].
-            chunks = self.codes[panel].view(t, k // GROUP, -1, PANEL, 4)[torch.arange(t), :, :, lane]
+            codes = self.codes[panel]
             if self.bits == 8:
-                return chunks.reshape(t, k)
+                # [T, blocks, chunks, 16 outputs, 4] -> the lane's [T, blocks, chunks, 4].
+                return codes.view(t, blocks, -1, PANEL, 4)[rows, :, :, lane].reshape(t, k)
+            chunks = codes[:, :, :4].reshape(t, blocks, 4, PANEL, 4)[rows, :, :, lane]
             halves = torch.stack([chunks & 0x0F, chunks >> 4], dim=2)  # [T, blocks, half, chunk, 4]
+            if self.bits == 5:
+                # The lane's 4 bits of each 64-bit mask [T, blocks, chunk, half]: byte lane // 2.
+                masks = codes[:, :, 4].reshape(t, blocks, 4, 2, 8)[rows, :, :, :, lane // 2]
+                shift = (4 * (lane % 2))[:, None, None, None, None] + torch.arange(4)
+                bits = (masks.transpose(2, 3).unsqueeze(-1).int() >> shift) & 1
+                halves = halves | (bits.to(torch.uint8) << 4)
             return halves.reshape(t, k)
         if self.bits == 8:
             return self.codes.view(torch.int8)[panel, :, lane]
         byte = self.codes[panel, :, lane % (PANEL // 2)]
-        return torch.where((lane < PANEL // 2)[:, None], byte & 0x0F, byte >> 4)
+        low = torch.where((lane < PANEL // 2)[:, None], byte & 0x0F, byte >> 4)
+        if self.bits == 4:
+            return low
+        fifth = (self.codes[panel, :, PANEL // 2 + lane // 8].int() >> (lane % 8)[:, None]) & 1
+        return low | (fifth.to(torch.uint8) << 4)
+
+
+def _nibbles(codes: np.ndarray, fifth: bool, int8: bool) -> np.ndarray:
+    """4-bit or (``fifth``) 5-bit codes ``[n, k]`` in the float layout (``[panels, k, 8]``, or
+    ``10`` with the fifth bits) or the int8 one (``[panels, blocks, 4 or 5, 64]``,
+    csrc/blockmm_int8.cpp's)."""
+    groups = codes.shape[1] // GROUP
+    low = codes & 0x0F
+    if int8:
+        # [panels, 16 outputs, blocks, half, chunk, 4]: half 0 in the low nibble, 1 in the high.
+        q = _padded(low).reshape(-1, PANEL, groups, 2, 4, 4)
+        packed = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).transpose(0, 2, 3, 1, 4).reshape(-1, groups, 4, 64)
+        if not fifth:
+            return packed
+        # Per chunk, per half, 64 bits: bit 4 o + j the fifth bit of input 16 half + 4 chunk + j of output o.
+        high = (_padded(codes) >> 4).reshape(-1, PANEL, groups, 2, 4, 4).transpose(0, 2, 4, 3, 1, 5)
+        masks = np.packbits(high.reshape(-1, groups, 4, 2, 64), axis=-1, bitorder="little")
+        return np.concatenate([packed, masks.reshape(-1, groups, 1, 64)], axis=2)
+    q = _panels(low)
+    packed = q[..., :PANEL // 2] | (q[..., PANEL // 2:] << 4)
+    if not fifth:
+        return packed
+    # Two bytes per input: bit j the fifth bit of output j.
+    return np.concatenate([packed, np.packbits(_panels(codes >> 4), axis=-1, bitorder="little")], axis=-1)
 
 
 def _int8_layout(codes: torch.Tensor) -> bool:

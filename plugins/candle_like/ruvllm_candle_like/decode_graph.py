@@ -37,7 +37,7 @@ from collections.abc import Callable
 import torch
 
 from ruvllm_candle_like.model import Attention, Transformer
-from ruvllm_candle_like.projection import PROJECTIONS, Int4Projection
+from ruvllm_candle_like.projection import PROJECTIONS, BlockProjection
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 def unsupported(model: Transformer) -> str | None:
     """Why ``model``'s decode steps cannot run as a compiled graph, or None when they can."""
     dense = [f"layer {i} {name}" for i, layer in enumerate(model.layers) for name in PROJECTIONS
-             if not isinstance(getattr(layer, name), Int4Projection)]
+             if not isinstance(getattr(layer, name), BlockProjection)]
     if dense:
         # A dense projection's oneDNN-packed weight cannot be traced.
         return f"{len(dense)} layer projections are dense (first: {dense[0]}); the graph needs int4 weights"

@@ -39,7 +39,7 @@ import math
 import torch
 
 from ruvllm_candle_like.model import Layer, Transformer
-from ruvllm_candle_like.projection import PROJECTIONS, Int4Projection
+from ruvllm_candle_like.projection import PROJECTIONS, BlockProjection
 from ruvllm_candle_like.weights import AnyProjection
 
 #: Every matmul of the mode runs on a multiple of this many rows: MKL's K = 64 matmul blocks rows
@@ -72,7 +72,7 @@ class PaddedProjection:
     __slots__ = ("bias", "inner")
 
     def __init__(self, inner: AnyProjection):
-        self.inner = inner.int4_only() if isinstance(inner, Int4Projection) else inner
+        self.inner = inner.kernel_only() if isinstance(inner, BlockProjection) else inner
         self.bias = inner.bias
 
     @property

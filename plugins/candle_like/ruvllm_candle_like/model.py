@@ -31,7 +31,7 @@ from ruvllm_candle_like.block_codes import GgufBlocks
 from ruvllm_candle_like.blockmm import BlockWeights
 from ruvllm_candle_like.config import ModelConfig
 from ruvllm_candle_like.lora import LoraPlan
-from ruvllm_candle_like.projection import PROJECTIONS, Int4Projection, Projection
+from ruvllm_candle_like.projection import PROJECTIONS, BlockProjection, Projection
 from ruvllm_candle_like.weights import AnyProjection, ProjectionFactory, Weight, as_tensor
 
 
@@ -119,7 +119,7 @@ class Transformer:
                  int8: bool = False):
         """``prepack``: also keep oneDNN-packed copies of the projections (CPU only; they
         double the projections' memory for 1.5x faster matmuls). ``int4``: run the projections
-        and the head given as GGUF blocks on those blocks (block_codes.py; 8-bit codes on the
+        and the head given as GGUF blocks on those blocks (block_codes.py; 5 and 8-bit codes on the
         native kernel only), with a dense copy for calls of ``dense_rows`` rows or more when that is set
         (weights.py); ``int8``: the block kernel quantises activations to int8 (blockmm.py)."""
         self.cfg = cfg
@@ -160,7 +160,7 @@ class Transformer:
         #: The token rows on ruvllm's kernel's blocks (the tied head's own, or the embedding's),
         #: dequantised per lookup, exactly: no float32 copy of the vocabulary's rows stays
         #: resident (a 128k x 4096 one would be 2 GiB).
-        self.embedding_blocks = (table.int4 if table is not None and isinstance(table.int4, BlockWeights)
+        self.embedding_blocks = (table.kernel if table is not None and isinstance(table.kernel, BlockWeights)
                                  else None)
         #: The dense embedding matrix, or None when :attr:`embedding_blocks` serves the rows.
         self.embed: torch.Tensor | None = None if self.embedding_blocks is not None else get(embedding)
@@ -200,7 +200,7 @@ class Transformer:
         Gradients take the plain weights anyway, so packing the copy would only cost memory; int4
         projections have no gradient formula, so the copy holds their weights dense.
         """
-        if dtype == self.dtype and not self.has_int4():
+        if dtype == self.dtype and not self.has_blocks():
             return self
         twin = copy.copy(self)
         twin.dtype = dtype
@@ -237,8 +237,8 @@ class Transformer:
         assert self.embedding_blocks is not None
         return self.embedding_blocks.rows(tokens).to(self.dtype)
 
-    def has_int4(self) -> bool:
-        return any(isinstance(layer.qkv, Int4Projection) or isinstance(layer.down, Int4Projection)
+    def has_blocks(self) -> bool:
+        return any(isinstance(layer.qkv, BlockProjection) or isinstance(layer.down, BlockProjection)
                    for layer in self.layers)
 
     def parameter_count(self) -> int:

@@ -25,7 +25,7 @@ from ruvllm_candle_like import blockmm, native
 from ruvllm_candle_like.blockmm import PANEL, BlockWeights
 from ruvllm_candle_like.lora import LoraPlan
 from ruvllm_candle_like.paged_attention import PoolRows
-from ruvllm_candle_like.projection import PROJECTIONS, Int4Projection
+from ruvllm_candle_like.projection import PROJECTIONS, BlockProjection
 
 if TYPE_CHECKING:
     from ruvllm_candle_like.model import Attention, Layer, Transformer
@@ -95,11 +95,11 @@ class PoolAttention(Protocol):
 
 def _projection(layer: Layer, name: str) -> BlockWeights | str:
     proj = getattr(layer, name)
-    if not isinstance(proj, Int4Projection) or not isinstance(proj.int4, BlockWeights):
+    if not isinstance(proj, BlockProjection) or not isinstance(proj.kernel, BlockWeights):
         return f"its {name} projection is not on ruvllm's block kernel"
     if proj.dense is not None:
         return "dense_weights keeps a dense copy for big steps"
-    weights = proj.int4
+    weights = proj.kernel
     if proj.bias is not None and (proj.bias.dtype != torch.float32 or not proj.bias.is_contiguous()):
         return f"its {name} projection's bias is not a contiguous float32 vector"
     if weights.codes.shape[0] * PANEL != weights.shape[0]:
@@ -128,8 +128,8 @@ def _pointer(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _describe(proj: Int4Projection) -> _Projection:
-    weights = proj.int4
+def _describe(proj: BlockProjection) -> _Projection:
+    weights = proj.kernel
     assert isinstance(weights, BlockWeights)
     n, k = weights.shape
     return _Projection(weights.codes.data_ptr(), weights.scale.data_ptr(), weights.offset.data_ptr(),

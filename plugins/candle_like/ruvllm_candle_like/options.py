@@ -50,7 +50,7 @@ class BackendOptions:
     #: memory again as the projection weights; ignored off CPU).
     prepack_weights: bool = attrs.field(default=True, validator=boolean())
     #: GGUF on CPU: run the projections on the file's own blocks (block_codes.py: Q4_0/Q4_1/Q4_K
-    #: as 4-bit codes, Q5_0/Q5_1/Q5_K/Q8_0 as 8-bit ones, Q6_K re-quantised to 8 bits, the tied
+    #: as 4-bit codes, Q5_0/Q5_1/Q5_K as 5-bit, Q8_0 as 8-bit, Q6_K re-quantised to 8 bits, the tied
     #: head included) instead of dense float copies; other types and devices run dense.
     #: auto: on when computing in float32 where ruvllm's native block kernel runs (x86-64 with
     #: AVX2 and FMA, blockmm.py): there it measured faster than dense float32 at every row

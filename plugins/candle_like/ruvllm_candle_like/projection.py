@@ -114,23 +114,23 @@ class QuantizedKernel(Protocol):
         ...
 
 
-class Int4Projection:
+class BlockProjection:
     """A projection on block-quantised weights, plus optionally a dense copy for steps of many rows.
 
-    At a few rows a step is bound by the bytes of weights it reads, and int4 reads a fifth of
-    float32's. At many rows torch's int4 kernel costs more than a dense matmul; ruvllm's own
+    At a few rows a step is bound by the bytes of weights it reads, and 4-bit codes are a fifth
+    of float32's. At many rows torch's int4 kernel costs more than a dense matmul; ruvllm's own
     (blockmm.py) about as much as float32's, while bfloat16 on AMX still beats it (the crossover
     on this project's CPUs is in docs/backends/candle_like.md). So with a ``dense`` copy, a call
     of at least ``dense_rows`` rows takes it. Without one, every call runs the quantised kernel
     and the weights cost about the GGUF's bytes.
     """
 
-    __slots__ = ("bias", "dense", "dense_rows", "int4", "out_dtype")
+    __slots__ = ("bias", "dense", "dense_rows", "kernel", "out_dtype")
 
-    def __init__(self, int4: QuantizedKernel, bias: torch.Tensor | None, *, dtype: torch.dtype,
+    def __init__(self, kernel: QuantizedKernel, bias: torch.Tensor | None, *, dtype: torch.dtype,
                  dense: torch.Tensor | None = None, dense_rows: int = 1 << 62):
         """``dense``: the weight in ``dtype`` (plain, or oneDNN-packed where packing applies)."""
-        self.int4 = int4
+        self.kernel = kernel
         self.bias = bias
         self.out_dtype = dtype
         self.dense = dense
@@ -139,33 +139,33 @@ class Int4Projection:
     @property
     def shape(self) -> torch.Size:
         """``[out, in]``."""
-        return torch.Size(self.int4.shape)
+        return torch.Size(self.kernel.shape)
 
     @property
     def weight(self) -> torch.Tensor:
-        """The dense copy's weights, or else those the int4 kernel computes with, in the model's
+        """The dense copy's weights, or else those the kernel computes with, in the model's
         dtype (either read back through its kernel on an identity: exact).
 
         Built on each access, for readers that need a plain matrix (SONA's training copy, the
         gradient path): no plain copy stays resident."""
         if self.dense is not None:
             return self._dense(torch.eye(self.shape[1], dtype=self.out_dtype)).T.contiguous()
-        return self.int4.dequantize().to(self.out_dtype)
+        return self.kernel.dequantize().to(self.out_dtype)
 
     def nbytes(self) -> int:
-        """Resident bytes: the int4 data plus the dense copy, if any."""
-        return self.int4.nbytes + (0 if self.dense is None else tensor_bytes(self.dense))
+        """Resident bytes: the blocks plus the dense copy, if any."""
+        return self.kernel.nbytes + (0 if self.dense is None else tensor_bytes(self.dense))
 
-    def int4_only(self) -> Int4Projection:
+    def kernel_only(self) -> BlockProjection:
         """This projection without its dense copy: one kernel at every row count."""
-        return Int4Projection(self.int4, self.bias, dtype=self.out_dtype)
+        return BlockProjection(self.kernel, self.bias, dtype=self.out_dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.requires_grad and torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         if self.dense is not None and x.shape[0] >= self.dense_rows:
             return self._dense(x, self.bias)
-        y = self.int4.matmul(x).to(self.out_dtype)
+        y = self.kernel.matmul(x).to(self.out_dtype)
         return y if self.bias is None else y + self.bias
 
     def _dense(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -3,7 +3,7 @@
 A fused matrix (q/k/v, gate/up) runs on its codes when every part maps onto codes
 (:func:`ruvllm_candle_like.block_codes.block_codes`), in the widest part's width; one part in a
 type with no mapping (a Q3_K ``attn_v``) makes the whole matrix dense, dequantised exactly.
-8-bit codes need ruvllm's block kernel; where it cannot run, only 4-bit ones take torch's.
+5-bit and 8-bit codes need ruvllm's block kernel; where it cannot run, only 4-bit ones take torch's.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from ruvllm_candle_like import blockmm
 from ruvllm_candle_like.block_codes import BlockCodes, GgufBlocks, codes_or_log, concat
 from ruvllm_candle_like.cpu_dtype import warn_once
 from ruvllm_candle_like.int4 import PackedInt4
-from ruvllm_candle_like.projection import Int4Projection, Projection, QuantizedKernel, pack_weight
+from ruvllm_candle_like.projection import BlockProjection, Projection, QuantizedKernel, pack_weight
 
 #: A weight as the loader hands it over: a tensor, or a GGUF tensor's blocks.
 Weight = torch.Tensor | GgufBlocks
-AnyProjection = Projection | Int4Projection
+AnyProjection = Projection | BlockProjection
 
 
 def as_tensor(weight: Weight) -> torch.Tensor:
@@ -56,7 +56,7 @@ class ProjectionFactory:
         return Projection(weight, bias, prepack=self.prepack)
 
     def quantized(self, parts: Sequence[tuple[str, Weight]],
-                  bias: torch.Tensor | None = None) -> Int4Projection | None:
+                  bias: torch.Tensor | None = None) -> BlockProjection | None:
         """The projection on the parts' own codes, or None where it runs dense."""
         if not self.int4 or self.device.type != "cpu" or not all(isinstance(w, GgufBlocks) for _, w in parts):
             return None
@@ -65,8 +65,9 @@ class ProjectionFactory:
             return None
         joined = concat([c for c in codes if c is not None])
         why = blockmm.unavailable()
-        if joined.bits == 8 and why is not None:
-            warn_once("codes 8-bit", "candle_like: 8-bit codes (first: %s) run dense: %s", parts[0][0], why)
+        if joined.bits != 4 and why is not None:
+            warn_once(f"codes {joined.bits}-bit", "candle_like: %s-bit codes (first: %s) run dense: %s",
+                      joined.bits, parts[0][0], why)
             return None
         dense = None
         if self.dense_rows is not None:
@@ -74,7 +75,7 @@ class ProjectionFactory:
             plain = torch.from_numpy(np.ascontiguousarray(joined.dequantize())).to(self.dtype)
             dense = (pack_weight(plain) if self.prepack else None)
             dense = plain if dense is None else dense
-        return Int4Projection(block_kernel(joined, int8=self.int8), bias, dtype=self.dtype, dense=dense,
+        return BlockProjection(block_kernel(joined, int8=self.int8), bias, dtype=self.dtype, dense=dense,
                               dense_rows=self.dense_rows or 1 << 62)
 
 
