@@ -5,10 +5,10 @@ The claim is what was measured, no more (docs/benchmark.md, issue 59's table). O
 kind with AVX512-VNNI (the 2-core AMD EPYC), its native layers on a GGUF's blocks with int8
 activations served the embedded model 1.8x llama-server's tokens/s with one client, 4.3x with
 16 and 3.6x with 16 long prompts, at a fifth of the TTFT, and the default server idled at ~400 MB
-resident; a Q4_K_M file of the same model (Q5_0, Q4_K, Q8_0 and Q6_K tensors: 8-bit codes, Q6_K
-re-quantised) 1.2x, 2.0x and 2.6x, where ruvllm's llamacpp backend served 0.68-0.96x. So it
-claims a GGUF model whose every projection the block kernel runs, on a CPU of that kind where
-the native library was built.
+resident; a Q4_K_M file of the same model (Q5_0, Q4_K, Q8_0 and Q6_K tensors, Q6_K re-quantised)
+1.7x, 2.0x and 2.8x, where ruvllm's llamacpp backend served 0.84-0.95x. So it claims a GGUF
+model whose every projection the block kernel runs, in not much more memory than the file
+(EXTRA_WEIGHT_BYTES), on a CPU of that kind where the native library was built.
 
 Where it does not claim, llamacpp stays first: on the AVX2 kind candle_like also served fastest
 (float32 activations), but a fresh clone's default server idled at 545 MB there before the cuts
@@ -45,7 +45,7 @@ PROJECTION_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "
 MEASURED = ("on the AVX-512 kind with VNNI its native layers on the GGUF's blocks (int8 activations) "
             "served the embedded model fastest of ruvllm's backends at 1 to 32 clients: 1.8x "
             "llama-server's tokens/s with one client, 4.3x with 16, 3.6x with 16 long prompts; "
-            "a Q4_K_M file of it 1.2x, 2.0x and 2.6x (docs/benchmark.md)")
+            "a Q4_K_M file of it 1.7x, 2.0x and 2.8x (docs/benchmark.md)")
 #: The CPU flags the int8-activation kernel needs (csrc/blockmm_int8.cpp), as /proc/cpuinfo names them.
 INT8_KERNEL_FLAGS = frozenset({"avx512f", "avx512bw", "avx512_vnni", "f16c"})
 
