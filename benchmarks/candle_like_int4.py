@@ -27,7 +27,7 @@ from ruvllm.bench.machine import machine_line
 from ruvllm.models import ModelSource
 from ruvllm.registry import embedded_model_path
 from ruvllm_candle_like.backend import CandleLikeBackend
-from ruvllm_candle_like.projection import BlockProjection, Projection, tensor_bytes
+from ruvllm_candle_like.projection import BlockProjection, Projection
 
 MIB = 1 << 20
 
@@ -38,13 +38,7 @@ def projections(backend: CandleLikeBackend) -> list[Projection | BlockProjection
 
 def weight_bytes(backend: CandleLikeBackend) -> int:
     """Resident bytes of the projection weights (plain, packed, int4, dense copy)."""
-    total = 0
-    for p in projections(backend):
-        if isinstance(p, BlockProjection):
-            total += p.nbytes()
-        else:
-            total += tensor_bytes(p.weight) + (0 if p.packed is None else tensor_bytes(p.packed))
-    return total
+    return sum(p.nbytes() for p in projections(backend))
 
 
 def linears_ms(backend: CandleLikeBackend, rows: int, runs: int) -> float:

@@ -167,3 +167,19 @@ def test_an_untied_embedding_stays_on_its_blocks():
     assert torch.equal(model.embedding_matrix(), table)
     # The head stays its own matrix, on its own (4-bit) blocks.
     assert type(model.lm_head) is BlockProjection and model.lm_head.kernel.bits == 4
+
+
+@pytest.mark.skipif(blockmm.unavailable() is not None, reason=str(blockmm.unavailable()))
+def test_the_banner_says_how_the_weights_are_held(embedded_source):
+    """`ruvllm serve` prints the executor's line: which kernel holds how many matrices, in how
+    many MiB (the embedded model: 120 projections on 4-bit blocks, the Q8_0 head on 8-bit)."""
+    backend = CandleLikeBackend.load(embedded_source, {"dtype": "float32"})
+    try:
+        line = backend.create_executor(max_sequences=1, block_size=16).describe()
+        projections = sum(p.nbytes() for layer in backend.model.layers
+                          for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        head = backend.model.lm_head.nbytes()
+        assert (f"weight matrices: 1 on 8-bit blocks ({head / (1 << 20):.1f} MiB), "
+                f"120 on 4-bit blocks ({projections / (1 << 20):.1f} MiB)") in line, line
+    finally:
+        backend.close()

@@ -408,12 +408,15 @@ class PagedExecutor:
         return sum(t.numel() * t.element_size() for t in self.kv)
 
     def describe(self) -> str:
-        """One line on the KV storage and its size (logged at creation, printed by serve)."""
+        """One line on the KV storage and its size, the kernels and the weights (logged at
+        creation, printed by serve)."""
         tokens = self.num_blocks * self.block_size
+        weights = self.model.describe_weights()
         if self.two_tier is not None:
             limit = ("" if self.max_seq_len == self.model.max_positions
                      else f", at most {self.max_seq_len} per sequence (max_kv_tokens)")
-            return f"paged KV for {tokens} tokens (kv_cache_tokens){limit}, {self.two_tier.describe()}"
+            return (f"paged KV for {tokens} tokens (kv_cache_tokens){limit}, {self.two_tier.describe()}; "
+                    f"{weights}")
         dtype = str(self.kv_dtype).removeprefix("torch.")
         graph = "" if self.graph is None else f"; {self.graph.describe()}"
         attention = ("native decode attention" if self.native_decode_off is None
@@ -423,7 +426,7 @@ class PagedExecutor:
         if self.model.int8:
             layers += ", int8 activations"
         return (f"paged KV for {tokens} tokens (kv_cache_tokens), 16-bit pool (kv_cache=fp16, {dtype}) "
-                f"{self.nbytes() / MIB:.1f} MiB; {attention}; {layers}{graph}")
+                f"{self.nbytes() / MIB:.1f} MiB; {attention}; {layers}{graph}; {weights}")
 
     def _warm_step(self, rows: int) -> None:
         """One decode step of ``rows`` rows on the first blocks, before any request holds a

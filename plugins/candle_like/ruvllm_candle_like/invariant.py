@@ -84,6 +84,13 @@ class PaddedProjection:
     def shape(self) -> torch.Size:
         return self.inner.shape
 
+    @property
+    def held(self) -> str:
+        return self.inner.held
+
+    def nbytes(self) -> int:
+        return self.inner.nbytes()
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         return self.inner(x) if n % ROW_BLOCK == 0 else self.inner(pad_rows(x))[:n]

@@ -241,6 +241,18 @@ class Transformer:
         return any(isinstance(layer.qkv, BlockProjection) or isinstance(layer.down, BlockProjection)
                    for layer in self.layers)
 
+    def describe_weights(self) -> str:
+        """How the projections and the head are held, for the serve banner: which kernel, how
+        many matrices on each, and their resident MiB (e.g. a Q4_K_M file: most on 5-bit codes,
+        its Q6_K on 8-bit ones)."""
+        held: dict[str, list[int]] = {}
+        for proj in [self.lm_head, *(getattr(layer, name) for layer in self.layers for name in PROJECTIONS)]:
+            count = held.setdefault(proj.held, [0, 0])
+            count[0] += 1
+            count[1] += proj.nbytes()
+        parts = [f"{n} on {kind} ({size / (1 << 20):.1f} MiB)" for kind, (n, size) in held.items()]
+        return "weight matrices: " + ", ".join(parts)
+
     def parameter_count(self) -> int:
         n = self.cfg.vocab_size * self.cfg.hidden_size + self.norm.numel()
         if not self.tied:

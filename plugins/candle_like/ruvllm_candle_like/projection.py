@@ -83,6 +83,15 @@ class Projection:
         """``[out, in]``."""
         return self.weight.shape
 
+    @property
+    def held(self) -> str:
+        """How the weights are held, for the serve banner."""
+        return "dense " + str(self.weight.dtype).removeprefix("torch.")
+
+    def nbytes(self) -> int:
+        """Resident bytes: the weight plus its packed copy, if any."""
+        return tensor_bytes(self.weight) + (0 if self.packed is None else tensor_bytes(self.packed))
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None or (x.requires_grad and torch.is_grad_enabled()):
             return F.linear(x, self.weight, self.bias)
@@ -151,6 +160,13 @@ class BlockProjection:
         if self.dense is not None:
             return self._dense(torch.eye(self.shape[1], dtype=self.out_dtype)).T.contiguous()
         return self.kernel.dequantize().to(self.out_dtype)
+
+    @property
+    def held(self) -> str:
+        """How the weights are held, for the serve banner."""
+        bits = getattr(self.kernel, "bits", None)
+        kind = "torch's int4 kernel" if bits is None else f"{bits}-bit blocks"
+        return kind if self.dense is None else kind + " + dense copy"
 
     def nbytes(self) -> int:
         """Resident bytes: the blocks plus the dense copy, if any."""
