@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from ruvllm.errors import ModelLoadError
 
-from ruvllm_candle_like import native_decoder
+from ruvllm_candle_like import blockmm, native_decoder
 from ruvllm_candle_like.block_codes import GgufBlocks
 from ruvllm_candle_like.blockmm import BlockWeights
 from ruvllm_candle_like.config import ModelConfig
@@ -156,7 +156,12 @@ class Transformer:
         # No dense copy: the head mostly sees one row per sequence (a prompt's last position).
         blocks_only = attrs.evolve(projection, dense_rows=None)
         quantized_head = blocks_only.quantized([(head, given(head))])
-        table = quantized_head if self.tied else blocks_only.quantized([(embedding, given(embedding))])
+        table = quantized_head
+        if not self.tied:
+            # Only where ruvllm's kernel reads rows from blocks: torch's packs them for matmuls
+            # alone, so packing a vocabulary there would be a transient for nothing.
+            on_blocks = blockmm.unavailable() is None
+            table = blocks_only.quantized([(embedding, given(embedding))]) if on_blocks else None
         #: The token rows on ruvllm's kernel's blocks (the tied head's own, or the embedding's),
         #: dequantised per lookup, exactly: no float32 copy of the vocabulary's rows stays
         #: resident (a 128k x 4096 one would be 2 GiB).
