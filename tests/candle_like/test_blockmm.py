@@ -51,8 +51,9 @@ def test_the_other_types_dequantise_exactly(type_name, int8):
     blocks = _random_blocks(type_name, 40, 512)  # 40 outputs: a padded last panel
     weights = BlockWeights.from_codes(_codes(blocks), int8=int8)
     assert torch.equal(weights.dequantize(), torch.from_numpy(blocks.dequantize()))
-    # The K-quants' scales are products of two (d * sc), which float16 does not hold: float32.
-    assert weights.scale.dtype == (torch.float32 if type_name.endswith("_K") else torch.float16)
+    # The K-quants' scales are products of two (d * sc), which float16 does not hold: their two
+    # factors, as the file has them (bytes), multiplied in the kernel.
+    assert weights.scale.dtype == (torch.uint8 if type_name.endswith("_K") else torch.float16)
 
 
 @pytest.mark.parametrize("type_name", sorted(KERNEL_BYTES))
@@ -65,7 +66,7 @@ def test_the_claim_counts_the_bytes_the_kernel_holds(type_name, int8):
 
 def _weights(kind: str, n: int, k: int, *, int8: bool = False) -> BlockWeights:
     """Random blocks as a GGUF holds them (``code * scale`` is exact in float32): Q8_0, Q4_1 and
-    Q5_0 run with float16 scales, the K-quants with float32 ones; "Q4_K+Q8_0" is a fused matrix
+    Q5_0 run with float16 scales, the K-quants with their factors; "Q4_K+Q8_0" is a fused matrix
     of two widths (8-bit codes, unsigned groups with offsets beside signed ones)."""
     if kind == "Q4_K+Q8_0":
         half = n // 2

@@ -16,8 +16,9 @@
 // one; 5-bit: those 8 bytes, then 2 bytes whose bit j is output j's fifth bit; 8-bit: 16 signed
 // bytes); per panel, per block of 32 inputs, 16 scales d and 16 offsets m:
 // w = code * d + m. Scales and offsets are float16 where every one of them is exact in it (the
-// GGUF's own f16 values: Q4_0, Q4_1, Q8_0), else float32 (Q4_K's products d * sc): a block then
-// reads 20 bytes instead of 24, and the values the FMAs see are the same bits either way.
+// GGUF's own f16 values: Q4_0, Q4_1, Q8_0), the K-quants' two factors (d and the 6-bit sc,
+// multiplied when loaded: exact), else float32: a 4-bit block then reads 20 or 18.5 bytes instead
+// of 24, and the values the FMAs see are the same bits either way.
 //
 // x86-64 with AVX2, FMA and F16C only; blockmm_supported() says whether this build and CPU run it.
 #include <stdint.h>
@@ -88,13 +89,13 @@ inline void dequant16(const uint8_t *c, __m256 d0, __m256 d1, __m256 m0, __m256 
 #define ACC_STORE(i) if (R > i) { _mm256_storeu_ps(y + i * ldy, a##i##0); _mm256_storeu_ps(y + i * ldy + 8, a##i##1); }
 
 // R <= DIRECT rows of x (row stride k_total) against one panel, dequantising in registers.
-template <int BITS, bool HALF, int R>
+template <int BITS, int FMT, int R>
 void direct(const float *x, int64_t k_total, const uint8_t *codes, const void *d, const void *m,
             float *y, int64_t ldy) {
     ACC_DECL(0) ACC_DECL(1) ACC_DECL(2) ACC_DECL(3)
     for (int64_t g = 0; g < k_total / BLOCK; g++) {
-        __m256 d0 = load_scales8<HALF>(d, g * PANEL), d1 = load_scales8<HALF>(d, g * PANEL + 8);
-        __m256 m0 = load_scales8<HALF>(m, g * PANEL), m1 = load_scales8<HALF>(m, g * PANEL + 8);
+        __m256 d0 = load_scales8<FMT>(d, g * PANEL), d1 = load_scales8<FMT>(d, g * PANEL + 8);
+        __m256 m0 = load_scales8<FMT>(m, g * PANEL), m1 = load_scales8<FMT>(m, g * PANEL + 8);
         const uint8_t *c = codes + g * BLOCK * code_bytes<BITS>();
         const float *xg = x + g * BLOCK;
 #pragma GCC unroll 4
@@ -109,11 +110,11 @@ void direct(const float *x, int64_t k_total, const uint8_t *codes, const void *d
 }
 
 // Inputs [k0, k0 + kc) of one panel as float32, [kc][16].
-template <int BITS, bool HALF>
+template <int BITS, int FMT>
 void dequant_chunk(int64_t k0, int64_t kc, const uint8_t *codes, const void *d, const void *m, float *buf) {
     for (int64_t g = k0 / BLOCK; g < (k0 + kc) / BLOCK; g++) {
-        __m256 d0 = load_scales8<HALF>(d, g * PANEL), d1 = load_scales8<HALF>(d, g * PANEL + 8);
-        __m256 m0 = load_scales8<HALF>(m, g * PANEL), m1 = load_scales8<HALF>(m, g * PANEL + 8);
+        __m256 d0 = load_scales8<FMT>(d, g * PANEL), d1 = load_scales8<FMT>(d, g * PANEL + 8);
+        __m256 m0 = load_scales8<FMT>(m, g * PANEL), m1 = load_scales8<FMT>(m, g * PANEL + 8);
         for (int kk = 0; kk < BLOCK; kk++) {
             int64_t k = g * BLOCK + kk;
             __m256 w0, w1;
@@ -143,27 +144,25 @@ using MicroFn = void (*)(const float *, int64_t, const float *, float *, int64_t
 constexpr MicroFn MICROS[MR + 1] = {nullptr, micro<1>, micro<2>, micro<3>, micro<4>, micro<5>, micro<6>};
 
 using DirectFn = void (*)(const float *, int64_t, const uint8_t *, const void *, const void *, float *, int64_t);
-template <int BITS, bool HALF>
-constexpr DirectFn DIRECTS[DIRECT + 1] = {nullptr, direct<BITS, HALF, 1>, direct<BITS, HALF, 2>,
-                                          direct<BITS, HALF, 3>, direct<BITS, HALF, 4>};
+template <int BITS, int FMT>
+constexpr DirectFn DIRECTS[DIRECT + 1] = {nullptr, direct<BITS, FMT, 1>, direct<BITS, FMT, 2>,
+                                          direct<BITS, FMT, 3>, direct<BITS, FMT, 4>};
 
-template <int BITS, bool HALF>
+template <int BITS, int FMT>
 int run(const float *x, int64_t rows, int64_t k_total, int64_t n_total, const uint8_t *codes,
         const void *d, const void *m, float *y, int threads) {
-    // Pointer arithmetic on the scales in their own width.
+    // Pointer arithmetic on the scales in their own format's bytes.
     const auto *ds = static_cast<const char *>(d), *ms = static_cast<const char *>(m);
-    constexpr int64_t width = HALF ? 2 : 4;
     const int64_t panels = n_total / PANEL;
     const int64_t panel_codes = k_total * code_bytes<BITS>();
-    const int64_t panel_scales = k_total / BLOCK * PANEL;
+    const int64_t panel_scales = ruvllm::scale_bytes<FMT>(k_total / BLOCK);
     if (rows <= DIRECT) {
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t p = 0; p < panels; p++)
             for (int64_t r = 0; r < rows; r += DIRECT) {
                 int64_t rr = rows - r < DIRECT ? rows - r : DIRECT;
-                DIRECTS<BITS, HALF>[rr](x + r * k_total, k_total, codes + p * panel_codes,
-                                        ds + p * panel_scales * width, ms + p * panel_scales * width,
-                                        y + r * n_total + p * PANEL, n_total);
+                DIRECTS<BITS, FMT>[rr](x + r * k_total, k_total, codes + p * panel_codes, ds + p * panel_scales,
+                                       ms + p * panel_scales, y + r * n_total + p * PANEL, n_total);
             }
         return 0;
     }
@@ -192,8 +191,8 @@ int run(const float *x, int64_t rows, int64_t k_total, int64_t n_total, const ui
             for (int64_t p = 0; p < panels; p++) {
                 for (int64_t k0 = 0; k0 < k_total; k0 += KC) {
                     int64_t kc = k_total - k0 < KC ? k_total - k0 : KC;
-                    dequant_chunk<BITS, HALF>(k0, kc, codes + p * panel_codes, ds + p * panel_scales * width,
-                                              ms + p * panel_scales * width, buf);
+                    dequant_chunk<BITS, FMT>(k0, kc, codes + p * panel_codes, ds + p * panel_scales,
+                                             ms + p * panel_scales, buf);
                     for (int64_t r0 = 0; r0 < rows; r0 += MR) {
                         int64_t rr = rows - r0 < MR ? rows - r0 : MR;
                         MICROS[rr](xp + r0 * k_total + k0 * rr, kc, buf, y + r0 * n_total + p * PANEL,
@@ -212,19 +211,19 @@ int run(const float *x, int64_t rows, int64_t k_total, int64_t n_total, const ui
 #pragma GCC pop_options
 #endif
 
-// y [rows, n] = x [rows, k] @ w.T; n a multiple of 16 and k of 32, all contiguous; d and m float16
-// when half_scales, else float32; int8 (1 or 2, kernels.h): the codes in blockmm_int8.cpp's layout,
+// y [rows, n] = x [rows, k] @ w.T; n a multiple of 16 and k of 32 (of 256 for K_FACTORS), all
+// contiguous; d and m in scale_format (kernels.h's ScaleFormat); int8 (1 or 2, kernels.h): the codes in blockmm_int8.cpp's layout,
 // run there. Returns 0, or -1 when memory ran out or -2 when this build or CPU cannot run it
 // (blockmm_supported() == 0).
-extern "C" int blockmm(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int half_scales, int int8,
+extern "C" int blockmm(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int scale_format, int int8,
                        const uint8_t *codes, const void *d, const void *m, float *y, int threads) {
-    if (int8) return blockmm_int8(x, rows, k, n, bits, half_scales, codes, d, m, y, threads, int8);
+    if (int8) return blockmm_int8(x, rows, k, n, bits, scale_format, codes, d, m, y, threads, int8);
 #ifdef BLOCKMM_X86
-    return ruvllm::by_block_format(bits, half_scales, [&](auto b, auto half) {
-        return run<b(), half()>(x, rows, k, n, codes, d, m, y, threads);
+    return ruvllm::by_block_format(bits, scale_format, [&](auto b, auto format) {
+        return run<b(), format()>(x, rows, k, n, codes, d, m, y, threads);
     });
 #endif
-    (void)x; (void)rows; (void)k; (void)n; (void)bits; (void)half_scales; (void)codes; (void)d; (void)m;
+    (void)x; (void)rows; (void)k; (void)n; (void)bits; (void)scale_format; (void)codes; (void)d; (void)m;
     (void)y; (void)threads;
     return -2;
 }

@@ -24,8 +24,8 @@
 // block, 4-bit: 4 chunks of 64 bytes, chunk g byte 4 o + j = u[o, 4g + j] | u[o, 16 + 4g + j] << 4;
 // 5-bit: those 4 chunks of the low nibbles, then per chunk g two 64-bit masks, bit 4 o + j of
 // mask h the fifth bit of u[o, 16 h + 4g + j]; 8-bit: 8 chunks of 64 bytes, chunk g byte 4 o + j
-// = u[o, 4g + j]. Scales and offsets as in blockmm.cpp: per panel, per block, 16 each, float16 or
-// float32.
+// = u[o, 4g + j]. Scales and offsets as in blockmm.cpp: per panel, per block, 16 each, in a
+// ScaleFormat (kernels.h).
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -65,12 +65,19 @@ namespace vnni {
 
 constexpr int MR = 8;  // rows per pass over a panel: 8 integer + 8 float accumulators
 
-template <bool HALF>
+// A block's 16 scales (or offsets) of a panel as float32, i = block * 16 (kernels.h's ScaleFormat).
+template <int FMT>
 inline __m512 load16(const void *p, int64_t i) {
-    if constexpr (HALF)
+    if constexpr (FMT == ruvllm::F16) {
         return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(static_cast<const uint16_t *>(p) + i)));
-    else
+    } else if constexpr (FMT == ruvllm::F32) {
         return _mm512_loadu_ps(static_cast<const float *>(p) + i);
+    } else {
+        const auto *sb = static_cast<const uint8_t *>(p) + i / 128 * 160;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(sb)));
+        const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i *>(sb + 32 + i % 128));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)), d);
+    }
 }
 
 inline __m512i bcast4(const int8_t *p) {
@@ -80,7 +87,7 @@ inline __m512i bcast4(const int8_t *p) {
 }
 
 // R rows (quantised, row stride k) against one panel; y's 16 outputs of each row written.
-template <int BITS, bool HALF, int R>
+template <int BITS, int FMT, int R>
 void panel_rows(const int8_t *qa, int64_t k, const float *da, const float *sa, const uint8_t *codes,
                 const void *d, const void *m, float *y, int64_t ldy) {
     const int64_t nb = k / BLOCK;
@@ -89,7 +96,7 @@ void panel_rows(const int8_t *qa, int64_t k, const float *da, const float *sa, c
     for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
-        const __m512 dv = load16<HALF>(d, b * PANEL), mv = load16<HALF>(m, b * PANEL);
+        const __m512 dv = load16<FMT>(d, b * PANEL), mv = load16<FMT>(m, b * PANEL);
         __m512i acc[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_si512();
@@ -131,10 +138,10 @@ void panel_rows(const int8_t *qa, int64_t k, const float *da, const float *sa, c
     for (int r = 0; r < R; r++) _mm512_storeu_ps(y + r * ldy, f[r]);
 }
 
-template <int BITS, bool HALF>
-constexpr PanelFn PANELS[MR + 1] = {nullptr, panel_rows<BITS, HALF, 1>, panel_rows<BITS, HALF, 2>,
-                                    panel_rows<BITS, HALF, 3>, panel_rows<BITS, HALF, 4>, panel_rows<BITS, HALF, 5>,
-                                    panel_rows<BITS, HALF, 6>, panel_rows<BITS, HALF, 7>, panel_rows<BITS, HALF, 8>};
+template <int BITS, int FMT>
+constexpr PanelFn PANELS[MR + 1] = {nullptr, panel_rows<BITS, FMT, 1>, panel_rows<BITS, FMT, 2>,
+                                    panel_rows<BITS, FMT, 3>, panel_rows<BITS, FMT, 4>, panel_rows<BITS, FMT, 5>,
+                                    panel_rows<BITS, FMT, 6>, panel_rows<BITS, FMT, 7>, panel_rows<BITS, FMT, 8>};
 
 }  // namespace vnni
 #pragma GCC pop_options
@@ -205,7 +212,7 @@ inline __m256i fifth_bits(const uint8_t *p) {
 }
 
 // R rows against outputs [8 h, 8 h + 8) of one panel.
-template <int BITS, bool HALF, int R>
+template <int BITS, int FMT, int R>
 void half_panel(int h, const int8_t *qa, int64_t k, const float *da, const float *sa, const uint8_t *codes,
                 const void *d, const void *m, float *y, int64_t ldy) {
     const int64_t nb = k / BLOCK;
@@ -214,7 +221,7 @@ void half_panel(int h, const int8_t *qa, int64_t k, const float *da, const float
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) f[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const __m256 dv = load_scales8<HALF>(d, b * PANEL + 8 * h), mv = load_scales8<HALF>(m, b * PANEL + 8 * h);
+        const __m256 dv = load_scales8<FMT>(d, b * PANEL + 8 * h), mv = load_scales8<FMT>(m, b * PANEL + 8 * h);
         const int8_t *xb = qa + b * BLOCK;
         __m256i acc[R];
         if constexpr (BITS == 4) {
@@ -307,16 +314,16 @@ void widen5(const uint8_t *codes, int64_t nb, uint8_t *wide) {
     }
 }
 
-template <int BITS, bool HALF, int R>
+template <int BITS, int FMT, int R>
 void panel_rows(const int8_t *qa, int64_t k, const float *da, const float *sa, const uint8_t *codes, const void *d,
                 const void *m, float *y, int64_t ldy) {
-    half_panel<BITS, HALF, R>(0, qa, k, da, sa, codes, d, m, y, ldy);
-    half_panel<BITS, HALF, R>(1, qa, k, da, sa, codes, d, m, y, ldy);
+    half_panel<BITS, FMT, R>(0, qa, k, da, sa, codes, d, m, y, ldy);
+    half_panel<BITS, FMT, R>(1, qa, k, da, sa, codes, d, m, y, ldy);
 }
 
-template <int BITS, bool HALF>
-constexpr PanelFn PANELS[MR + 1] = {nullptr, panel_rows<BITS, HALF, 1>, panel_rows<BITS, HALF, 2>,
-                                    panel_rows<BITS, HALF, 3>, panel_rows<BITS, HALF, 4>};
+template <int BITS, int FMT>
+constexpr PanelFn PANELS[MR + 1] = {nullptr, panel_rows<BITS, FMT, 1>, panel_rows<BITS, FMT, 2>,
+                                    panel_rows<BITS, FMT, 3>, panel_rows<BITS, FMT, 4>};
 
 }  // namespace avx2
 #pragma GCC pop_options
@@ -326,12 +333,12 @@ namespace {
 // Quantise every row, then each thread runs its panels over all rows, MR at a time. 5-bit codes
 // with more than MR rows: each panel is widened to 8 bits once (avx2::widen5) and runs on the
 // 8-bit kernel (wide_fn), the same integers.
-template <int BITS, bool HALF, int MR>
+template <int BITS, int FMT, int MR>
 int run(const PanelFn *panels_fn, const PanelFn *wide_fn, const float *x, int64_t rows, int64_t k, int64_t n,
         const uint8_t *codes, const void *d, const void *m, float *y, int threads) {
     const int64_t nb = k / BLOCK, panels = n / PANEL;
     const int64_t panel_codes = nb * block_bytes<BITS>();
-    const int64_t width = HALF ? 2 : 4;
+    const int64_t panel_scales = ruvllm::scale_bytes<FMT>(nb);
     const bool widen = BITS == 5 && rows > MR;
     const auto *ds = static_cast<const char *>(d), *ms = static_cast<const char *>(m);
     int8_t *qa = static_cast<int8_t *>(malloc(rows * k));
@@ -358,8 +365,8 @@ int run(const PanelFn *panels_fn, const PanelFn *wide_fn, const float *x, int64_
             }
             for (int64_t r0 = 0; r0 < rows; r0 += MR) {
                 const int64_t rr = rows - r0 < MR ? rows - r0 : MR;
-                fn[rr](qa + r0 * k, k, da + r0 * nb, sa + r0 * nb, pc, ds + p * nb * PANEL * width,
-                       ms + p * nb * PANEL * width, y + r0 * n + p * PANEL, n);
+                fn[rr](qa + r0 * k, k, da + r0 * nb, sa + r0 * nb, pc, ds + p * panel_scales, ms + p * panel_scales,
+                       y + r0 * n + p * PANEL, n);
             }
         }
     }
@@ -370,22 +377,22 @@ int run(const PanelFn *panels_fn, const PanelFn *wide_fn, const float *x, int64_
 }  // namespace
 #endif
 
-int blockmm_int8(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int half_scales,
+int blockmm_int8(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int scale_format,
                  const uint8_t *codes, const void *d, const void *m, float *y, int threads, int isa) {
 #ifdef RUVLLM_X86
     static const int has_vnni = blockmm_int8_vnni();
     if (isa == 1 && has_vnni) {
-        return ruvllm::by_block_format(bits, half_scales, [&](auto b, auto half) {
-            return run<b(), half(), vnni::MR>(vnni::PANELS<b(), half()>, vnni::PANELS<8, half()>, x, rows,
+        return ruvllm::by_block_format(bits, scale_format, [&](auto b, auto format) {
+            return run<b(), format(), vnni::MR>(vnni::PANELS<b(), format()>, vnni::PANELS<8, format()>, x, rows,
                                               k, n, codes, d, m, y, threads);
         });
     }
-    return ruvllm::by_block_format(bits, half_scales, [&](auto b, auto half) {
-        return run<b(), half(), avx2::MR>(avx2::PANELS<b(), half()>, avx2::PANELS<8, half()>, x, rows, k,
+    return ruvllm::by_block_format(bits, scale_format, [&](auto b, auto format) {
+        return run<b(), format(), avx2::MR>(avx2::PANELS<b(), format()>, avx2::PANELS<8, format()>, x, rows, k,
                                           n, codes, d, m, y, threads);
     });
 #endif
-    (void)x; (void)rows; (void)k; (void)n; (void)bits; (void)half_scales; (void)codes; (void)d; (void)m;
+    (void)x; (void)rows; (void)k; (void)n; (void)bits; (void)scale_format; (void)codes; (void)d; (void)m;
     (void)y; (void)threads; (void)isa;
     return -2;
 }

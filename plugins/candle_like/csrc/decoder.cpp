@@ -25,13 +25,13 @@
 // Layouts shared with ruvllm_candle_like/native_decoder.py (ctypes.Structure, same field order).
 struct Projection {
     const uint8_t *codes;  // blockmm.cpp's layout; n a multiple of 16 (no padding), k of 32
-    const void *scale;   // float16 when half_scales, else float32
+    const void *scale;   // in scale_format (kernels.h ScaleFormat), as offset
     const void *offset;
     const float *bias;  // [n] or null
     int64_t n;
     int64_t k;
     int64_t bits;
-    int64_t half_scales;
+    int64_t scale_format;
     int64_t int8;  // codes in blockmm_int8.cpp's layout: int8 activations
 };
 
@@ -199,7 +199,7 @@ void silu_mul(const float *gu, float *act, int64_t rows, int64_t inter, int thre
 namespace {
 
 int project(const Projection &p, const float *x, int64_t rows, float *y, int threads) {
-    return blockmm(x, rows, p.k, p.n, static_cast<int>(p.bits), static_cast<int>(p.half_scales),
+    return blockmm(x, rows, p.k, p.n, static_cast<int>(p.bits), static_cast<int>(p.scale_format),
                    static_cast<int>(p.int8), p.codes, p.scale, p.offset, y, threads);
 }
 

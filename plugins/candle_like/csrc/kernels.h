@@ -11,25 +11,45 @@
 
 namespace ruvllm {
 
-// Eight block scales (or offsets) from i on as float32, widened exactly when kept as float16.
-template <bool HALF>
-__attribute__((target("avx2,fma,f16c"))) inline __m256 load_scales8(const void *p, int64_t i) {
-    if constexpr (HALF)
-        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(static_cast<const uint16_t *>(p) + i)));
-    else
-        return _mm256_loadu_ps(static_cast<const float *>(p) + i);
+// How a panel keeps its per-block scales (and, alike, its offsets), 16 outputs a block: float32;
+// float16 (where that holds every value exactly); or the K-quants' two factors, exact products
+// (d sc): per super-block of 8 blocks, the 16 outputs' float16 d, then 8 x 16 bytes sc.
+enum ScaleFormat { F32 = 0, F16 = 1, K_FACTORS = 2 };
+
+// A panel's bytes of scales for nb blocks.
+template <int FMT>
+constexpr int64_t scale_bytes(int64_t nb) {
+    return FMT == F32 ? nb * 16 * 4 : FMT == F16 ? nb * 16 * 2 : nb / 8 * 160;
 }
 
-// run(bits, half) with both as compile-time constants, for the block formats the kernels take
-// (4, 5 or 8 bits, float16 or float32 scales); -2 for any other.
+// Eight block scales (or offsets) of a panel as float32: outputs i % 16 .. + 7 of block i / 16.
+template <int FMT>
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load_scales8(const void *p, int64_t i) {
+    if constexpr (FMT == F16) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(static_cast<const uint16_t *>(p) + i)));
+    } else if constexpr (FMT == F32) {
+        return _mm256_loadu_ps(static_cast<const float *>(p) + i);
+    } else {
+        const auto *sb = static_cast<const uint8_t *>(p) + i / 128 * 160;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(sb + (i % 16) * 2)));
+        const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(sb + 32 + i % 128));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)), d);
+    }
+}
+
+// run(bits, format) with both as compile-time constants, for the block formats the kernels take
+// (4, 5 or 8 bits; a ScaleFormat); -2 for any other.
 template <typename Run>
-int by_block_format(int bits, int half_scales, Run &&run) {
-    using Four = std::integral_constant<int, 4>;
-    using Five = std::integral_constant<int, 5>;
-    using Eight = std::integral_constant<int, 8>;
-    if (bits == 4) return half_scales ? run(Four{}, std::true_type{}) : run(Four{}, std::false_type{});
-    if (bits == 5) return half_scales ? run(Five{}, std::true_type{}) : run(Five{}, std::false_type{});
-    if (bits == 8) return half_scales ? run(Eight{}, std::true_type{}) : run(Eight{}, std::false_type{});
+int by_block_format(int bits, int scale_format, Run &&run) {
+    auto with_format = [&](auto b) {
+        if (scale_format == F32) return run(b, std::integral_constant<int, F32>{});
+        if (scale_format == F16) return run(b, std::integral_constant<int, F16>{});
+        if (scale_format == K_FACTORS) return run(b, std::integral_constant<int, K_FACTORS>{});
+        return -2;
+    };
+    if (bits == 4) return with_format(std::integral_constant<int, 4>{});
+    if (bits == 5) return with_format(std::integral_constant<int, 5>{});
+    if (bits == 8) return with_format(std::integral_constant<int, 8>{});
     return -2;
 }
 
@@ -47,9 +67,9 @@ __attribute__((target("avx2,fma,f16c"))) inline float hsum8(__m256 v) {
 // blockmm.cpp: float32 activations (int8 = 0), or blockmm_int8.cpp's int8 activations on its own
 // layout of the codes: int8 = 1 on the best instructions this CPU has, 2 on AVX2 whatever it has
 // (the tests' way to run that path on a VNNI machine).
-extern "C" int blockmm(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int half_scales, int int8,
+extern "C" int blockmm(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int scale_format, int int8,
                        const uint8_t *codes, const void *d, const void *m, float *y, int threads);
-int blockmm_int8(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int half_scales,
+int blockmm_int8(const float *x, int64_t rows, int64_t k, int64_t n, int bits, int scale_format,
                  const uint8_t *codes, const void *d, const void *m, float *y, int threads, int isa);
 
 // Row b of q (stride q_stride floats: heads x dim, then anything) attends over the lengths[b] pool

@@ -30,14 +30,15 @@ from ruvllm_candle_like.config import GGUF_ARCHITECTURES
 #: own); it maps the other types of KERNEL_BYTES as stored.
 REQUANTISED_TYPES = ("Q6_K",)
 #: Bytes the block kernel holds per 32 weights of each type it runs (blockmm.py): 4, 5 or 8-bit
-#: codes and a scale and an offset per 32, float16 where the file's values are, float32 for the
-#: K-quants' products ``d sc``.
-KERNEL_BYTES = {"Q4_0": 20, "Q4_1": 20, "Q4_K": 24, "Q5_0": 24, "Q5_1": 24, "Q5_K": 28, "Q8_0": 36,
+#: codes and a scale and an offset per 32, float16 where the file's values are, the K-quants'
+#: factors (2.5 bytes a group) for theirs.
+KERNEL_BYTES = {"Q4_0": 20, "Q4_1": 20, "Q4_K": 18.5, "Q5_0": 24, "Q5_1": 24, "Q5_K": 22.5, "Q8_0": 36,
                 "Q6_K": 36}
 #: How many more bytes than the file's the kernel's weights may hold where candle_like claims a
 #: model: ruvllm's llamacpp server keeps its 256 MiB KV pool resident from the start, candle_like
 #: maps its pool as requests fill it, so up to this much more in weights its idle server is still
-#: the smaller one. Past it (a 7B Q4_K_M: its Q4_K scales in float32 add ~1 GiB) llamacpp stays.
+#: the smaller one. Past it (a 7B Q4_K_M: its ~1.1 G Q6_K weights as 8-bit codes add ~0.4 GiB)
+#: llamacpp stays.
 EXTRA_WEIGHT_BYTES = 256 << 20
 #: A layer's projection tensors in a GGUF.
 PROJECTION_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -91,5 +92,5 @@ def extra_weight_bytes(tensors: list[GgufTensor]) -> int:
     for t in tensors:
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(t.type)]
         per_32 = KERNEL_BYTES.get(t.type_name, 4 * 32)
-        extra += t.n_elements * per_32 // 32 - t.n_elements * size // block
+        extra += int(t.n_elements * per_32) // 32 - t.n_elements * size // block
     return extra

@@ -68,6 +68,25 @@ def dequantize(raw: np.ndarray, ggml_type: int, type_name: str, shape: tuple[int
 
 
 @attrs.frozen(eq=False)
+class KFactors:
+    """The K-quants' scales and offsets as the file keeps them: per super-block of 8 groups a
+    float16 ``d`` and ``-dmin`` ``[rows, groups / 8]``, per group 6-bit ``sc`` and ``mn`` ``[rows,
+    groups]``; ``scale = d sc`` and ``offset = -dmin mn``, each product exact in float32. The
+    kernels multiply them as they load them: 2.5 bytes a group where float32 products take 8."""
+
+    d: np.ndarray
+    sc: np.ndarray
+    neg_dmin: np.ndarray
+    mn: np.ndarray
+
+
+def _concat_factors(parts: Sequence[KFactors | None]) -> KFactors | None:
+    if any(p is None for p in parts):
+        return None
+    return KFactors(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("d", "sc", "neg_dmin", "mn")))
+
+
+@attrs.frozen(eq=False)
 class BlockCodes:
     """Codes ``[rows, cols]`` with float32 ``scale`` and ``offset`` ``[rows, cols / 32]``:
     ``w = code * scale + offset``. 4 and 5 bits: uint8 codes 0..15 or 0..31; 8 bits: int8 codes,
@@ -78,6 +97,8 @@ class BlockCodes:
     scale: np.ndarray
     offset: np.ndarray
     bits: int
+    #: The K-quants' factors of ``scale`` and ``offset`` (None for other types).
+    factors: KFactors | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -108,7 +129,8 @@ def concat(parts: Sequence[BlockCodes]) -> BlockCodes:
     parts = [p.widened(bits) for p in parts]
     return BlockCodes(codes=np.concatenate([p.codes for p in parts]),
                       scale=np.concatenate([p.scale for p in parts]),
-                      offset=np.concatenate([p.offset for p in parts]), bits=parts[0].bits)
+                      offset=np.concatenate([p.offset for p in parts]), bits=parts[0].bits,
+                      factors=_concat_factors([p.factors for p in parts]))
 
 
 def block_codes(blocks: GgufBlocks) -> BlockCodes | None:
@@ -151,33 +173,36 @@ def _from_q4(blocks: GgufBlocks) -> BlockCodes:
 def _from_q4_k(blocks: GgufBlocks) -> BlockCodes:
     rows, cols = blocks.shape
     b = blocks.raw.reshape(-1, 144)  # d, dmin (f16), 12 bytes of 6-bit scales/mins, 128 of codes
-    scale, offset = _k_scales(b, rows)
     # Group 2j holds the low nibbles of code bytes 32j..32j+31, group 2j+1 their high nibbles.
     qs = b[:, 16:].reshape(-1, 4, 1, GROUP)
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(rows, cols)
-    return BlockCodes(codes=codes, scale=scale, offset=offset, bits=4)
+    return _k_codes(codes, b, rows, bits=4)
 
 
 def _from_q5_k(blocks: GgufBlocks) -> BlockCodes:
     rows, cols = blocks.shape
     b = blocks.raw.reshape(-1, 176)  # as Q4_K, then 32 bytes of fifth bits, then 128 of nibbles
-    scale, offset = _k_scales(b, rows)
     qh = b[:, 16:48].reshape(-1, 1, GROUP) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
     qs = b[:, 48:].reshape(-1, 4, 1, GROUP)
     low = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, GROUP)
     # Group g's fifth bits are bit g of the 32 high bytes.
     codes = (low | ((qh & 1) << 4)).reshape(rows, cols)
-    return BlockCodes(codes=codes, scale=scale, offset=offset, bits=5)
+    return _k_codes(codes, b, rows, bits=5)
 
 
-def _k_scales(b: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K super-blocks' per-group ``d sc`` and ``-dmin mn`` as ``[rows, groups]``."""
+def _k_codes(codes: np.ndarray, b: np.ndarray, rows: int, *, bits: int) -> BlockCodes:
+    """Q4_K/Q5_K codes with their super-blocks' per-group ``d sc`` and ``-dmin mn``."""
     from gguf.quants import Q4_K
 
     sc, mn = Q4_K.get_scale_min(b[:, 4:16])
-    scale = _f16(b, 0)[:, None] * sc.astype(np.float32)
-    offset = -_f16(b, 2)[:, None] * mn.astype(np.float32)
-    return scale.reshape(rows, -1), offset.reshape(rows, -1)
+    d = np.ascontiguousarray(b[:, 0:2]).view(np.float16)[:, 0]
+    neg_dmin = -np.ascontiguousarray(b[:, 2:4]).view(np.float16)[:, 0]
+    factors = KFactors(d=d.reshape(rows, -1), sc=sc.astype(np.uint8).reshape(rows, -1),
+                       neg_dmin=neg_dmin.reshape(rows, -1), mn=mn.astype(np.uint8).reshape(rows, -1))
+    scale = d.astype(np.float32)[:, None] * sc.astype(np.float32)
+    offset = neg_dmin.astype(np.float32)[:, None] * mn.astype(np.float32)
+    return BlockCodes(codes=codes, scale=scale.reshape(rows, -1), offset=offset.reshape(rows, -1), bits=bits,
+                      factors=factors)
 
 
 def _from_q5(blocks: GgufBlocks) -> BlockCodes:

@@ -10,10 +10,12 @@ bytes at every row count.
 - Weights are the file's own codes, scales and offsets: ``w = code * scale + offset`` in float32,
   llama.cpp's dequantisation bit for bit (:class:`~ruvllm_candle_like.block_codes.BlockCodes`:
   4-bit Q4_0, Q4_1, Q4_K; 5-bit Q5_0, Q5_1, Q5_K; 8-bit Q8_0, the embedded model's tied head; Q6_K
-  re-quantised to 8 bits). Scales and offsets stay float16, as in the file, wherever float16
-  holds every one exactly (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the K-quants' products of two scales
-  need float32): a 4-bit block of 32 weights is then 20 bytes, not 24, which the embedded
-  model's resident size and every decode step's reads feel.
+  re-quantised to 8 bits). Scales and offsets stay as in the file: float16 wherever float16
+  holds every one exactly (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), the K-quants' factors (``d`` per
+  super-block, 6-bit ``sc`` per group) multiplied as the kernel loads them (the products need
+  float32's bits, and as float32 took 8 bytes a group where the factors take 2.5): a 4-bit block
+  of 32 weights is then 20 or 18.5 bytes, not 24, which the resident size and every decode
+  step's reads feel.
 - Activations and sums are float32: no bfloat16 rounding of the input, unlike torch's kernel.
 - Each output is one chain of FMAs over the inputs in order, whatever the row count and path: a
   row's result has the same bits alone or in any batch (the batch-invariant mode relies on it).
@@ -39,7 +41,7 @@ import numpy as np
 import torch
 
 from ruvllm_candle_like import native
-from ruvllm_candle_like.block_codes import GROUP, BlockCodes
+from ruvllm_candle_like.block_codes import GROUP, BlockCodes, KFactors
 
 #: Outputs per panel of the kernel's layout.
 PANEL = 16
@@ -82,7 +84,7 @@ def _run(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torc
     padded = codes.shape[0] * PANEL
     y = torch.empty(rows, padded)
     int8 = INT8_PATH if _int8_layout(codes) else 0
-    rc = fn(x.data_ptr(), rows, k, padded, bits, scale.dtype == torch.float16, int8, codes.data_ptr(),
+    rc = fn(x.data_ptr(), rows, k, padded, bits, scale_format(scale), int8, codes.data_ptr(),
             scale.data_ptr(), offset.data_ptr(), y.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"blockmm could not allocate its buffers for {rows} rows of {k} inputs")
@@ -112,7 +114,9 @@ class BlockWeights:
     activations (``int8``): ``[panels, k / 32, chunks, 64]``, csrc/blockmm_int8.cpp's layout
     (8-bit codes there unsigned, ``q + 128``, with the offset ``-128 d``);
     ``scale`` and ``offset``: ``[panels, k / 32, 16]``, float16 when that holds all of both
-    exactly, else float32. Outputs past ``n`` (padding to a whole panel) have zero weights.
+    exactly, else float32; or the K-quants' factors, ``[panels, k / 256, 160]`` bytes (per
+    super-block the 16 outputs' float16 factor, then 8 x 16 byte factors). Outputs past ``n``
+    (padding to a whole panel) have zero weights.
     """
 
     codes: torch.Tensor
@@ -128,7 +132,7 @@ class BlockWeights:
         groups = cols // GROUP
         if codes.bits != 8:
             packed = _nibbles(codes.codes, codes.bits == 5, int8)
-            return cls._make(packed, codes.scale, codes.offset, codes.bits, codes.shape)
+            return cls._make(packed, codes.scale, codes.offset, codes.bits, codes.shape, codes.factors)
         if not int8:
             return cls._make(_panels(codes.codes.view(np.uint8)), codes.scale, codes.offset, 8, codes.shape)
         # vpdpbusd takes unsigned codes: a group with a negative code is stored as q + 128 with the
@@ -143,12 +147,18 @@ class BlockWeights:
 
     @classmethod
     def _make(cls, packed: np.ndarray, scale: np.ndarray, offset: np.ndarray, bits: int,
-              shape: tuple[int, int]) -> BlockWeights:
+              shape: tuple[int, int], factors: KFactors | None = None) -> BlockWeights:
+        """Scales and offsets in the smallest ScaleFormat that holds them exactly (kernels.h):
+        float16, the K-quants' factors, else float32."""
+        codes = torch.from_numpy(np.ascontiguousarray(packed))
         exact = all(np.array_equal(v.astype(np.float16).astype(np.float32), v.astype(np.float32))
                     for v in (scale, offset))
+        if not exact and factors is not None:
+            return cls(codes=codes, scale=_panel_factors(factors.d, factors.sc),
+                       offset=_panel_factors(factors.neg_dmin, factors.mn), bits=bits, shape=shape)
         dtype = np.float16 if exact else np.float32
-        return cls(codes=torch.from_numpy(np.ascontiguousarray(packed)), scale=_panel_scales(scale, dtype),
-                   offset=_panel_scales(offset, dtype), bits=bits, shape=shape)
+        return cls(codes=codes, scale=_panel_scales(scale, dtype), offset=_panel_scales(offset, dtype),
+                   bits=bits, shape=shape)
 
     @property
     def nbytes(self) -> int:
@@ -178,8 +188,8 @@ class BlockWeights:
         ``d sc``; the int8 layout's ``(q + 128) d`` too)."""
         panel, lane = index // PANEL, index % PANEL
         codes = self._codes(panel, lane)
-        scale = self.scale[panel, :, lane].float().repeat_interleave(GROUP, dim=1)
-        offset = self.offset[panel, :, lane].float().repeat_interleave(GROUP, dim=1)
+        scale = _block_values(self.scale, panel, lane).repeat_interleave(GROUP, dim=1)
+        offset = _block_values(self.offset, panel, lane).repeat_interleave(GROUP, dim=1)
         return codes.float() * scale + offset
 
     def _codes(self, panel: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
@@ -252,6 +262,32 @@ def _panels(codes: np.ndarray) -> np.ndarray:
     """``[n, k]`` codes as ``[panels, k, 16]``, outputs padded with zero codes to whole panels."""
     codes = _padded(codes)
     return codes.reshape(-1, PANEL, codes.shape[1]).transpose(0, 2, 1)
+
+
+def scale_format(scale: torch.Tensor) -> int:
+    """csrc/kernels.h's ScaleFormat of a panel's scales: F32, F16 or K_FACTORS (bytes)."""
+    return {torch.float32: 0, torch.float16: 1, torch.uint8: 2}[scale.dtype]
+
+
+def _panel_factors(d: np.ndarray, q: np.ndarray) -> torch.Tensor:
+    """K-quant factors (float16 ``d`` ``[n, groups / 8]``, bytes ``q`` ``[n, groups]``) as
+    ``[panels, groups / 8, 160]`` bytes: per super-block the panel's 16 ``d``, then its 8 x 16 ``q``."""
+    d16 = _panels(np.ascontiguousarray(d).view(np.uint16))  # [panels, super-blocks, 16]
+    qs = _panels(q)  # [panels, groups, 16]
+    panels, supers = d16.shape[:2]
+    head = np.ascontiguousarray(d16).view(np.uint8).reshape(panels, supers, 32)
+    return torch.from_numpy(np.concatenate([head, qs.reshape(panels, supers, 128)], axis=-1))
+
+
+def _block_values(values: torch.Tensor, panel: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
+    """Outputs ``panel * 16 + lane``'s per-block scales (or offsets) as float32 ``[T, blocks]``."""
+    if values.dtype != torch.uint8:
+        return values[panel, :, lane].float()
+    t = len(panel)
+    rows = torch.arange(t)
+    d = values[panel, :, :32].contiguous().view(torch.float16)[rows, :, lane].float()  # [T, super-blocks]
+    q = values[panel, :, 32:].reshape(t, -1, 8, PANEL)[rows, :, :, lane].float()  # [T, super-blocks, 8]
+    return (q * d[..., None]).reshape(t, -1)
 
 
 def _panel_scales(values: np.ndarray, dtype: type[np.floating]) -> torch.Tensor:

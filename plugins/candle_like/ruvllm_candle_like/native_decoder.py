@@ -36,7 +36,7 @@ _I64 = ctypes.c_int64
 
 class _Projection(ctypes.Structure):
     _fields_ = [("codes", _POINTER), ("scale", _POINTER), ("offset", _POINTER), ("bias", _POINTER),
-                ("n", _I64), ("k", _I64), ("bits", _I64), ("half_scales", _I64), ("int8", _I64)]
+                ("n", _I64), ("k", _I64), ("bits", _I64), ("scale_format", _I64), ("int8", _I64)]
 
 
 class _Layer(ctypes.Structure):
@@ -133,7 +133,7 @@ def _describe(proj: BlockProjection) -> _Projection:
     assert isinstance(weights, BlockWeights)
     n, k = weights.shape
     return _Projection(weights.codes.data_ptr(), weights.scale.data_ptr(), weights.offset.data_ptr(),
-                       _pointer(proj.bias), n, k, weights.bits, weights.scale.dtype == torch.float16,
+                       _pointer(proj.bias), n, k, weights.bits, blockmm.scale_format(weights.scale),
                        blockmm.INT8_PATH if weights.int8 else 0)
 
 
