@@ -25,7 +25,8 @@ a CPU). llama_cpp.server (``--peers llama_cpp.server``) runs with its default se
 second time with ``--interrupt_requests False`` (its setting that lets every stream finish:
 requests are then served one after another).
 
-``--backends`` serves the same model with several ruvllm backends in turn, one line each in the
+``--model`` serves another model than the embedded one (a reference or a GGUF path) from every
+server. ``--backends`` serves the same model with several ruvllm backends in turn, one line each in the
 table and the plot; ``-o BACKEND:KEY=VALUE`` passes a backend option to one of them, and
 ``--variant 'BACKEND:FLAGS'`` adds one more run of a backend with other serve flags (say, as
 llama-server is run: ``'llamacpp:--max-concurrent 32 -o flash_attn=auto'``);
