@@ -211,12 +211,27 @@ inline __m256i fifth_bits(const uint8_t *p) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
 }
 
+// Half h (outputs 8 h .. 8 h + 7) of chunk g of a block's codes c, its low and high nibbles as
+// bytes: for 4-bit and 5-bit codes lo holds inputs 4 g + j and hi inputs 16 + 4 g + j (fifth
+// bits put back for 5-bit codes); for 8-bit ones (BITS = 4 here) both nibbles of input 4 g + j.
+template <int BITS>
+inline void chunk_codes(const uint8_t *c, int g, int h, __m256i &lo, __m256i &hi) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(c + 64 * g + 32 * h));
+    lo = _mm256_and_si256(w, low);
+    hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+    if constexpr (BITS == 5) {
+        lo = _mm256_or_si256(lo, fifth_bits(c + 256 + 16 * g + 4 * h));
+        hi = _mm256_or_si256(hi, fifth_bits(c + 256 + 16 * g + 8 + 4 * h));
+    }
+}
+
 // R rows against outputs [8 h, 8 h + 8) of one panel.
 template <int BITS, int FMT, int R>
 void half_panel(int h, const int8_t *qa, int64_t k, const float *da, const float *sa, const uint8_t *codes,
                 const void *d, const void *m, float *y, int64_t ldy) {
     const int64_t nb = k / BLOCK;
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
+    const __m256i ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
     __m256 f[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) f[r] = _mm256_setzero_ps();
@@ -224,36 +239,17 @@ void half_panel(int h, const int8_t *qa, int64_t k, const float *da, const float
         const __m256 dv = load_scales8<FMT>(d, b * PANEL + 8 * h), mv = load_scales8<FMT>(m, b * PANEL + 8 * h);
         const int8_t *xb = qa + b * BLOCK;
         __m256i acc[R];
-        if constexpr (BITS == 4) {
-            // Sixteen products of a code under 16 and |q| <= 127 sum to at most 30,480: no saturation.
-            __m256i s16[R];
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
-            const uint8_t *c = codes + b * 256 + 32 * h;
-#pragma GCC unroll 4
-            for (int g = 0; g < 4; g++) {
-                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(c + 64 * g));
-                const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, bcast4(xb + r * k + 4 * g)));
-                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, bcast4(xb + r * k + 16 + 4 * g)));
-                }
-            }
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r] = _mm256_madd_epi16(s16[r], ones);
-        } else if constexpr (BITS == 5) {
-            // Codes under 32: each half's eight products per lane reach 31,496, so the halves sum apart.
+        if constexpr (BITS == 4 || BITS == 5) {
+            // Each half of the block sums alone: eight products of a code under 32 and |q| <= 127
+            // per lane reach 31,496, no saturation.
             __m256i sl[R], sh[R];
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) sl[r] = sh[r] = _mm256_setzero_si256();
-            const uint8_t *c = codes + b * block_bytes<5>();
+            const uint8_t *c = codes + b * block_bytes<BITS>();
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
-                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(c + 64 * g + 32 * h));
-                const __m256i lo = _mm256_or_si256(_mm256_and_si256(w, low), fifth_bits(c + 256 + 16 * g + 4 * h));
-                const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low),
-                                                   fifth_bits(c + 256 + 16 * g + 8 + 4 * h));
+                __m256i lo, hi;
+                chunk_codes<BITS>(c, g, h, lo, hi);
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
                     sl[r] = _mm256_add_epi16(sl[r], _mm256_maddubs_epi16(lo, bcast4(xb + r * k + 4 * g)));
@@ -268,11 +264,11 @@ void half_panel(int h, const int8_t *qa, int64_t k, const float *da, const float
             __m256i sl[R], sh[R];
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) sl[r] = sh[r] = _mm256_setzero_si256();
-            const uint8_t *c = codes + b * 512 + 32 * h;
+            const uint8_t *c = codes + b * block_bytes<8>();
 #pragma GCC unroll 8
             for (int g = 0; g < 8; g++) {
-                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(c + 64 * g));
-                const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+                __m256i lo, hi;
+                chunk_codes<4>(c, g, h, lo, hi);
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
                     const __m256i xq = bcast4(xb + r * k + 4 * g);
@@ -297,16 +293,13 @@ void half_panel(int h, const int8_t *qa, int64_t k, const float *da, const float
 // One panel's nb blocks of 5-bit codes in the 8-bit layout: for calls whose rows pass over a
 // panel more than once (a prompt), the fifth bits are put back once instead of once a pass.
 void widen5(const uint8_t *codes, int64_t nb, uint8_t *wide) {
-    const __m256i low = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *c = codes + b * block_bytes<5>();
         uint8_t *o = wide + b * block_bytes<8>();
         for (int g = 0; g < 4; g++)
             for (int h = 0; h < 2; h++) {
-                const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(c + 64 * g + 32 * h));
-                const __m256i lo = _mm256_or_si256(_mm256_and_si256(w, low), fifth_bits(c + 256 + 16 * g + 4 * h));
-                const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low),
-                                                   fifth_bits(c + 256 + 16 * g + 8 + 4 * h));
+                __m256i lo, hi;
+                chunk_codes<5>(c, g, h, lo, hi);
                 // Inputs 4g + j are 8-bit chunk g, inputs 16 + 4g + j chunk 4 + g.
                 _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + 64 * g + 32 * h), lo);
                 _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + 64 * (4 + g) + 32 * h), hi);
