@@ -39,6 +39,7 @@ def test_with_a_dense_copy_rows_from_dense_rows_on_take_it(weights):
     dense = torch.from_numpy(np.ascontiguousarray(codes.dequantize()))
     proj = BlockProjection(PackedInt4.pack(codes), None, dtype=torch.float32, dense=dense, dense_rows=8)
     assert _paths(proj, x, dense) == ["int4"] * 7 + ["dense"] * 13
+    assert proj.held == "torch's int4 kernel + dense copy"
     # The oneDNN-packed copy (where this CPU packs float32) is served the same way.
     onednn = pack_weight(dense)
     if onednn is not None:

@@ -165,6 +165,10 @@ class BlockWeights:
         return self.codes.nbytes + self.scale.nbytes + self.offset.nbytes
 
     @property
+    def held(self) -> str:
+        return f"{self.bits}-bit blocks"
+
+    @property
     def int8(self) -> bool:
         """True when the codes are in the int8-activation kernel's layout."""
         return _int8_layout(self.codes)

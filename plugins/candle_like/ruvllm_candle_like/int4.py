@@ -58,6 +58,10 @@ class PackedInt4:
         return self.packed.shape[0], self.packed.shape[1] * 2
 
     @property
+    def held(self) -> str:
+        return "torch's int4 kernel"
+
+    @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales_zeros.nbytes
 

@@ -114,6 +114,11 @@ class QuantizedKernel(Protocol):
     @property
     def nbytes(self) -> int: ...
 
+    @property
+    def held(self) -> str:
+        """How it holds the weights, for the serve banner."""
+        ...
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ w.T`` (float32 or bfloat16, by kernel)."""
         ...
@@ -164,9 +169,7 @@ class BlockProjection:
     @property
     def held(self) -> str:
         """How the weights are held, for the serve banner."""
-        bits = getattr(self.kernel, "bits", None)
-        kind = "torch's int4 kernel" if bits is None else f"{bits}-bit blocks"
-        return kind if self.dense is None else kind + " + dense copy"
+        return self.kernel.held if self.dense is None else self.kernel.held + " + dense copy"
 
     def nbytes(self) -> int:
         """Resident bytes: the blocks plus the dense copy, if any."""
