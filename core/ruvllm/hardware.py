@@ -45,9 +45,18 @@ CPU_KINDS = {
     "arm": "Arm with NEON, e.g. Raspberry Pi, Graviton, Apple Silicon",
     "other": "neither x86-64 nor Arm",
 }
-#: oneDNN ISA levels (``ONEDNN_MAX_CPU_ISA``) below which it dispatches no native bf16 kernel.
-_ONEDNN_NO_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
-                             "AVX512_CORE_VNNI"})
+#: oneDNN's ISA levels (``ONEDNN_MAX_CPU_ISA``), lowest first, with its AVX10 names for two of them.
+ONEDNN_ISA_LEVELS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+                     "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16")
+_ONEDNN_ALIASES = {"AVX10_1_512": "AVX512_CORE_FP16", "AVX10_1_512_AMX": "AVX512_CORE_AMX",
+                   "AVX10_1_512_AMX_FP16": "AVX512_CORE_AMX_FP16"}
+#: The lowest oneDNN level that admits each x86 feature of :data:`FEATURES`: a lower
+#: ``ONEDNN_MAX_CPU_ISA`` takes the feature out of what ruvllm uses (:func:`features_under`).
+_LEVEL_OF_FEATURE = {"avx2": "AVX2", "fma": "AVX2", "f16c": "AVX2", "avx_vnni": "AVX2_VNNI",
+                     "avx512f": "AVX512_CORE", "avx512_vnni": "AVX512_CORE_VNNI",
+                     "avx512_bf16": "AVX512_CORE_BF16", "avx512_fp16": "AVX512_CORE_FP16",
+                     "amx_tile": "AVX512_CORE_AMX", "amx_int8": "AVX512_CORE_AMX",
+                     "amx_bf16": "AVX512_CORE_AMX"}
 #: What the warning quotes for bf16 on a CPU without native bf16 (measured on a 2-core AMD EPYC
 #: with AVX2 only, embedded SmolLM2-135M; see docs/hardware.md).
 BF16_WITHOUT_NATIVE_COST = ("bf16 backward (training) falls to torch's single-threaded reference "
@@ -60,6 +69,8 @@ class CpuInfo:
 
     arch: str
     model: str
+    #: The :data:`FEATURES` ruvllm may use: those the OS reports, less any ``ONEDNN_MAX_CPU_ISA``
+    #: masks (:func:`features_under`). Every choice made from the CPU reads these.
     features: frozenset[str]
     #: CPUs this process may run on (affinity), and all logical CPUs of the machine.
     usable_cores: int
@@ -67,8 +78,8 @@ class CpuInfo:
     memory_bytes: int | None
     #: ``ONEDNN_MAX_CPU_ISA`` when set (an emulated, lower ISA for torch's kernels).
     onednn_isa_limit: str | None = None
-    #: Every ISA flag the OS reports (``features`` is the reported subset): what a native build
-    #: (llama.cpp's cmake flags) is derived from. Defaults to ``features``.
+    #: Every ISA flag the OS reports, unmasked: what a native build (llama.cpp's cmake flags) is
+    #: derived from, and what the CPU physically has. Defaults to ``features``.
     flags: frozenset[str] = attrs.field(
         default=attrs.Factory(lambda self: self.features, takes_self=True))
 
@@ -95,14 +106,14 @@ class CpuInfo:
 
     @property
     def bf16_instructions(self) -> bool:
-        """The CPU has native bf16 arithmetic (AVX512_BF16, AMX-BF16 or Armv8.6 BF16)."""
-        return bool(self.features & {"avx512_bf16", "amx_bf16", "bf16"})
+        """The CPU has native bf16 arithmetic (AVX512_BF16, AMX-BF16 or Armv8.6 BF16), masked or not."""
+        return bool(self.flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
     @property
     def native_bf16(self) -> bool:
         """torch's CPU kernels can use native bf16 here (instructions present and not masked)."""
-        limit = (self.onednn_isa_limit or "").upper()
-        return self.bf16_instructions and limit not in _ONEDNN_NO_BF16
+        return self.bf16_instructions and bool(features_under(self.onednn_isa_limit, self.features)
+                                               & {"avx512_bf16", "amx_bf16", "bf16"})
 
     def bf16_missing(self) -> str | None:
         """Why bf16 is not native here, naming the missing feature (None when it is)."""
@@ -134,6 +145,22 @@ class CpuInfo:
             "memory_bytes": self.memory_bytes, "native_bf16": self.native_bf16,
             "fast_float_dtype": self.fast_float_dtype(), "onednn_isa_limit": self.onednn_isa_limit,
         }
+
+
+def features_under(limit: str | None, features: frozenset[str]) -> frozenset[str]:
+    """``features`` less the x86 ones an ``ONEDNN_MAX_CPU_ISA`` of ``limit`` leaves out.
+
+    That variable is how a newer CPU emulates an older one for torch's oneDNN kernels (with
+    ``ATEN_CPU_CAPABILITY`` for ATen's). ruvllm applies the same ceiling to every choice it makes
+    from the CPU (its kind, ``auto``'s backend, candle_like's dtype and int8 kernel), so that an
+    emulated AVX2 machine runs what a real one would. An unknown level (``DEFAULT``, ``ALL``)
+    masks nothing."""
+    level = _ONEDNN_ALIASES.get((limit or "").upper(), (limit or "").upper())
+    if level not in ONEDNN_ISA_LEVELS:
+        return features
+    rank = ONEDNN_ISA_LEVELS.index(level)
+    return frozenset(f for f in features
+                     if f not in _LEVEL_OF_FEATURE or ONEDNN_ISA_LEVELS.index(_LEVEL_OF_FEATURE[f]) <= rank)
 
 
 def parse_cpuinfo(text: str) -> tuple[str, frozenset[str]]:
@@ -214,7 +241,8 @@ def cpu_info() -> CpuInfo:
 
 @functools.cache
 def _with_isa_limit(limit: str | None) -> CpuInfo:
-    return attrs.evolve(_detected(), onednn_isa_limit=limit)
+    detected = _detected()
+    return attrs.evolve(detected, onednn_isa_limit=limit, features=features_under(limit, detected.features))
 
 
 @functools.cache

@@ -51,6 +51,14 @@ def test_not_claimed_where_not_measured(monkeypatch, embedded, cpu):
     assert auto_claim.fastest_here(embedded) is None
 
 
+@pytest.mark.parametrize("limit", ["AVX2", "AVX512_CORE"])
+def test_not_claimed_on_an_emulated_cpu_without_vnni(monkeypatch, embedded, limit):
+    """ONEDNN_MAX_CPU_ISA emulating an older CPU (ruvllm.hardware) takes the claim away as that
+    CPU would: the AVX2 kind, or AVX-512 without VNNI, whatever this host has."""
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", limit)
+    assert auto_claim.fastest_here(embedded) is None
+
+
 def test_not_claimed_for_models_off_the_block_kernel(monkeypatch, tmp_path):
     monkeypatch.setattr(auto_claim, "cpu_info", lambda: AVX512_VNNI)
     assert auto_claim.fastest_here(ModelSource.from_path(tmp_path)) is None  # a Hugging Face directory

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from ruvllm.gguf_file import read_gguf_file
+from ruvllm.hardware import cpu_info
 from ruvllm.registry import embedded_model_path
 from ruvllm_candle_like import blockmm
 from ruvllm_candle_like.auto_claim import KERNEL_BYTES
@@ -184,6 +185,15 @@ def test_both_int8_paths_give_the_same_bits(monkeypatch, kind):
     best = [w.matmul(x[:rows]) for rows in (1, 4, 5, 37)]
     monkeypatch.setattr(blockmm, "INT8_PATH", 2)
     assert all(torch.equal(w.matmul(x[:rows]), b) for rows, b in zip((1, 4, 5, 37), best, strict=True))
+
+
+def test_an_emulated_cpu_without_vnni_takes_the_avx2_path(monkeypatch):
+    """Under ONEDNN_MAX_CPU_ISA below AVX512_CORE_VNNI (how an AVX2 machine is emulated on a newer
+    one) the kernel runs its AVX2 path and int8_activations=auto stays off, as on that machine."""
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert blockmm.int8_path() == 2 and not blockmm.int8_by_default()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
+    assert blockmm.int8_path() == (blockmm.INT8_PATH if cpu_info().has("avx512_vnni") else 2)
 
 
 def test_bfloat16_activations_are_widened_not_rounded():

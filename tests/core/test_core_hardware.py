@@ -9,6 +9,7 @@ import platform
 import sys
 
 import attrs
+import pytest
 from click.testing import CliRunner
 from ruvllm import hardware
 from ruvllm.cli import main
@@ -64,6 +65,39 @@ def test_onednn_isa_limit_masks_bf16():
     assert not masked.native_bf16 and masked.fast_float_dtype() == "float32"
     assert "ONEDNN_MAX_CPU_ISA=AVX2" in masked.bf16_missing()
     assert cpu("avx2 avx512f avx512_bf16", limit="AVX512_CORE_AMX").native_bf16
+
+
+AMX_HOST = frozenset({"avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16",
+                      "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16"})
+
+
+@pytest.mark.parametrize(("limit", "kind", "left_out"), [
+    ("AVX2", "avx2", {"avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile"}),
+    ("avx2_vnni", "avx2", {"avx512f", "amx_tile"}),
+    ("AVX512_CORE", "avx512", {"avx512_vnni", "avx512_bf16", "amx_int8"}),
+    ("AVX512_CORE_VNNI", "avx512", {"avx512_bf16", "avx512_fp16", "amx_bf16"}),
+    ("AVX512_CORE_BF16", "avx512", {"avx512_fp16", "amx_tile"}),
+    ("AVX10_1_512", "avx512", {"amx_tile", "amx_int8", "amx_bf16"}),
+    ("AVX10_1_512_AMX", "amx", set()),
+    ("ALL", "amx", set()),
+    ("NOT_A_LEVEL", "amx", set()),
+])
+def test_the_onednn_ceiling_is_the_machine_ruvllm_sees(monkeypatch, limit, kind, left_out):
+    """ONEDNN_MAX_CPU_ISA emulates an older CPU for torch; ruvllm takes the same ceiling for its
+    own choices (the kind, auto's backend, candle_like's int8 kernel), so the emulated machine is
+    the older one throughout. What a native build reads (flags) stays the CPU's."""
+    monkeypatch.setattr(hardware, "_detected", lambda: cpu(" ".join(AMX_HOST)))
+    hardware._with_isa_limit.cache_clear()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", limit)
+    try:
+        seen = cpu_info()
+        assert seen.kind == kind
+        assert not seen.features & left_out and {"avx2", "fma", "f16c"} <= seen.features <= AMX_HOST
+        assert limit.upper() != "AVX2" or seen.features == {"avx2", "fma", "f16c"}
+        assert seen.flags == AMX_HOST
+        assert seen.native_bf16 == ("avx512_bf16" in seen.features)
+    finally:
+        hardware._with_isa_limit.cache_clear()
 
 
 def test_summary_and_dict_name_what_matters():
@@ -128,7 +162,8 @@ def test_detected_once_and_the_onednn_limit_still_honoured(monkeypatch):
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
         emulated = cpu_info()
         assert emulated.onednn_isa_limit == "AVX2" and not emulated.native_bf16
-        assert attrs.evolve(emulated, onednn_isa_limit=None) == first
+        assert attrs.evolve(emulated, onednn_isa_limit=None, features=first.features) == first
+        assert not emulated.features & {"avx_vnni", "avx512f", "avx512_vnni", "amx_tile"}
         monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
         assert cpu_info() is first
         assert len(detections) == 1 and len(cpuinfo_reads) == reads

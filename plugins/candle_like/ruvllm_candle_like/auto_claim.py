@@ -56,7 +56,8 @@ def fastest_here(model: ModelSource) -> str | None:
     if model.format != "gguf":
         return None
     cpu = cpu_info()
-    if cpu.kind != "avx512" or not cpu.flags >= INT8_KERNEL_FLAGS:
+    # flags: what the CPU has; features: what ONEDNN_MAX_CPU_ISA leaves of it (an emulated CPU).
+    if cpu.kind != "avx512" or not cpu.flags >= INT8_KERNEL_FLAGS or not cpu.has("avx512_vnni"):
         return None
     if native.library_path() is None:
         return None

@@ -39,6 +39,7 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
+from ruvllm.hardware import cpu_info
 
 from ruvllm_candle_like import native
 from ruvllm_candle_like.block_codes import GROUP, BlockCodes, KFactors
@@ -61,18 +62,24 @@ def unavailable() -> str | None:
     return fn if isinstance(fn, str) else None
 
 
-@functools.cache
 def int8_by_default() -> bool:
     """Whether ``int8_activations=auto`` quantises activations here: on CPUs with AVX512-VNNI,
     where they measured 2-3x the float32 kernel's rate. The AVX2 path runs wherever the block
     kernel does but was not measured on the AVX2 kind: there it waits for ``true``."""
     lib = native.library()
-    return unavailable() is None and not isinstance(lib, str) and bool(lib.blockmm_int8_vnni())
+    return (unavailable() is None and not isinstance(lib, str) and bool(lib.blockmm_int8_vnni())
+            and cpu_info().has("avx512_vnni"))
 
 
 #: Which int8 path the kernel takes: 1, the best this CPU has; 2, AVX2 whatever it has (the tests
 #: set it to run the AVX2 path on a VNNI machine; both give the same bits).
 INT8_PATH = 1
+
+
+def int8_path() -> int:
+    """The int8 path to ask for: :data:`INT8_PATH`, or AVX2's where ruvllm.hardware reports no
+    AVX512-VNNI (``ONEDNN_MAX_CPU_ISA`` below ``AVX512_CORE_VNNI`` emulating a CPU without it)."""
+    return INT8_PATH if cpu_info().has("avx512_vnni") else 2
 
 
 def _run(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
@@ -83,7 +90,7 @@ def _run(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torc
     rows, k = x.shape
     padded = codes.shape[0] * PANEL
     y = torch.empty(rows, padded)
-    int8 = INT8_PATH if _int8_layout(codes) else 0
+    int8 = int8_path() if _int8_layout(codes) else 0
     rc = fn(x.data_ptr(), rows, k, padded, bits, scale_format(scale), int8, codes.data_ptr(),
             scale.data_ptr(), offset.data_ptr(), y.data_ptr(), torch.get_num_threads())
     if rc != 0:

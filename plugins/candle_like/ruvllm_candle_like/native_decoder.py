@@ -134,7 +134,7 @@ def _describe(proj: BlockProjection) -> _Projection:
     n, k = weights.shape
     return _Projection(weights.codes.data_ptr(), weights.scale.data_ptr(), weights.offset.data_ptr(),
                        _pointer(proj.bias), n, k, weights.bits, blockmm.scale_format(weights.scale),
-                       blockmm.INT8_PATH if weights.int8 else 0)
+                       blockmm.int8_path() if weights.int8 else 0)
 
 
 class NativeDecoder:
