@@ -50,6 +50,7 @@ SERVE = textwrap.dedent("""
         "backend": engine.backend_name,
         "rss_mb": rss_kb / 1024,
         "engines": sorted(m for m in ("torch", "mlx", "mistralrs") if m in sys.modules),
+        "unused_imports": sorted(m for m in ("httpx", "llguidance", "rich") if m in sys.modules),
         "engine_libraries": sorted(lib for lib in ("libtorch_cpu", "libmlx", "mistralrs") if lib in maps),
         "banner": startup_banner(engine, settings),
         "context_length": engine.info.context_length,
@@ -75,6 +76,9 @@ def test_the_default_server_idles_under_the_small_machine_bound(tmp_path):
     docs/architecture.md)."""
     result = serve(tmp_path, overrides={}, options={}, one_request=True)
     assert result["rss_mb"] < SERVE_RSS_LIMIT_MB, result
+    # Imported by the first batch or grammar, not by every server (~10 MB resident with httpx's
+    # rich and pygments: batch_lane.BatchLane.run).
+    assert result["unused_imports"] == [], result
 
 
 @pytest.fixture(scope="module")

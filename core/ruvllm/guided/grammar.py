@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-from llguidance.gbnf_to_lark import is_lark_syntax
 
 from ruvllm.errors import InvalidRequest
 
@@ -146,6 +145,9 @@ def _one_constraint(given: Mapping[str, tuple[str, Any]]) -> GrammarSpec | None:
     if what == "grammar":
         if not isinstance(value, str) or not value.strip():
             raise InvalidRequest(field, "must be a non-empty Lark or GBNF grammar string")
+        # Imported by the first grammar, not by every server (llguidance: ~6 MB resident).
+        from llguidance.gbnf_to_lark import is_lark_syntax
+
         language = "lark" if is_lark_syntax(value) else "gbnf"
         return GrammarSpec(field, language, language, value)
     if what == "choice":

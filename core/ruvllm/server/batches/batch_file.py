@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import attrs
-import httpx
 
 from ruvllm.errors import BatchFileError
 from ruvllm.server.lifecycle.batch_lane import BatchLane, BatchLine, LineAnswer
@@ -57,6 +56,8 @@ def read_text(source: str) -> str:
     if source == "-":
         return sys.stdin.read()
     if _is_url(source):
+        import httpx  # only for a batch file at a URL (batch_lane.BatchLane.run says why)
+
         try:
             response = httpx.get(source, follow_redirects=True, timeout=60)
             response.raise_for_status()
@@ -200,6 +201,8 @@ def write_output(target: str, produce: Callable[[TextIO], BatchSummary]) -> Batc
                                      delete=False) as out:
         summary = produce(out)
     kept = Path(out.name)
+    import httpx  # only for an output at a URL (batch_lane.BatchLane.run says why)
+
     try:
         httpx.put(target, content=kept.read_bytes(), headers={"content-type": "application/jsonl"},
                   timeout=300).raise_for_status()

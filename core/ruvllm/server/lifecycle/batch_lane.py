@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import attrs
-import httpx
 
 from ruvllm.errors import InvalidRequest, StoredObjectNotFound
 from ruvllm.server.http.errors import ruvllm_error_body, surface_body
 from ruvllm.server.lifecycle.background import cancel_and_wait
+
+if TYPE_CHECKING:
+    import httpx
 
 #: Times a line answered 503 is sent again before its 503 stands.
 _OVERLOAD_RETRIES = 5
@@ -65,6 +67,8 @@ def _sent(line: BatchLine) -> dict[str, Any]:
 
 
 async def _answer(client: httpx.AsyncClient, line: BatchLine) -> LineAnswer:
+    import httpx
+
     for field in ("stream", "background"):
         if line.body.get(field):
             exc = InvalidRequest(field, f"a batch line is answered whole; leave {field} out or false")
@@ -95,6 +99,10 @@ class BatchLane:
     async def run(self, lines: list[BatchLine], on_result: Callable[[int, LineAnswer], None]) -> None:
         """Send every line, ``on_result(index, its answer)`` as each is answered. Cancelling the
         caller cancels the lines in flight."""
+        # Imported by the first batch, not by every server: httpx imports its command line's
+        # rich and pygments with it (~10 MB resident that a server with no batch never uses).
+        import httpx
+
         transport = httpx.ASGITransport(app=self._app)
         async with httpx.AsyncClient(transport=transport, base_url="http://ruvllm-batch",
                                      headers=self._headers, timeout=None) as client:
