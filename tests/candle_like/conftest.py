@@ -36,9 +36,10 @@ def embedded_source() -> ModelSource:
 
 
 #: float32 end to end: the block kernel on float32 activations, whatever the CPU. With int8
-#: activations (the default where the CPU has AVX512-VNNI) a rounding difference between two
+#: activations (the default wherever the block kernel runs) a rounding difference between two
 #: paths can move a code by one step, so comparisons of paths at float32's tolerances take these
-#: options; test_int8_activations.py covers the int8 default by its own rules.
+#: options; test_blockmm.py (the products) and test_reference.py (parity with llama.cpp) cover the
+#: int8 default by their own rules.
 FP32 = {"dtype": "float32", "int8_activations": False}
 
 

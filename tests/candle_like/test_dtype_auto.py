@@ -63,7 +63,7 @@ def test_a_gguf_on_the_int8_kernel_computes_in_float32_between_kernels(emulated_
     monkeypatch.setattr(blockmm, "int8_by_default", lambda: True)
     assert BackendOptions(**options).resolve_dtype(CPU, "gguf") == expected
     assert BackendOptions().resolve_dtype(CPU, "hf") == torch.bfloat16
-    monkeypatch.setattr(blockmm, "int8_by_default", lambda: False)  # no VNNI
+    monkeypatch.setattr(blockmm, "int8_by_default", lambda: False)  # no block kernel
     assert BackendOptions().resolve_dtype(CPU, "gguf") == torch.bfloat16
     # The AMX kind keeps bf16 on its tiles: not measured against the int8 kernel.
     emulated_cpu(AMX)

@@ -32,8 +32,8 @@ def _ref_logits(ll, ids):
 
 @pytest.fixture(scope="module")
 def backend_default(embedded_source):
-    """candle_like as `--backend candle_like` runs it here: on an AVX512-VNNI CPU the blocks on
-    int8 activations (llama.cpp's own scheme), elsewhere float32 ones."""
+    """candle_like as `--backend candle_like` runs it here: the blocks on int8 activations
+    (llama.cpp's own scheme) where the block kernel runs."""
     from ruvllm_candle_like.backend import CandleLikeBackend
 
     b = CandleLikeBackend.load(embedded_source, {})

@@ -68,9 +68,9 @@ class BackendOptions:
     dense_weights: bool = attrs.field(default=False, validator=boolean())
     #: With the GGUF's blocks on ruvllm's kernel: quantise each row's activations to int8 per block
     #: of 32 as llama.cpp does (its Q8_1) and multiply with integer dot products (AVX512-VNNI, or
-    #: AVX2 with the same bits), the numerics llama.cpp itself runs (blockmm.py). auto: on where the
-    #: CPU has AVX512-VNNI, where it was measured 2-3x faster; false: float32 activations; true: on
-    #: wherever the block kernel runs (the AVX2 path, not yet measured on the AVX2 kind).
+    #: AVX2 with the same bits), the numerics llama.cpp itself runs (blockmm.py). auto and true: on
+    #: wherever the block kernel runs (measured faster than float32 activations at every row count
+    #: on both paths); false: float32 activations.
     int8_activations: bool | str = attrs.field(default="auto", validator=any_of(boolean(), one_of(("auto",))))
     dense_from_rows: int = attrs.field(default=20, validator=positive_int())
     #: With int4 weights: run the executor's decode-only steps of fewer than dense_from_rows rows
