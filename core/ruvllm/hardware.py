@@ -50,13 +50,13 @@ ONEDNN_ISA_LEVELS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512
                      "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16")
 _ONEDNN_ALIASES = {"AVX10_1_512": "AVX512_CORE_FP16", "AVX10_1_512_AMX": "AVX512_CORE_AMX",
                    "AVX10_1_512_AMX_FP16": "AVX512_CORE_AMX_FP16"}
-#: The lowest oneDNN level that admits each x86 feature of :data:`FEATURES`: a lower
-#: ``ONEDNN_MAX_CPU_ISA`` takes the feature out of what ruvllm uses (:func:`features_under`).
+#: The lowest oneDNN level that admits each x86 feature of :data:`FEATURES` (and, by prefix in
+#: :func:`_level_of`, every other AVX-512, AVX-VNNI and AMX flag): a lower ``ONEDNN_MAX_CPU_ISA``
+#: takes the feature out of what ruvllm uses (:func:`features_under`).
 _LEVEL_OF_FEATURE = {"avx2": "AVX2", "fma": "AVX2", "f16c": "AVX2", "avx_vnni": "AVX2_VNNI",
                      "avx512f": "AVX512_CORE", "avx512_vnni": "AVX512_CORE_VNNI",
-                     "avx512_bf16": "AVX512_CORE_BF16", "avx512_fp16": "AVX512_CORE_FP16",
-                     "amx_tile": "AVX512_CORE_AMX", "amx_int8": "AVX512_CORE_AMX",
-                     "amx_bf16": "AVX512_CORE_AMX"}
+                     "avx512_bf16": "AVX512_CORE_BF16", "avx512_fp16": "AVX512_CORE_FP16"}
+_LEVEL_OF_PREFIX = (("amx", "AVX512_CORE_AMX"), ("avx512", "AVX512_CORE"), ("avx_vnni", "AVX2_VNNI"))
 #: What the warning quotes for bf16 on a CPU without native bf16 (measured on a 2-core AMD EPYC
 #: with AVX2 only, embedded SmolLM2-135M; see docs/hardware.md).
 BF16_WITHOUT_NATIVE_COST = ("bf16 backward (training) falls to torch's single-threaded reference "
@@ -82,6 +82,16 @@ class CpuInfo:
     #: derived from, and what the CPU physically has. Defaults to ``features``.
     flags: frozenset[str] = attrs.field(
         default=attrs.Factory(lambda self: self.features, takes_self=True))
+
+    def under_isa_limit(self, limit: str | None) -> CpuInfo:
+        """This CPU as it is seen under ``ONEDNN_MAX_CPU_ISA=limit`` (None: as detected)."""
+        return attrs.evolve(self, onednn_isa_limit=limit, features=features_under(limit, self.features))
+
+    @property
+    def usable_flags(self) -> frozenset[str]:
+        """:attr:`flags` less what ``ONEDNN_MAX_CPU_ISA`` masks: what a build for the emulated
+        machine may use (ruvllm_llamacpp.native_build)."""
+        return features_under(self.onednn_isa_limit, self.flags)
 
     @property
     def kind(self) -> str:
@@ -147,8 +157,16 @@ class CpuInfo:
         }
 
 
+def _level_of(flag: str) -> str | None:
+    """The oneDNN level that admits an x86 flag, None for one no level masks (sse4_2, bmi2, Arm's)."""
+    if flag in _LEVEL_OF_FEATURE:
+        return _LEVEL_OF_FEATURE[flag]
+    return next((level for prefix, level in _LEVEL_OF_PREFIX if flag.startswith(prefix)), None)
+
+
 def features_under(limit: str | None, features: frozenset[str]) -> frozenset[str]:
-    """``features`` less the x86 ones an ``ONEDNN_MAX_CPU_ISA`` of ``limit`` leaves out.
+    """``features`` (feature or flag names) less the x86 ones an ``ONEDNN_MAX_CPU_ISA`` of
+    ``limit`` leaves out.
 
     That variable is how a newer CPU emulates an older one for torch's oneDNN kernels (with
     ``ATEN_CPU_CAPABILITY`` for ATen's). ruvllm applies the same ceiling to every choice it makes
@@ -160,7 +178,7 @@ def features_under(limit: str | None, features: frozenset[str]) -> frozenset[str
         return features
     rank = ONEDNN_ISA_LEVELS.index(level)
     return frozenset(f for f in features
-                     if f not in _LEVEL_OF_FEATURE or ONEDNN_ISA_LEVELS.index(_LEVEL_OF_FEATURE[f]) <= rank)
+                     if (needs := _level_of(f)) is None or ONEDNN_ISA_LEVELS.index(needs) <= rank)
 
 
 def parse_cpuinfo(text: str) -> tuple[str, frozenset[str]]:
@@ -241,8 +259,7 @@ def cpu_info() -> CpuInfo:
 
 @functools.cache
 def _with_isa_limit(limit: str | None) -> CpuInfo:
-    detected = _detected()
-    return attrs.evolve(detected, onednn_isa_limit=limit, features=features_under(limit, detected.features))
+    return _detected().under_isa_limit(limit)
 
 
 @functools.cache

@@ -39,6 +39,30 @@ def test_amx_kind_names_its_features_and_leaves_amx_out():
                   "GGML_AVX_VNNI", "GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16"}
 
 
+@pytest.mark.parametrize(("kind", "limit", "left_out"), [
+    ("avx512", "AVX2", {"GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16"}),
+    ("amx", "AVX2", {"GGML_AVX_VNNI", "GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI",
+                     "GGML_AVX512_BF16"}),
+    ("amx", "AVX512_CORE_VNNI", {"GGML_AVX512_BF16"}),
+])
+def test_an_emulated_cpu_gets_the_build_that_cpu_would(kind, limit, left_out):
+    """Under ONEDNN_MAX_CPU_ISA (how an older CPU is emulated, docs/hardware.md) llama.cpp is built
+    with the features the ceiling leaves named, not -march=native: llama.cpp then runs what the
+    older CPU would, and the build has a key of its own beside the native one."""
+    host = recorded(kind)
+    emulated = host.under_isa_limit(limit)
+    build = build_for(emulated)
+    args = dict(a.removeprefix("-D").split("=") for a in build.cmake_args)
+    assert args["GGML_NATIVE"] == "OFF" and args["GGML_AVX2"] == args["GGML_FMA"] == "ON"
+    assert all(args[option] == "OFF" for option in left_out)
+    assert all(args[f"GGML_AMX_{t}"] == "OFF" for t in ("TILE", "INT8", "BF16"))
+    assert f"ONEDNN_MAX_CPU_ISA={limit}" in build.why
+    native = build_key(build_for(host), "0.3.36", "", "gcc 12", host)
+    assert build_key(build, "0.3.36", "", "gcc 12", emulated) != native
+    # A ceiling above every flag this CPU has is no emulation: the native build stays.
+    assert build_for(recorded("avx512").under_isa_limit("ALL")).cmake_args == ("-DGGML_NATIVE=ON",)
+
+
 def test_amx_on_is_asked_for_and_built_by_clang():
     """``--amx``: the AMX kernels, by the compiler that keeps their tile set-up; AMX kind only."""
     build = build_for(recorded("amx"), amx=True)

@@ -90,15 +90,24 @@ class LlamaCppBuild:
 
 
 def build_for(cpu: CpuInfo, *, amx: bool = False) -> LlamaCppBuild:
-    """The cmake options for ``cpu``: the native build, except on the AMX kind. ``amx`` asks for
-    ggml's AMX kernels, compiled by clang (to measure them against the default; AMX kind only)."""
+    """The cmake options for ``cpu``: the native build, except on the AMX kind, and for an
+    emulated older CPU (``ONEDNN_MAX_CPU_ISA`` masking some of this one's flags, ruvllm.hardware),
+    which gets the features it leaves named, so that llama.cpp runs what that CPU would. ``amx``
+    asks for ggml's AMX kernels, compiled by clang (to measure them against the default; AMX kind
+    only)."""
     if amx and cpu.kind != "amx":
         raise ValueError(f"--amx needs a CPU with AMX tiles; this one is of the {cpu.kind} kind")
+    flags = cpu.usable_flags
+    named = [f"-D{option}={'ON' if all(f in flags for f in needs) else 'OFF'}"
+             for option, needs in _X86_OPTIONS]
+    if flags != cpu.flags:
+        return LlamaCppBuild(
+            ("-DGGML_NATIVE=OFF", *named, *(f"-D{option}=OFF" for option in _AMX_OPTIONS)),
+            f"emulated {cpu.kind} kind (ONEDNN_MAX_CPU_ISA={cpu.onednn_isa_limit}): the features it "
+            "leaves named, no more")
     if cpu.kind != "amx":
         return LlamaCppBuild(("-DGGML_NATIVE=ON",),
                              f"{cpu.kind} kind: llama.cpp's native build (-march=native)")
-    named = [f"-D{option}={'ON' if all(f in cpu.flags for f in needs) else 'OFF'}"
-             for option, needs in _X86_OPTIONS]
     if amx:
         return LlamaCppBuild(
             ("-DGGML_NATIVE=OFF", *named, *(f"-D{option}=ON" for option in _AMX_OPTIONS)),
