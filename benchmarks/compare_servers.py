@@ -75,7 +75,7 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 from ruvllm.bench import report as rep
-from ruvllm.bench.machine import machine_info, machine_line
+from ruvllm.bench.machine import kind_label, machine_info, machine_line
 from ruvllm.bench.prompts import fresh_prompts
 from ruvllm.bench.serving import EachPromptOnce, HttpTarget, sweep, sweep_requests
 from ruvllm.llm import LLM
@@ -457,7 +457,7 @@ def main() -> int:
     m = report["machine"]
     table = "\n".join([
         f"{model_name}, {args.gen_length} new tokens, {', '.join(map(str, workloads))}-token prompts "
-        f"({args.workload}), threads {args.threads}; machine: {m['cpu_features']['kind']} kind, {m['cpu']} "
+        f"({args.workload}), threads {args.threads}; machine: {kind_label(m)}, {m['cpu']} "
         f"x{m['logical_cpus']}; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
         f"llama-server: {peer_build}",
         "Each cell: output tok/s, its ratio to the llama-server column (TTFT p50).", "",
@@ -467,7 +467,7 @@ def main() -> int:
     (args.output_dir / "compare_servers.csv").write_text(rep.to_csv(report))
     (args.output_dir / "compare_servers.md").write_text(table + "\n")
     rep.plot(results, args.output_dir / "compare_servers.png",
-             title=f"{model_name} | {m['cpu_features']['kind']} kind: {m['cpu']} x{m['logical_cpus']}")
+             title=f"{model_name} | {kind_label(m)}: {m['cpu']} x{m['logical_cpus']}")
     rep.print_tables(report, Console(width=200))
     print(machine_line())
     print(table)

@@ -193,3 +193,14 @@ def test_cli_shows_the_machine(monkeypatch):
     assert SHOWN.summary() in " ".join(text.split())  # rich may wrap the line
     info = CliRunner().invoke(main, ["info", "default", "--json"])
     assert json.loads(info.output)["machine"] == SHOWN.summary()
+
+
+def test_a_benchmark_says_when_its_kind_is_emulated(monkeypatch):
+    """A plot's title and a table's caption name the kind; under ONEDNN_MAX_CPU_ISA they say it is
+    emulated, so an AVX-512 host held to AVX2 is not passed off as an AVX2 machine."""
+    from ruvllm.bench.machine import kind_label, machine_info
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert kind_label(machine_info()) == f"{cpu_info().kind} kind (emulated: ONEDNN_MAX_CPU_ISA=AVX2)"
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert kind_label(machine_info()) == f"{cpu_info().kind} kind"

@@ -33,6 +33,16 @@ def machine_line() -> str:
     return f"machine: {cpu_info().summary()} | {platform.platform()} | {load}"
 
 
+def kind_label(machine: dict[str, Any]) -> str:
+    """``avx2 kind``, saying so when the kind is emulated (``ONEDNN_MAX_CPU_ISA``,
+    ruvllm.hardware): a plot's title or a table's caption must not pass an AVX-512 host held to
+    AVX2 off as an AVX2 machine."""
+    features = machine.get("cpu_features", {})
+    limit = features.get("onednn_isa_limit")
+    emulated = f" (emulated: ONEDNN_MAX_CPU_ISA={limit})" if limit else ""
+    return f"{features.get('kind', 'unknown')} kind{emulated}"
+
+
 def machine_info() -> dict[str, Any]:
     import psutil
 

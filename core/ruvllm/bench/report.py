@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ruvllm.bench.machine import kind_label
 from ruvllm.serving import MetricsSnapshot
 
 
@@ -63,9 +64,9 @@ def print_tables(report: dict[str, Any], console: Console | None = None) -> None
     console = console or Console()
     m = report["machine"]
     features = " ".join(m.get("cpu_features", {}).get("features", ())) or "features unknown"
-    kind = m.get("cpu_features", {}).get("kind")
+    kind = f"{kind_label(m)}: " if m.get("cpu_features", {}).get("kind") else ""
     libraries = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
-    console.print(f"[dim]{f'{kind} kind: ' if kind else ''}{m['cpu']} x{m['logical_cpus']} ({features}) | "
+    console.print(f"[dim]{kind}{m['cpu']} x{m['logical_cpus']} ({features}) | "
                   f"{m['platform']} | load {m['load_average_1m']} | {libraries}[/]")
     if report.get("single"):
         console.print(single_table(report["single"]))
