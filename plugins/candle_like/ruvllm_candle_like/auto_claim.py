@@ -56,8 +56,8 @@ def fastest_here(model: ModelSource) -> str | None:
     if model.format != "gguf":
         return None
     cpu = cpu_info()
-    # flags: what the CPU has; features: what ONEDNN_MAX_CPU_ISA leaves of it (an emulated CPU).
-    if cpu.kind != "avx512" or not cpu.flags >= INT8_KERNEL_FLAGS or not cpu.has("avx512_vnni"):
+    # usable_flags: what ONEDNN_MAX_CPU_ISA (an emulated, older CPU) leaves of the CPU's flags.
+    if cpu.kind != "avx512" or not cpu.usable_flags >= INT8_KERNEL_FLAGS:
         return None
     if native.library_path() is None:
         return None
