@@ -55,8 +55,8 @@ class BackendOptions:
     #: auto: on when computing in float32 where ruvllm's native block kernel runs (x86-64 with
     #: AVX2 and FMA, blockmm.py): there it measured faster than dense float32 at every row
     #: count, at a fifth of the memory, and a row's numerics do not depend on the step's row
-    #: count. In bfloat16 (explicit, or dtype=auto on a CPU with native bf16 but no
-    #: AVX512-VNNI for the int8 kernel) auto stays dense: oneDNN's bf16 matmuls on AMX or
+    #: count. In bfloat16 (explicit, or dtype=auto on the AMX kind or on a CPU with native bf16
+    #: where the block kernel does not run) auto stays dense: oneDNN's bf16 matmuls on AMX or
     #: avx512_bf16 are the fast path for prefill and big batches there. true: on in any dtype,
     #: also on torch's packed int4 kernel where the native one is missing (bf16 activations).
     int4_weights: bool | str = attrs.field(default="auto", validator=any_of(boolean(), one_of(("auto",))))
