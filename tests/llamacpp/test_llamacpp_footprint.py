@@ -55,7 +55,7 @@ SERVE = textwrap.dedent("""
         # holds torch's library (up to ~110 MB, docs/architecture.md), the anonymous part with ruvllm.
         "rss_anon_mb": anon_kb / 1024, "rss_file_mb": file_kb / 1024,
         "engines": sorted(m for m in ("torch", "mlx", "mistralrs") if m in sys.modules),
-        "unused_imports": sorted(m for m in ("httpx", "llguidance", "rich") if m in sys.modules),
+        "optional_imports": sorted(m for m in ("httpx", "llguidance", "rich", "gguf") if m in sys.modules),
         "engine_libraries": sorted(lib for lib in ("libtorch_cpu", "libmlx", "mistralrs") if lib in maps),
         "banner": startup_banner(engine, settings),
         "context_length": engine.info.context_length,
@@ -82,8 +82,9 @@ def test_the_default_server_idles_under_the_small_machine_bound(tmp_path):
     result = serve(tmp_path, overrides={}, options={}, one_request=True)
     assert result["rss_mb"] < SERVE_RSS_LIMIT_MB, result
     # Imported by the first batch or grammar, not by every server (~10 MB resident with httpx's
-    # rich and pygments: batch_lane.BatchLane.run).
-    assert result["unused_imports"] == [], result
+    # rich and pygments: batch_lane.BatchLane.run); gguf only by the backend that reads its blocks.
+    needed = {"gguf"} if result["backend"] == "candle_like" else set()
+    assert set(result["optional_imports"]) <= needed, result
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,8 @@ def serve_process(tmp_path_factory) -> dict:
 
 def test_serving_llamacpp_imports_no_other_engine(serve_process):
     assert serve_process["engines"] == []
+    # Nor another plugin's helpers: gguf came with mistralrs' ISQ choice at registration (~3 MB).
+    assert serve_process["optional_imports"] == []
     # Nor loads one's native library behind Python's back (the mlx plugin once mapped torch's
     # CPU library at discovery to speed up MLX's matmul: +100 MB resident here).
     assert serve_process["engine_libraries"] == []

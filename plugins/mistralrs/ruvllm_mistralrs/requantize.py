@@ -19,8 +19,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import attrs
-import psutil
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from ruvllm.models import ModelSource
 
 from ruvllm_mistralrs.platform import Build
@@ -47,6 +45,11 @@ def resolve_isq(requested: str, source: ModelSource, file_type: str | None, buil
         return IsqChoice(None if requested == "none" else requested)
     if source.format != "gguf" or build.device != "cpu" or file_type not in SLOW_CPU_TYPES:
         return IsqChoice(None)
+    # Here, not at import: every server registers this plugin, and gguf (with the yaml it
+    # imports) is ~5 MB resident that a server on another backend never uses.
+    import psutil
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
     # Both types store 32 weights a block, so the bytes grow as the block sizes do.
     block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[file_type]][1]
     q8_0_block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0][1]
