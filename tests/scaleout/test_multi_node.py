@@ -276,20 +276,20 @@ def test_a_rolling_restart_under_load_loses_no_request(setup):
 
 # ---------------------------------------------------------------------------------- node loss
 
-def _stream_one(setup: Setup, i: int, tally: Tally, started: threading.Event, *, long: bool) -> None:
+def _stream_one(setup: Setup, i: int, tally: Tally, started: threading.Event, *, head: str,
+                long: bool) -> None:
     """One streamed chat: answered (a finish reason), failed with the replica-death error, or lost.
 
     The node-loss test needs both kinds of request on the node when it goes, whatever the
     machine's speed: ``long=False`` streams 256 tokens (EOS ignored), still streaming seconds
     later; ``long=True`` sends a ~2,000-token prompt, whose prefill on one thread takes longer
     than the 0.3 s before the kill, so it has no token yet (on a fast machine 64 tokens of a
-    short prompt were all done in that time, and a 60-token prompt's first token already out)."""
+    short prompt were all done in that time, and a 60-token prompt's first token already out).
+    ``head`` starts the prompt and so makes its key (the first 48 tokens): a short and a long
+    request with one head go to one node."""
     tokens = 0
     try:
-        # A prompt of its own first blocks: a new key, so the router spreads the streams over both
-        # nodes (the home of fewest keys takes each new one).
-        text = (f"Story {i} at {time.time()}: " + "the river runs past the old mill. " * (250 if long else 6)
-                + "Go on.")
+        text = head + "the river runs past the old mill. " * (250 if long else 6) + "Go on."
         stream = setup.client.chat.completions.create(
             model=setup.model, max_tokens=16 if long else 256, temperature=0, stream=True,
             messages=[{"role": "user", "content": text}], extra_body={"ignore_eos": True})
@@ -314,16 +314,21 @@ def test_losing_a_worker_node_loses_no_request(setup):
     sent = 12
     tally, started = Tally(), [threading.Event() for _ in range(sent)]
     victim = setup.cluster.hosts[1]
+    # A head of its own per pair: a new key, which the router gives the node home to the fewest
+    # keys, so the first wave spreads over both nodes; the second wave repeats the first's keys,
+    # so each lands where its twin streams (a new key's node hangs on the router's history of
+    # the module's earlier tests: once all six went to the survivor and none was resent).
+    heads = [f"Story {i} at {time.time()}: " for i in range(sent // 2)]
     with ThreadPoolExecutor(sent) as pool:
-        futures = [pool.submit(_stream_one, setup, i, tally, started[i], long=False)
+        futures = [pool.submit(_stream_one, setup, i, tally, started[i], head=heads[i], long=False)
                    for i in range(sent // 2)]
         # The first wave (spread over both nodes by their keys) all producing tokens...
         deadline = time.monotonic() + REPLICA_START_S
         assert all(e.wait(max(0.0, deadline - time.monotonic())) for e in started[: sent // 2]), \
             "the first wave did not all start streaming"
         # ... and a second wave still without tokens when the node goes: these are to be resent.
-        futures += [pool.submit(_stream_one, setup, i, tally, started[i], long=True)
-                    for i in range(sent // 2, sent)]
+        futures += [pool.submit(_stream_one, setup, sent // 2 + j, tally, started[sent // 2 + j], head=head,
+                                long=True) for j, head in enumerate(heads)]
         time.sleep(0.3)
         capacity = _metric(httpx.get(setup.url + "/metrics", timeout=HTTP_TIMEOUT_S).text,
                            "kv_cache_capacity_tokens")
