@@ -56,6 +56,8 @@ _ONEDNN_ALIASES = {"AVX10_1_512": "AVX512_CORE_FP16", "AVX10_1_512_AMX": "AVX512
 _LEVEL_OF_FEATURE = {"avx2": "AVX2", "fma": "AVX2", "f16c": "AVX2", "avx_vnni": "AVX2_VNNI",
                      "avx512f": "AVX512_CORE", "avx512_vnni": "AVX512_CORE_VNNI",
                      "avx512_bf16": "AVX512_CORE_BF16", "avx512_fp16": "AVX512_CORE_FP16"}
+#: The flags of native bf16 arithmetic (x86's AVX512_BF16 and AMX-BF16, Armv8.6 BF16).
+_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 _LEVEL_OF_PREFIX = (("amx", "AVX512_CORE_AMX"), ("avx512", "AVX512_CORE"), ("avx_vnni", "AVX2_VNNI"))
 #: What the warning quotes for bf16 on a CPU without native bf16 (measured on a 2-core AMD EPYC
 #: with AVX2 only, embedded SmolLM2-135M; see docs/hardware.md).
@@ -117,13 +119,12 @@ class CpuInfo:
     @property
     def bf16_instructions(self) -> bool:
         """The CPU has native bf16 arithmetic (AVX512_BF16, AMX-BF16 or Armv8.6 BF16), masked or not."""
-        return bool(self.flags & {"avx512_bf16", "amx_bf16", "bf16"})
+        return bool(self.flags & _BF16_FLAGS)
 
     @property
     def native_bf16(self) -> bool:
         """torch's CPU kernels can use native bf16 here (instructions present and not masked)."""
-        return self.bf16_instructions and bool(features_under(self.onednn_isa_limit, self.features)
-                                               & {"avx512_bf16", "amx_bf16", "bf16"})
+        return bool(self.usable_flags & _BF16_FLAGS)
 
     def bf16_missing(self) -> str | None:
         """Why bf16 is not native here, naming the missing feature (None when it is)."""
