@@ -98,24 +98,21 @@ def build_for(cpu: CpuInfo, *, amx: bool = False) -> LlamaCppBuild:
     if amx and cpu.kind != "amx":
         raise ValueError(f"--amx needs a CPU with AMX tiles; this one is of the {cpu.kind} kind")
     flags = cpu.usable_flags
-    named = [f"-D{option}={'ON' if all(f in flags for f in needs) else 'OFF'}"
-             for option, needs in _X86_OPTIONS]
-    if flags != cpu.flags:
-        return LlamaCppBuild(
-            ("-DGGML_NATIVE=OFF", *named, *(f"-D{option}=OFF" for option in _AMX_OPTIONS)),
-            f"emulated {cpu.kind} kind (ONEDNN_MAX_CPU_ISA={cpu.onednn_isa_limit}): the features it "
-            "leaves named, no more")
-    if cpu.kind != "amx":
+    emulated = flags != cpu.flags
+    if cpu.kind != "amx" and not emulated:
         return LlamaCppBuild(("-DGGML_NATIVE=ON",),
                              f"{cpu.kind} kind: llama.cpp's native build (-march=native)")
-    if amx:
+    named = [f"-D{option}={'ON' if all(f in flags for f in needs) else 'OFF'}"
+             for option, needs in _X86_OPTIONS]
+    if amx and not emulated:
         return LlamaCppBuild(
             ("-DGGML_NATIVE=OFF", *named, *(f"-D{option}=ON" for option in _AMX_OPTIONS)),
             "amx kind, AMX kernels on (--amx), compiled by clang", env=AMX_ENV)
-    return LlamaCppBuild(
-        ("-DGGML_NATIVE=OFF", *named, *(f"-D{option}=OFF" for option in _AMX_OPTIONS)),
-        "amx kind: this CPU's features named, AMX left out (GCC 12 miscompiles ggml's AMX tile "
-        "set-up: every tile gets 0 rows and the first tile instruction dies with SIGILL)")
+    why = (f"emulated {cpu.kind} kind (ONEDNN_MAX_CPU_ISA={cpu.onednn_isa_limit}): the features it leaves "
+           "named, no more" if emulated else
+           "amx kind: this CPU's features named, AMX left out (GCC 12 miscompiles ggml's AMX tile "
+           "set-up: every tile gets 0 rows and the first tile instruction dies with SIGILL)")
+    return LlamaCppBuild(("-DGGML_NATIVE=OFF", *named, *(f"-D{option}=OFF" for option in _AMX_OPTIONS)), why)
 
 
 def compiler_id(build: LlamaCppBuild | None = None) -> str:
