@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import tempfile
 import threading
 import time
 
@@ -227,6 +228,19 @@ def test_a_file_expires_when_its_expires_after_says():
             store.get(brief.id)
     finally:
         store.close()
+
+
+def test_the_files_directory_is_made_by_the_first_file_and_removed_on_close(tmp_path, monkeypatch):
+    """A server that never stores a file (or is killed before its shutdown) leaves nothing in /tmp."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    store = FileStore()
+    assert list(tmp_path.iterdir()) == []
+    stored = store.upload(io.BytesIO(b"a"), filename="a", purpose="batch")
+    assert stored.path.parent.parent == tmp_path and stored.path.read_bytes() == b"a"
+    store.close()
+    assert list(tmp_path.iterdir()) == []
+    FileStore().close()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_stopping_the_server_while_a_batch_runs_ends_it_cleanly(model):

@@ -1,9 +1,9 @@
 """The files of OpenAI's Files API (``/v1/files``): a batch's input uploaded, its output read back.
 
-Files live on disk in a directory of the server's own (a temporary one, removed when the server
-stops), so a 200 MiB batch input costs no memory; their records (OpenAI's ``file`` object) live in
-memory. They last as long as the server process, or less where ``expires_after`` says so:
-ruvllm keeps no state across restarts (docs/server.md).
+Files live on disk in a directory of the server's own (a temporary one, made by the first file and
+removed when the server stops), so a 200 MiB batch input costs no memory; their records (OpenAI's
+``file`` object) live in memory. They last as long as the server process, or less where
+``expires_after`` says so: ruvllm keeps no state across restarts (docs/server.md).
 """
 
 from __future__ import annotations
@@ -47,20 +47,29 @@ class FileStore:
     """The server's files, by id. Not thread-safe: the server's event loop is its only user."""
 
     def __init__(self, *, clock=time.time):
-        self._root = Path(tempfile.mkdtemp(prefix="ruvllm-files-"))
+        # Made by the first file: most servers never store one, and a server killed before its
+        # shutdown (or an app that never ran) then leaves no empty directory behind in /tmp.
+        self._root: Path | None = None
         self._files: dict[str, StoredFile] = {}
         self._clock = clock
 
     def close(self) -> None:
-        shutil.rmtree(self._root, ignore_errors=True)
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
         self._files.clear()
+
+    def _directory(self) -> Path:
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="ruvllm-files-"))
+        return self._root
 
     def _new(self, filename: str, purpose: str, expires_after: int | None) -> StoredFile:
         file_id = f"file-{uuid.uuid4().hex}"
         now = int(self._clock())
         return StoredFile(id=file_id, filename=filename, purpose=purpose, bytes=0, created_at=now,
                           expires_at=None if expires_after is None else now + expires_after,
-                          path=self._root / file_id)
+                          path=self._directory() / file_id)
 
     def upload(self, source: BinaryIO, *, filename: str, purpose: str,
                expires_after: int | None = None) -> StoredFile:
