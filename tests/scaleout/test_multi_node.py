@@ -282,9 +282,10 @@ def _stream_one(setup: Setup, i: int, tally: Tally, started: threading.Event, *,
 
     The node-loss test needs both kinds of request on the node when it goes, whatever the
     machine's speed: ``long=False`` streams 256 tokens (EOS ignored), still streaming seconds
-    later; ``long=True`` sends a ~2,000-token prompt, whose prefill on one thread takes longer
-    than the 0.3 s before the kill, so it has no token yet (on a fast machine 64 tokens of a
-    short prompt were all done in that time, and a 60-token prompt's first token already out).
+    later; ``long=True`` sends a ~2,000-token prompt, whose prefill on one thread (beside the
+    streams) takes seconds, so it has no token yet when the test has seen it accepted and kills
+    the node (on a fast machine 64 tokens of a short prompt were all done in 0.3 s, and a
+    60-token prompt's first token already out).
     ``head`` starts the prompt and so makes its key (the first 48 tokens): a short and a long
     request with one head go to one node."""
     tokens = 0
@@ -309,27 +310,50 @@ def _stream_one(setup: Setup, i: int, tally: Tally, started: threading.Event, *,
         tally.add("lost", f"request {i} after {tokens} tokens: {type(exc).__name__}: {exc}")
 
 
+def _running_by_node(setup: Setup, at_least: int) -> dict[str, int]:
+    """Requests the ingress has running on each worker node's replicas (``/ray/replicas``' live
+    placement), once at least ``at_least`` are accepted (or after ``SETTLE_S``)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        body = httpx.get(setup.url + "/ray/replicas", timeout=HTTP_TIMEOUT_S).json()
+        node_of = {r["replica_id"]: r["node_ip"] for r in body["replicas"]}
+        running = body["ingress"]["running"]
+        by_node: Counter[str] = Counter()
+        for rid, n in running.items():
+            by_node[node_of.get(rid, "?")] += n
+        if sum(by_node.values()) >= at_least or time.monotonic() > deadline:
+            return dict(by_node)
+        time.sleep(0.1)
+
+
 @pytest.mark.timeout(360)
 def test_losing_a_worker_node_loses_no_request(setup):
     sent = 12
     tally, started = Tally(), [threading.Event() for _ in range(sent)]
-    victim = setup.cluster.hosts[1]
-    # A head of its own per pair: a new key, which the router gives the node home to the fewest
-    # keys, so the first wave spreads over both nodes; the second wave repeats the first's keys,
-    # so each lands where its twin streams (a new key's node hangs on the router's history of
-    # the module's earlier tests: once all six went to the survivor and none was resent).
+    # A head of its own per pair: the first wave spreads over the nodes by its new keys, the
+    # second repeats them, so its requests go where their twins stream unless a home is busy.
     heads = [f"Story {i} at {time.time()}: " for i in range(sent // 2)]
     with ThreadPoolExecutor(sent) as pool:
         futures = [pool.submit(_stream_one, setup, i, tally, started[i], head=heads[i], long=False)
                    for i in range(sent // 2)]
-        # The first wave (spread over both nodes by their keys) all producing tokens...
+        # The first wave all producing tokens...
         deadline = time.monotonic() + REPLICA_START_S
         assert all(e.wait(max(0.0, deadline - time.monotonic())) for e in started[: sent // 2]), \
             "the first wave did not all start streaming"
-        # ... and a second wave still without tokens when the node goes: these are to be resent.
+        streaming = _running_by_node(setup, sent // 2)
+        # ... and a second wave accepted, still without tokens when the node goes: these are to
+        # be resent. The victim is the worker running both kinds, read from where the requests
+        # are rather than assumed from the routing (under CI's load the test once killed a fixed
+        # node that none of the second wave had reached: resent 0, twice in six runs).
         futures += [pool.submit(_stream_one, setup, sent // 2 + j, tally, started[sent // 2 + j], head=head,
                                 long=True) for j, head in enumerate(heads)]
-        time.sleep(0.3)
+        placed = _running_by_node(setup, sent)
+        both = [h for h in setup.cluster.hosts if not h.head
+                and streaming.get(h.ip, 0) >= 1 and placed.get(h.ip, 0) > streaming.get(h.ip, 0)]
+        assert both, f"no worker runs both a stream and a waiting request: {streaming} then {placed}"
+        victim = both[0]
+        assert not any(e.is_set() for e in started[sent // 2:]), \
+            "a long prompt's first token came before the kill: lengthen the second wave's prompts"
         capacity = _metric(httpx.get(setup.url + "/metrics", timeout=HTTP_TIMEOUT_S).text,
                            "kv_cache_capacity_tokens")
         setup.cluster.kill_host(victim.name)
@@ -343,7 +367,8 @@ def test_losing_a_worker_node_loses_no_request(setup):
         time.sleep(0.5)
     assert left == capacity / 2, (capacity, left)
     ingress = httpx.get(setup.url + "/ray/replicas", timeout=HTTP_TIMEOUT_S).json().get("ingress", {})
-    print(f"node loss: sent {sent}, {dict(tally.outcomes)}, resent {ingress.get('resent')}; "
+    print(f"node loss: running by node {streaming} then {placed}, killed {victim.ip}; "
+          f"sent {sent}, {dict(tally.outcomes)}, resent {ingress.get('resent')}; "
           f"then {len(after)} new requests answered")
     assert tally.outcomes["lost"] == 0, tally.unclear
     assert sum(tally.outcomes.values()) == sent

@@ -532,6 +532,46 @@ def test_a_request_is_sent_again_once_in_all(case):
     assert engine._stream_handle.generate.calls == sends
 
 
+class _Held(_Stream):
+    """A replica stream that, its items given, waits for ``release`` before it ends (or dies)."""
+
+    def __init__(self, items: list, dies: bool):
+        super().__init__(items, dies)
+        self.release = asyncio.Event()
+
+    async def __anext__(self):
+        if not self._items:
+            await self.release.wait()
+        return await super().__anext__()
+
+
+def test_the_ingress_counts_its_running_requests_by_replica():
+    """``/ray/replicas``' live placement: where a request runs from its acceptance to its end,
+    moved with it when it is sent again (the node-loss test picks its victim by it)."""
+    pytest.importorskip("ray")
+    from ruvllm.scaleout.wire import Accepted
+    from ruvllm.types import GenerationParams
+
+    dying, answering = _Held([Accepted("r0", 1)], dies=True), _Held(_answers("r1")._items, dies=False)
+    engine = _fake_engine([dying, answering])
+
+    async def run():
+        handle = await engine.submit([1, 2, 3], GenerationParams(max_tokens=1))
+        await asyncio.sleep(0.01)
+        on_first = engine.running_by_replica()
+        dying.release.set()
+        while engine._stream_handle.generate.calls < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)
+        on_second = engine.running_by_replica()
+        answering.release.set()
+        await handle.result()
+        await asyncio.sleep(0.01)
+        return on_first, on_second, engine.running_by_replica()
+
+    assert asyncio.run(asyncio.wait_for(run(), timeout=10)) == ({"r0": 1}, {"r1": 1}, {})
+
+
 @pytest.mark.parametrize("where", ["before accepting", "after accepting"])
 def test_without_retries_a_request_is_sent_once(where):
     pytest.importorskip("ray")

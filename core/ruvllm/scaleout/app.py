@@ -116,9 +116,11 @@ def create_ray_app(engine: RemoteEngine, config: Config, *, served_name: str | N
     @app.get("/ray/replicas")
     async def replicas() -> dict[str, Any]:
         """Per-replica engine counters (latest report of each replica, dead ones included),
-        and this server's resends and mid-stream failures after replica deaths."""
+        and this server's resends, mid-stream failures after replica deaths and requests running
+        on each replica now."""
         latest = await engine.refresh_metrics()
-        return {"ingress": {"resent": engine.resent, "died_mid_stream": engine.died_mid_stream},
+        return {"ingress": {"resent": engine.resent, "died_mid_stream": engine.died_mid_stream,
+                            "running": engine.running_by_replica()},
                 "replicas": [
             {"replica_id": m.replica_id, "pid": m.pid, "node_ip": m.node_ip, "feedback": m.feedback,
              "reported_at": m.reported_at,

@@ -419,6 +419,11 @@ class RemoteEngine:
                 reported_at=time.time())}
         return dict(self._latest)
 
+    def running_by_replica(self) -> dict[str, int]:
+        """Requests of this ingress that a replica has accepted and not finished, by replica id:
+        where they are now (the replicas' own reports come when a request ends)."""
+        return dict(self._running)
+
     def _running_on(self, replica_id: str, change: int) -> None:
         self._running[replica_id] += change
         if self._running[replica_id] <= 0:
