@@ -1,5 +1,7 @@
 """Time to first token at one client: ``ruvllm serve`` against llama-server, split into the
-prefill each server reports and everything else (HTTP, tokenizing, queueing, the SSE write).
+prefill each server reports and everything else (HTTP, tokenizing, queueing, the SSE write);
+and, with ``--n-predict`` above 1, each token after the first (the server's own
+``predicted_per_token_ms`` and the client's inter-token gap).
 
 Both servers are up at once (llama-server as benchmarks/compare_servers.py runs it: the same
 threads and KV cells, unified KV, ``--parallel 16``) and take turns, the first side alternating
@@ -15,6 +17,7 @@ first step to its first sampled token. ``TTFT - prompt_ms`` is what the serving 
     .venv/bin/python benchmarks/build_llama_server.py     # once (~17 min on 2 cores)
     .venv/bin/python benchmarks/llamacpp_ttft.py --requests 20 --prompt-length 64
     .venv/bin/python benchmarks/llamacpp_ttft.py --prompt-length 32 -- -e max_batch_tokens=256
+    .venv/bin/python benchmarks/llamacpp_ttft.py --requests 12 --n-predict 64   # decode too
 
 Arguments after ``--`` go to ``ruvllm serve``. Prints medians and the load average before and
 after; writes JSON to benchmarks/results/.
@@ -41,11 +44,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def one_request(client: httpx.Client, url: str, prompt: str, n_predict: int) -> dict:
-    """Client TTFT (first streamed text) and the server's own prompt_ms, in ms."""
+    """Client TTFT (first streamed text), the server's own prompt_ms, and per token after the
+    first: the server's predicted_per_token_ms and the client's mean gap, in ms."""
     body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "stream": True,
             "ignore_eos": True, "cache_prompt": True}
     start = time.perf_counter()
-    first = None
+    first = last = None
+    pieces = 0
     final: dict = {}
     # A new connection each time, on both sides: llama-server may close one after a stream.
     with client.stream("POST", url + "/completion", json=body, headers={"Connection": "close"}) as resp:
@@ -54,8 +59,10 @@ def one_request(client: httpx.Client, url: str, prompt: str, n_predict: int) -> 
             if not line.startswith("data: "):
                 continue
             event = json.loads(line[6:])
-            if first is None and event.get("content"):
-                first = time.perf_counter()
+            if event.get("content"):
+                last = time.perf_counter()
+                first = first or last
+                pieces += 1
             if event.get("stop"):
                 final = event
     if first is None or "timings" not in final:
@@ -63,11 +70,16 @@ def one_request(client: httpx.Client, url: str, prompt: str, n_predict: int) -> 
     ttft = (first - start) * 1000
     prompt_ms = float(final["timings"]["prompt_ms"])
     return {"ttft_ms": ttft, "prompt_ms": prompt_ms, "rest_ms": ttft - prompt_ms,
-            "prompt_n": final["timings"].get("prompt_n")}
+            "prompt_n": final["timings"].get("prompt_n"),
+            "decode_ms": float(final["timings"].get("predicted_per_token_ms") or 0.0),
+            "gap_ms": (last - first) * 1000 / (pieces - 1) if pieces > 1 else 0.0}
+
+
+FIELDS = ("ttft_ms", "prompt_ms", "rest_ms", "prompt_n", "decode_ms", "gap_ms")
 
 
 def summary(rows: list[dict]) -> dict:
-    return {k: statistics.median(r[k] for r in rows) for k in ("ttft_ms", "prompt_ms", "rest_ms", "prompt_n")}
+    return {k: statistics.median(r[k] for r in rows) for k in FIELDS}
 
 
 def main() -> int:
@@ -123,13 +135,14 @@ def main() -> int:
           f"after {load_after}")
     print(f"ruvllm serve {' '.join(args.serve_args)}; llama-server -np 16 -c {cells} --kv-unified")
     print(f"{'server':<14} {'prompts':<7} {'TTFT p50':>9} {'prompt_ms':>10} {'rest':>8} {'prompt_n':>9}"
-          "   (ms, medians; prompt_n: tokens computed)")
+          f" {'decode':>7} {'gap':>7}   (ms, medians; prompt_n: tokens computed; decode: the server's "
+          "ms per token after the first, gap: the client's)")
     medians = {}
     for name, kinds in rows.items():
         for kind, rs in kinds.items():
             m = medians.setdefault(name, {})[kind] = summary(rs)
             print(f"{name:<14} {kind:<7} {m['ttft_ms']:>9.1f} {m['prompt_ms']:>10.1f} {m['rest_ms']:>8.1f} "
-                  f"{m['prompt_n']:>9.0f}")
+                  f"{m['prompt_n']:>9.0f} {m['decode_ms']:>7.2f} {m['gap_ms']:>7.2f}")
     pair_ratios = {}
     for kind in ("fresh", "repeat"):
         ratio = medians["ruvllm serve"][kind]["ttft_ms"] / medians["llama-server"][kind]["ttft_ms"]
@@ -139,6 +152,12 @@ def main() -> int:
         pair_ratios[kind] = statistics.median(pairs)
         print(f"TTFT ruvllm / llama-server, {kind}: {ratio:.2f}x (ratio of p50s), "
               f"{pair_ratios[kind]:.2f}x (median of per-prompt ratios)")
+        if args.n_predict > 1:
+            gaps = [a["gap_ms"] / b["gap_ms"]
+                    for a, b in zip(rows["ruvllm serve"][kind], rows["llama-server"][kind], strict=True)]
+            pair_ratios[f"{kind}_gap"] = statistics.median(gaps)
+            print(f"  client gap per token ruvllm / llama-server, {kind}: {statistics.median(gaps):.2f}x "
+                  "(median of per-prompt ratios)")
     out = out_dir / "ttft.json"
     out.write_text(json.dumps({
         "benchmark": "llamacpp_ttft", "command": " ".join([Path(sys.executable).name, *sys.argv]),
