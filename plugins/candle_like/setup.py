@@ -15,7 +15,8 @@ def native_extensions() -> list[Extension]:
         return []
     return [Extension(
         "ruvllm_candle_like._native",
-        ["csrc/blockmm.cpp", "csrc/blockmm_int8.cpp", "csrc/paged_attention.cpp", "csrc/decoder.cpp"],
+        ["csrc/blockmm.cpp", "csrc/blockmm_int8.cpp", "csrc/block_rows.cpp", "csrc/paged_attention.cpp",
+         "csrc/decoder.cpp"],
         depends=["csrc/kernels.h"], language="c++", optional=True,
         # The kernels carry their own AVX2/FMA (and AVX-512) targets; the library loads on any x86-64.
         extra_compile_args=["-O3", "-std=c++17", "-fopenmp"], extra_link_args=["-fopenmp"],

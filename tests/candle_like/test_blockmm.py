@@ -169,6 +169,9 @@ def test_the_int8_layout_holds_the_same_weights_and_keeps_rows_invariant(int8_pa
     assert torch.equal(int8_layout.dequantize(), float_layout.dequantize())
     index = torch.tensor([0, 199, 7, 8, 15, 16, 7, 192])
     assert torch.equal(int8_layout.rows(index), float_layout.rows(index))
+    for outside in ([200], [-1], [3, 200]):  # refused, never read past the table
+        with pytest.raises(IndexError, match="of a 200-row matrix"):
+            int8_layout.rows(torch.tensor(outside))
     x = torch.randn(70, k, generator=torch.Generator().manual_seed(5))
     alone = torch.cat([int8_layout.matmul(x[i:i + 1]) for i in range(70)])
     for rows in range(2, 71):
