@@ -106,8 +106,9 @@ def test_the_default_executor_is_not_batch_invariant(backend_dense, prompts) -> 
 def test_native_kernels_give_a_row_the_same_bits_in_any_batch_by_default(backend_fp32, prompts) -> None:
     """The block kernel (one FMA chain per output) and the native attention (each row over its
     own prefix) make the default executor batch-invariant: alone, beside 1 and 4 others, and
-    prefilled in chunks of 3. The mode is still what holds for prompts of more than
-    NATIVE_CHUNK_ROWS tokens, which attend through SDPA's tiled kernel."""
+    prefilled in chunks of 3, a prompt of more than 16 tokens too (the bound was 16 before). The
+    mode is still what holds for prompts of more than NATIVE_CHUNK_ROWS tokens, which attend
+    through SDPA's tiled kernel."""
     ex = _executor(backend_fp32, batch_invariant=False)
     assert ex.native_decode_off is None
     assert all(len(p) <= NATIVE_CHUNK_ROWS for p in prompts)
@@ -115,6 +116,10 @@ def test_native_kernels_give_a_row_the_same_bits_in_any_batch_by_default(backend
     for batch in (prompts[:2], prompts):
         assert all(_identical(alone, _rows_of_first(ex, batch))), f"batch of {len(batch)}"
     assert all(_identical(alone, _rows_of_first(ex, prompts, chunk=3))), "prefilled in chunks of 3"
+    longer = [*prompts[0], *backend_fp32.tokenizer.encode(" " + " ".join(PROMPTS[1:]))][:40]
+    assert 16 < len(longer) <= NATIVE_CHUNK_ROWS
+    batch = [longer, *prompts[1:]]
+    assert all(_identical(_rows_of_first(ex, batch), _rows_of_first(ex, batch, chunk=3))), "a longer prompt"
 
 
 def test_the_kernel_check_passes_here_and_catches_an_unpadded_row(backend_dense, monkeypatch) -> None:
