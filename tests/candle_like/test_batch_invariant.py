@@ -18,7 +18,7 @@ from ruvllm.testing.speculative import COPY_PROMPT, tokens_and_logprobs, with_an
 from ruvllm.types import GenerationParams
 from ruvllm_candle_like import blockmm, invariant
 from ruvllm_candle_like.backend import CandleLikeBackend
-from ruvllm_candle_like.executor import NATIVE_CHUNK_ROWS, PagedExecutor
+from ruvllm_candle_like.executor import PagedExecutor, on_native_kernel
 
 from .test_lora import random_adapter
 
@@ -107,19 +107,28 @@ def test_native_kernels_give_a_row_the_same_bits_in_any_batch_by_default(backend
     """The block kernel (one FMA chain per output) and the native attention (each row over its
     own prefix) make the default executor batch-invariant: alone, beside 1 and 4 others, and
     prefilled in chunks of 3, a prompt of more than 16 tokens too (the bound was 16 before). The
-    mode is still what holds for prompts of more than NATIVE_CHUNK_ROWS tokens, which attend
-    through SDPA's tiled kernel."""
+    mode is still what holds for longer prompts, which attend through SDPA's tiled kernel
+    (executor.on_native_kernel)."""
     ex = _executor(backend_fp32, batch_invariant=False)
     assert ex.native_decode_off is None
-    assert all(len(p) <= NATIVE_CHUNK_ROWS for p in prompts)
+    assert all(on_native_kernel(0, len(p)) for p in prompts)
     alone = _rows_of_first(ex, prompts[:1])
     for batch in (prompts[:2], prompts):
         assert all(_identical(alone, _rows_of_first(ex, batch))), f"batch of {len(batch)}"
     assert all(_identical(alone, _rows_of_first(ex, prompts, chunk=3))), "prefilled in chunks of 3"
     longer = [*prompts[0], *backend_fp32.tokenizer.encode(" " + " ".join(PROMPTS[1:]))][:40]
-    assert 16 < len(longer) <= NATIVE_CHUNK_ROWS
+    assert len(longer) > 16 and on_native_kernel(0, len(longer))
     batch = [longer, *prompts[1:]]
     assert all(_identical(_rows_of_first(ex, batch), _rows_of_first(ex, batch, chunk=3))), "a longer prompt"
+
+
+def test_which_chunks_attend_on_the_native_kernel() -> None:
+    """Up to 16 rows anywhere (decode, a speculative verification); a short prompt up to 64
+    tokens from position 0, in any chunking; not a longer prompt, nor a new turn after a long
+    cached conversation, which the native kernel reads row by row (1.5-2.8x SDPA's time there)."""
+    assert all(on_native_kernel(start, rows) for start in (0, 100, 8000) for rows in (1, 16))
+    assert all(on_native_kernel(start, rows) for start in range(64) for rows in range(1, 65 - start))
+    assert not on_native_kernel(0, 65) and not on_native_kernel(512, 24) and not on_native_kernel(100, 40)
 
 
 def test_the_kernel_check_passes_here_and_catches_an_unpadded_row(backend_dense, monkeypatch) -> None:

@@ -31,7 +31,7 @@ def _batch(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor, t
 def _decode(q: torch.Tensor, gather: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Row b over the first lengths[b] slots of gather[b], through the executor's row plan."""
     rows = PoolRows.of_entries([g[:int(n)].numpy() for g, n in zip(gather, lengths, strict=True)],
-                               [int(n) - 1 for n in lengths], [1] * len(lengths), longest_chunk=16)
+                               [int(n) - 1 for n in lengths], [1] * len(lengths), [True] * len(lengths))
     return paged_attention.attend(q, POOL, rows)
 
 
@@ -80,16 +80,16 @@ def test_the_executor_decodes_through_it(embedded_source):
 
 def test_a_chunks_rows_are_each_rows_decode():
     """A drafted token verified in a chunk gets the bits of decoding it: each row over its own
-    causal prefix of the sequence's slots. A chunk longer than the native limit is left to SDPA."""
+    causal prefix of the sequence's slots. A chunk the executor gives SDPA is left alone."""
     _, gather, _ = _batch([40], seed=9)
     rows = torch.randn(6, HEADS, DIM, generator=torch.Generator().manual_seed(10))
-    plan = PoolRows.of_entries([gather[0].numpy()], [34], [6], longest_chunk=16)
+    plan = PoolRows.of_entries([gather[0].numpy()], [34], [6], [True])
     assert plan.lengths.tolist() == [35, 36, 37, 38, 39, 40]
     chunk = paged_attention.attend(rows, POOL, plan)
     for i in range(6):
         alone = _decode(rows[i:i + 1], gather[:, :35 + i], torch.tensor([35 + i]))
         assert torch.equal(chunk[i], alone[0]), i
-    assert PoolRows.of_entries([gather[0].numpy()], [34], [6], longest_chunk=5).lengths.eq(0).all()
+    assert PoolRows.of_entries([gather[0].numpy()], [34], [6], [False]).lengths.eq(0).all()
 
 
 def test_the_pool_is_resident_only_as_it_fills():

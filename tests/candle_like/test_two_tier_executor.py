@@ -85,7 +85,7 @@ def reference(backend_fp32, prompts):
 def test_cold_blocks_are_stored_packed(backend_fp32, prompts):
     fp16 = _variant(backend_fp32, kv_cache_tokens=1024).create_executor(max_sequences=4, block_size=BLOCK)
     # The reference attends as the two-tier path does (SDPA, not the pool's native kernel, which
-    # takes prompts of up to NATIVE_CHUNK_ROWS tokens), so every layer's K/V are the same bits.
+    # takes short prompts, executor.on_native_kernel), so every layer's K/V are the same bits.
     fp16.native_decode_off = "the reference attends as the two-tier store's path does"
     ex = _two_tier(backend_fp32, bits=4).create_executor(max_sequences=4, block_size=BLOCK)
     store = ex.two_tier

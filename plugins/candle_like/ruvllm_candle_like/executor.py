@@ -130,12 +130,22 @@ class _KvAccess:
         return read
 
 
-#: Chunks of up to this many rows (a speculative verification, a short prompt) attend on the
-#: native kernel row by row, the bits of decoding each row; longer ones through SDPA's causal
-#: kernel, which tiles the work and is faster there. The crossover, a prompt's first token at
-#: one client (AVX-512 kind, 2026-12-07): native 0.88-0.97x SDPA's time at 17-64 tokens (SDPA
-#: then ran per layer through the decoder's callback), 1.06-1.09x at 96-128, 1.35x at 512.
-NATIVE_CHUNK_ROWS = 64
+#: A chunk of up to this many rows (a speculative verification) attends on the native pool
+#: kernel row by row, the bits of decoding each row.
+NATIVE_CHUNK_ROWS = 16
+#: So does a longer chunk whose rows read at most this many keys in all, rows x (start + rows):
+#: a short prompt, up to 64 tokens from position 0. The kernel reads each row's keys alone and
+#: SDPA's causal kernel tiles them, so past that SDPA is faster. A prompt's first token at one
+#: client (AVX-512 kind, 2026-12-07): native 0.84-0.97x SDPA's time at 17-64 tokens from
+#: position 0 (SDPA runs per layer through the decoder's callback), 1.06-1.35x at 96-512; a
+#: new turn of 24-64 tokens after 512-4,096 cached ones 1.5-2.8x. The native kernel is AVX2
+#: code on every kind and SDPA's used AVX-512 here, so on the AVX2 kind the bound is no looser.
+NATIVE_CHUNK_KEYS = 64 * 64
+
+
+def on_native_kernel(start: int, rows: int) -> bool:
+    """Whether a chunk of ``rows`` new positions from ``start`` attends on the native kernel."""
+    return rows <= NATIVE_CHUNK_ROWS or rows * (start + rows) <= NATIVE_CHUNK_KEYS
 
 
 class _StepAttention(_KvAccess):
@@ -176,20 +186,20 @@ class _StepAttention(_KvAccess):
 
 class _NativeStepAttention(_KvAccess):
     """The per-step plan on the native kernel (paged_attention.py): decode rows and the rows of
-    chunks of at most NATIVE_CHUNK_ROWS attend straight from the float16 pool, each over its own
-    prefix; longer chunks through SDPA's causal kernel. The native decoder runs it itself
+    the chunks :func:`on_native_kernel` gives it attend straight from the float16 pool, each over
+    its own prefix; other chunks through SDPA's causal kernel. The native decoder runs it itself
     (:class:`~ruvllm_candle_like.native_decoder.PoolAttention`, as ``native_pool``)."""
 
     def __init__(self, ex: PagedExecutor, kv: _PoolStep, batch: Sequence[BatchEntry]):
         super().__init__(ex, kv)
         gathers = [kv.gather(i) for i in range(len(batch))]
         counts = [len(e.tokens) for e in batch]
-        self.rows = paged_attention.PoolRows.of_entries(gathers, [e.start_pos for e in batch], counts,
-                                                        NATIVE_CHUNK_ROWS)
+        native = [on_native_kernel(e.start_pos, n) for e, n in zip(batch, counts, strict=True)]
+        self.rows = paged_attention.PoolRows.of_entries(gathers, [e.start_pos for e in batch], counts, native)
         self.long: list[_Prefill] = []
         row = 0
-        for e, gather, n in zip(batch, gathers, counts, strict=True):
-            if n > NATIVE_CHUNK_ROWS:
+        for e, gather, n, here in zip(batch, gathers, counts, native, strict=True):
+            if not here:
                 self.long.append(_Prefill(slice(row, row + n), torch.from_numpy(gather), e.start_pos))
             row += n
         self.hooked_rows = sum(p.rows.stop - p.rows.start for p in self.long)

@@ -58,17 +58,17 @@ class PoolRows:
 
     @classmethod
     def of_entries(cls, gathers: Sequence[np.ndarray], starts: Sequence[int], counts: Sequence[int],
-                   longest_chunk: int) -> PoolRows:
+                   native: Sequence[bool]) -> PoolRows:
         """Rows of entries given, each, as the slots of its positions 0..``start + count - 1``,
-        its first new position ``start`` and its ``count`` new rows; an entry of more than
-        ``longest_chunk`` rows gets length 0 on each of them."""
+        its first new position ``start`` and its ``count`` new rows; an entry not ``native``
+        gets length 0 on each of them (someone else attends it)."""
         row_starts: list[np.ndarray] = []
         row_lengths: list[np.ndarray] = []
         offset = 0
-        for gather, start, count in zip(gathers, starts, counts, strict=True):
+        for gather, start, count, here in zip(gathers, starts, counts, native, strict=True):
             row_starts.append(np.full(count, offset, dtype=np.int64))
             lengths = np.arange(start + 1, start + count + 1, dtype=np.int64)
-            row_lengths.append(lengths if count <= longest_chunk else np.zeros(count, dtype=np.int64))
+            row_lengths.append(lengths if here else np.zeros(count, dtype=np.int64))
             offset += len(gather)
         return cls(torch.from_numpy(np.concatenate(gathers)), torch.from_numpy(np.concatenate(row_starts)),
                    torch.from_numpy(np.concatenate(row_lengths)))
