@@ -1,6 +1,7 @@
 // Rows of a matrix kept on blocks, as float32: the token embeddings of a step read from a table
 // held in the block kernel's layout (the embedded model's tied head). In torch ops this took a
-// dozen small calls a step, ~8 % of a one-client decode step's model thread; here it is one.
+// dozen small calls a step (61.5 us for one token, ~1 % of a one-client decode step); here one
+// call takes 9.3 us.
 //
 // Output o's weight at input i is code * scale + offset, code * scale exact in float32 for every
 // format (an f16 scale, the K-quants' d sc, the int8 layout's (q + 128) d), so the sum rounds

@@ -139,7 +139,8 @@ NATIVE_CHUNK_ROWS = 16
 #: client (AVX-512 kind, 2026-12-07): native 0.84-0.97x SDPA's time at 17-64 tokens from
 #: position 0 (SDPA runs per layer through the decoder's callback), 1.06-1.35x at 96-512; a
 #: new turn of 24-64 tokens after 512-4,096 cached ones 1.5-2.8x. The native kernel is AVX2
-#: code on every kind and SDPA's used AVX-512 here, so on the AVX2 kind the bound is no looser.
+#: code on every kind while SDPA ran on AVX-512 here: on the AVX2 kind, where SDPA loses that,
+#: the crossover can only sit further out (not measured there).
 NATIVE_CHUNK_KEYS = 64 * 64
 
 
