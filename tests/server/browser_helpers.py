@@ -7,9 +7,12 @@ reason instead of skipping them.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -38,8 +41,13 @@ return m ? [m.dataset.state, m.querySelector(".content").textContent] : null;
 """
 
 
-def chromium_driver():
-    """A headless chromium session, or a failed test that says what to install."""
+@contextlib.contextmanager
+def chromium_driver() -> Iterator[webdriver.Chrome]:
+    """A headless chromium session, or a failed test that says what to install.
+
+    Chromium and chromedriver keep their temporary files (a profile, the singleton socket's
+    directory) under a TMPDIR of the session's own, removed after it: in /tmp, quit() left an
+    ``org.chromium.Chromium.*`` directory behind each time."""
     chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or chromedriver is None:
         pytest.fail("the chat page's tests need Debian's chromium and chromium-driver "
@@ -53,9 +61,14 @@ def chromium_driver():
         options.add_argument(arg)
     # The console, to fail on any error the page logs (a CSP violation is one).
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=chromedriver))
-    driver.set_script_timeout(30)
-    return driver
+    with tempfile.TemporaryDirectory(prefix="ruvllm-chromium-") as tmp:
+        service = webdriver.ChromeService(executable_path=chromedriver, env={**os.environ, "TMPDIR": tmp})
+        driver = webdriver.Chrome(options=options, service=service)
+        try:
+            driver.set_script_timeout(30)
+            yield driver
+        finally:
+            driver.quit()
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = 60.0, every: float = 0.05) -> Any:

@@ -52,9 +52,8 @@ def keyed_server() -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def driver():
-    browser = chromium_driver()
-    yield browser
-    browser.quit()
+    with chromium_driver() as browser:
+        yield browser
 
 
 def cancelled_requests(url: str) -> float:

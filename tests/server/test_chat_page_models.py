@@ -44,9 +44,8 @@ preload = true
 
 @pytest.fixture(scope="module")
 def driver():
-    browser = chromium_driver()
-    yield browser
-    browser.quit()
+    with chromium_driver() as browser:
+        yield browser
 
 
 @pytest.fixture(scope="module")
