@@ -156,7 +156,7 @@ def main() -> int:
             gaps = [a["gap_ms"] / b["gap_ms"]
                     for a, b in zip(rows["ruvllm serve"][kind], rows["llama-server"][kind], strict=True)]
             pair_ratios[f"{kind}_gap"] = statistics.median(gaps)
-            print(f"  client gap per token ruvllm / llama-server, {kind}: {statistics.median(gaps):.2f}x "
+            print(f"  client gap per token ruvllm / llama-server, {kind}: {pair_ratios[f'{kind}_gap']:.2f}x "
                   "(median of per-prompt ratios)")
     out = out_dir / "ttft.json"
     out.write_text(json.dumps({
