@@ -251,7 +251,9 @@ void half_panel(int h, const int8_t *qa, int64_t k, const float *da, const float
             constexpr int SUMS = BITS == 4 ? 1 : 2;
             __m256i s[SUMS][R];
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) s[0][r] = s[SUMS - 1][r] = _mm256_setzero_si256();
+            for (int i = 0; i < SUMS; i++)
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) s[i][r] = _mm256_setzero_si256();
             const uint8_t *c = codes + b * block_bytes<BITS>();
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {

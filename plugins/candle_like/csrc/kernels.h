@@ -61,6 +61,26 @@ __attribute__((target("avx2,fma,f16c"))) inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+// e^x, Cephes' single-precision method (x = n ln2 + r, a degree-5 polynomial for e^r, n into the
+// exponent): within 2 ulp of expf over [-87.3, 88.3], 8 lanes at a time. libm's expf one value at
+// a time cost ~10 ms a step at 16 rows in SiLU (decoder.cpp), and a third of the pool attention's
+// time at 16 rows of 600 positions (paged_attention.cpp).
+__attribute__((target("avx2,fma,f16c"))) inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
 }  // namespace ruvllm
 #endif
 

@@ -7,10 +7,11 @@
 // matmuls. Here each (sequence, KV head) pair reads its keys and values once, straight from their
 // pool slots, widening in registers (F16C).
 //
-// Per pair, the G query heads sharing the KV head: scores s = q.k / sqrt(D) over the sequence's
-// positions in order, softmax in float32 (max subtracted, expf, normalised), then the values
-// weighted and summed in position order. A pair's result depends only on its own query and K/V:
-// a row gets the same bits whatever else is in the batch, and a chunk's row those of decoding it.
+// Per pair, the G query heads sharing the KV head: scores s = q.k / sqrt(D), eight positions at a
+// time; e^(s - max) in float32, eight at a time; the values weighted and summed in position order,
+// then divided by the weights' sum. Every sum's order is fixed by the sequence's length alone, so
+// a pair's result depends only on its own query and K/V: a row gets the same bits whatever else
+// is in the batch, and a chunk's row those of decoding it.
 //
 // Pool layout (ruvllm_candle_like/executor.py's _PoolStep): [slots, 2, kv_heads, dim] float16,
 // K then V of a slot side by side. x86-64 with AVX2, FMA and F16C; dim a multiple of 8.
@@ -40,50 +41,115 @@ inline __m256 load_half8(const uint16_t *p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
 }
 
-// G queries q [G][dim] (float32) of one KV head over n positions; out [G][dim]. ``rows`` is
-// scratch for LANES widened K rows [LANES][dim], ``scores`` for [G][n]. LANES positions (or
-// LANES partial sums of the values) at a time keep that many FMA chains in flight; which
-// position goes to which chain is fixed, so the bits do not depend on anything but the pair.
-constexpr int64_t LANES = 4;
+// Positions a score pass takes at once: their G scores come out as G vectors of 8.
+constexpr int64_t POS = 8;
 
-void attend_pair(const float *q, int64_t groups, int64_t dim, const uint16_t *pool, int64_t slot_stride,
-                 int64_t value_offset, const int64_t *slots, int64_t n, float scale, float *rows,
-                 float *scores, float *out, int64_t out_stride) {
-    for (int64_t l0 = 0; l0 < n; l0 += LANES) {
-        const int64_t m = n - l0 < LANES ? n - l0 : LANES;
-        for (int64_t j = 0; j < m; j++) {
-            const uint16_t *key = pool + slots[l0 + j] * slot_stride;
-            for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(rows + j * dim + d, load_half8(key + d));
+// Lane i: the sum of a[i]'s lanes, always in the same order.
+inline __m256 sums8(const __m256 *a) {
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// Scores of G queries q [G][dim] against n keys, positions POS at a time: each key widened once
+// into rows [POS][dim], then per query POS dot products in their own FMA chains, reduced
+// together (sums8). scores [G][stride], the last block's missing positions left as they are.
+void score_keys(const float *q, int64_t groups, int64_t dim, const uint16_t *pool, int64_t slot_stride,
+                const int64_t *slots, int64_t n, float scale, float *rows, float *scores, int64_t stride) {
+    for (int64_t l0 = 0; l0 < n; l0 += POS) {
+        const int64_t m = n - l0 < POS ? n - l0 : POS;
+        for (int64_t j = 0; j < POS; j++) {
+            // Past the keys, a row of zeros: its scores are computed and never read.
+            if (j < m) {
+                const uint16_t *key = pool + slots[l0 + j] * slot_stride;
+                for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(rows + j * dim + d, load_half8(key + d));
+            } else {
+                for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(rows + j * dim + d, _mm256_setzero_ps());
+            }
         }
         for (int64_t g = 0; g < groups; g++) {
-            __m256 acc[LANES] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            __m256 acc[POS];
+            for (int64_t j = 0; j < POS; j++) acc[j] = _mm256_setzero_ps();
             for (int64_t d = 0; d < dim; d += 8) {
                 const __m256 qd = _mm256_loadu_ps(q + g * dim + d);
-                for (int64_t j = 0; j < LANES; j++)
-                    acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(rows + j * dim + d), acc[j]);
+                for (int64_t j = 0; j < POS; j++) acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(rows + j * dim + d), acc[j]);
             }
-            for (int64_t j = 0; j < m; j++) scores[g * n + l0 + j] = ruvllm::hsum8(acc[j]) * scale;
+            _mm256_storeu_ps(scores + g * stride + l0, _mm256_mul_ps(sums8(acc), _mm256_set1_ps(scale)));
         }
     }
-    for (int64_t g = 0; g < groups; g++) {
-        float *s = scores + g * n;
-        float top = -INFINITY;
-        for (int64_t l = 0; l < n; l++) top = s[l] > top ? s[l] : top;
-        float total = 0.0f;
-        for (int64_t l = 0; l < n; l++) {
-            s[l] = expf(s[l] - top);
-            total += s[l];
+}
+
+// A query's n scores in place -> e^(s - max), returning their sum; the sum in 8 lanes, then the
+// lanes in a fixed order, so the bits depend on nothing but the scores.
+float exponentiate(float *s, int64_t n) {
+    __m256 top8 = _mm256_set1_ps(-INFINITY);
+    int64_t l = 0;
+    for (; l + 8 <= n; l += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + l));
+    float top = -INFINITY;
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, top8);
+    for (int i = 0; i < 8; i++) top = lanes[i] > top ? lanes[i] : top;
+    for (int64_t i = l; i < n; i++) top = s[i] > top ? s[i] : top;
+    const __m256 top_v = _mm256_set1_ps(top);
+    __m256 total8 = _mm256_setzero_ps();
+    for (l = 0; l < n; l += 8) {
+        __m256 e = ruvllm::exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), top_v));
+        if (n - l < 8) {
+            const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - l)), lane)));
         }
-        const float inv = 1.0f / total;
-        for (int64_t l = 0; l < n; l++) s[l] *= inv;
-        for (int64_t d = 0; d < dim; d += 8) {
-            __m256 acc[LANES] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-            const uint16_t *value = pool + value_offset + d;
-            for (int64_t l = 0; l < n; l++)
-                acc[l % LANES] = _mm256_fmadd_ps(_mm256_set1_ps(s[l]), load_half8(value + slots[l] * slot_stride),
-                                                 acc[l % LANES]);
-            __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-            _mm256_storeu_ps(out + g * out_stride + d, sum);
+        _mm256_storeu_ps(s + l, e);
+        total8 = _mm256_add_ps(total8, e);
+    }
+    return ruvllm::hsum8(total8);
+}
+
+// out[g] = sum_l p[g][l] v_l / total[g] for GB queries and DB x 8 dims from ``value`` (a pool
+// pointer at the first dim), positions in order, one FMA chain per (query, 8 dims).
+template <int GB, int DB>
+void weigh_values(const float *p, int64_t stride, const float *inv_total, const uint16_t *value,
+                  int64_t slot_stride, const int64_t *slots, int64_t n, float *out, int64_t out_stride) {
+    __m256 acc[GB][DB];
+    for (int g = 0; g < GB; g++)
+        for (int j = 0; j < DB; j++) acc[g][j] = _mm256_setzero_ps();
+    for (int64_t l = 0; l < n; l++) {
+        const uint16_t *v = value + slots[l] * slot_stride;
+        __m256 vv[DB];
+        for (int j = 0; j < DB; j++) vv[j] = load_half8(v + 8 * j);
+        for (int g = 0; g < GB; g++) {
+            const __m256 w = _mm256_set1_ps(p[g * stride + l]);
+            for (int j = 0; j < DB; j++) acc[g][j] = _mm256_fmadd_ps(w, vv[j], acc[g][j]);
+        }
+    }
+    for (int g = 0; g < GB; g++)
+        for (int j = 0; j < DB; j++)
+            _mm256_storeu_ps(out + g * out_stride + 8 * j, _mm256_mul_ps(acc[g][j], _mm256_set1_ps(inv_total[g])));
+}
+
+using WeighFn = void (*)(const float *, int64_t, const float *, const uint16_t *, int64_t, const int64_t *, int64_t,
+                         float *, int64_t);
+// [queries at once - 1][8-dim vectors at once - 1]: up to 3 x 2, 6 chains and 2 values in registers.
+constexpr WeighFn WEIGH[3][2] = {{weigh_values<1, 1>, weigh_values<1, 2>},
+                                 {weigh_values<2, 1>, weigh_values<2, 2>},
+                                 {weigh_values<3, 1>, weigh_values<3, 2>}};
+
+// G queries q [G][dim] (float32) of one KV head over n positions; out [G][dim] (row stride
+// out_stride). ``rows`` is scratch for POS widened keys, ``scores`` for [G][stride], stride >= n
+// rounded up to POS. The order of every sum is fixed by n alone, so a pair's bits depend only on
+// its own query and K/V.
+void attend_pair(const float *q, int64_t groups, int64_t dim, const uint16_t *pool, int64_t slot_stride,
+                 int64_t value_offset, const int64_t *slots, int64_t n, float scale, float *rows,
+                 float *scores, int64_t stride, float *out, int64_t out_stride) {
+    score_keys(q, groups, dim, pool, slot_stride, slots, n, scale, rows, scores, stride);
+    float inv_total[3];
+    for (int64_t g0 = 0; g0 < groups; g0 += 3) {
+        const int64_t gb = groups - g0 < 3 ? groups - g0 : 3;
+        for (int64_t g = 0; g < gb; g++) inv_total[g] = 1.0f / exponentiate(scores + (g0 + g) * stride, n);
+        for (int64_t d = 0; d < dim; d += 16) {
+            const int64_t db = dim - d < 16 ? 1 : 2;
+            WEIGH[gb - 1][db - 1](scores + g0 * stride, stride, inv_total, pool + value_offset + d, slot_stride,
+                                  slots, n, out + g0 * out_stride + d, out_stride);
         }
     }
 }
@@ -107,10 +173,11 @@ extern "C" int paged_attention_rows(const float *q, int64_t q_stride, int64_t ro
         if (lengths[b] < 0 || starts[b] < 0 || starts[b] + lengths[b] > slot_count) return -3;
         longest = lengths[b] > longest ? lengths[b] : longest;
     }
+    const int64_t stride = (longest + POS - 1) / POS * POS;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *scores = static_cast<float *>(malloc(sizeof(float) * (groups * longest + LANES * dim)));
+        float *scores = static_cast<float *>(malloc(sizeof(float) * (groups * stride + POS * dim)));
         if (scores == nullptr) {
 #pragma omp atomic write
             failed = 1;
@@ -122,8 +189,8 @@ extern "C" int paged_attention_rows(const float *q, int64_t q_stride, int64_t ro
                 const int64_t b = pair / kv_heads, h = pair % kv_heads;
                 if (lengths[b] == 0) continue;
                 attend_pair(q + b * q_stride + h * groups * dim, groups, dim, pool + h * dim, slot_stride,
-                            kv_heads * dim, slots + starts[b], lengths[b], scale, scores + groups * longest,
-                            scores, out + (b * heads + h * groups) * dim, dim);
+                            kv_heads * dim, slots + starts[b], lengths[b], scale, scores + groups * stride,
+                            scores, stride, out + (b * heads + h * groups) * dim, dim);
             }
         }
         free(scores);
