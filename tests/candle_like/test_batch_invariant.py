@@ -106,9 +106,9 @@ def test_the_default_executor_is_not_batch_invariant(backend_dense, prompts) -> 
 def test_native_kernels_give_a_row_the_same_bits_in_any_batch_by_default(backend_fp32, prompts) -> None:
     """The block kernel (one FMA chain per output) and the native attention (each row over its
     own prefix) make the default executor batch-invariant: alone, beside 1 and 4 others, and
-    prefilled in chunks of 3, a prompt of more than 16 tokens too (the bound was 16 before). The
-    mode is still what holds for longer prompts, which attend through SDPA's tiled kernel
-    (executor.on_native_kernel)."""
+    prefilled in chunks of 3, a prompt of more than 24 tokens too (the bound was 16 before). The
+    mode is still what holds for prompts of over 1,024 tokens, whose later chunks attend through
+    SDPA's tiled kernel (executor.on_native_kernel)."""
     ex = _executor(backend_fp32, batch_invariant=False)
     assert ex.native_decode_off is None
     assert all(on_native_kernel(0, len(p)) for p in prompts)
@@ -117,18 +117,19 @@ def test_native_kernels_give_a_row_the_same_bits_in_any_batch_by_default(backend
         assert all(_identical(alone, _rows_of_first(ex, batch))), f"batch of {len(batch)}"
     assert all(_identical(alone, _rows_of_first(ex, prompts, chunk=3))), "prefilled in chunks of 3"
     longer = [*prompts[0], *backend_fp32.tokenizer.encode(" " + " ".join(PROMPTS[1:]))][:40]
-    assert len(longer) > 16 and on_native_kernel(0, len(longer))
+    assert len(longer) > 24 and on_native_kernel(0, len(longer))
     batch = [longer, *prompts[1:]]
     assert all(_identical(_rows_of_first(ex, batch), _rows_of_first(ex, batch, chunk=3))), "a longer prompt"
 
 
 def test_which_chunks_attend_on_the_native_kernel() -> None:
-    """Up to 16 rows anywhere (decode, a speculative verification); a short prompt up to 64
-    tokens from position 0, in any chunking; not a longer prompt, nor a new turn after a long
-    cached conversation, which the native kernel reads row by row (1.5-2.8x SDPA's time there)."""
-    assert all(on_native_kernel(start, rows) for start in (0, 100, 8000) for rows in (1, 16))
-    assert all(on_native_kernel(start, rows) for start in range(64) for rows in range(1, 65 - start))
-    assert not on_native_kernel(0, 65) and not on_native_kernel(512, 24) and not on_native_kernel(100, 40)
+    """Up to 24 rows anywhere (decode, a speculative verification, a short new turn); every
+    chunk of a prompt of up to 1,024 tokens, in any chunking; not a longer chunk past that, such
+    as a long new turn after a long cached conversation, where SDPA's tiles win (1.07-1.33x)."""
+    assert all(on_native_kernel(start, rows) for start in (0, 100, 8000) for rows in (1, 16, 24))
+    prompt_chunks = [(start, rows) for start in range(0, 1024, 31) for rows in range(1, 1025 - start, 17)]
+    assert all(on_native_kernel(start, rows) for start, rows in prompt_chunks)
+    assert not on_native_kernel(0, 1025) and not on_native_kernel(2048, 25) and not on_native_kernel(1000, 25)
 
 
 def test_the_kernel_check_passes_here_and_catches_an_unpadded_row(backend_dense, monkeypatch) -> None:

@@ -130,23 +130,22 @@ class _KvAccess:
         return read
 
 
-#: A chunk of up to this many rows (a speculative verification) attends on the native pool
-#: kernel row by row, the bits of decoding each row.
-NATIVE_CHUNK_ROWS = 16
-#: So does a longer chunk whose rows read at most this many keys in all, rows x (start + rows):
-#: a short prompt, up to 64 tokens from position 0. The kernel reads each row's keys alone and
-#: SDPA's causal kernel tiles them, so past that SDPA is faster. A prompt's first token at one
-#: client (AVX-512 kind, 2026-12-07): native 0.84-0.97x SDPA's time at 17-64 tokens from
-#: position 0 (SDPA runs per layer through the decoder's callback), 1.06-1.35x at 96-512; a
-#: new turn of 24-64 tokens after 512-4,096 cached ones 1.5-2.8x. The native kernel is AVX2
-#: code on every kind while SDPA ran on AVX-512 here: on the AVX2 kind, where SDPA loses that,
-#: the crossover can only sit further out (not measured there).
-NATIVE_CHUNK_KEYS = 64 * 64
+#: A chunk of up to this many rows (a speculative verification, a short new turn) attends on
+#: the native pool kernel row by row, the bits of decoding each row, after any prefix.
+NATIVE_CHUNK_ROWS = 24
+#: So does a longer chunk whose last row reads at most this many keys: every chunk of a prompt
+#: of up to 1,024 tokens, in any chunking. The kernel reads each row's keys alone and SDPA's
+#: kernel tiles them (after a prefix with a mask over every key), so past these bounds SDPA is
+#: faster. A first token at one client, every chunk native against this rule (both kinds,
+#: 2026-12-07): 0.79-0.95x at 128-512 tokens from position 0 or after 512 cached ones, 1.00-1.02x
+#: at 1,024 keys, 0.86-0.96x for 24 new tokens after 2,048-4,096 cached ones; 32 new tokens
+#: there 1.08x on AVX-512 (0.91-0.96x held to AVX2), 64-512 new ones 1.07-1.33x on both.
+NATIVE_CHUNK_KEYS = 1024
 
 
 def on_native_kernel(start: int, rows: int) -> bool:
     """Whether a chunk of ``rows`` new positions from ``start`` attends on the native kernel."""
-    return rows <= NATIVE_CHUNK_ROWS or rows * (start + rows) <= NATIVE_CHUNK_KEYS
+    return rows <= NATIVE_CHUNK_ROWS or start + rows <= NATIVE_CHUNK_KEYS
 
 
 class _StepAttention(_KvAccess):
