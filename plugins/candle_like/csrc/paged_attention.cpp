@@ -54,13 +54,13 @@ inline __m256 sums8(const __m256 *a) {
 
 // Scores of G queries q [G][dim] against n keys, positions POS at a time: each key widened once
 // into rows [POS][dim], then per query POS dot products in their own FMA chains, reduced
-// together (sums8). scores [G][stride], the last block's missing positions left as they are.
+// together (sums8). scores [G][stride]; positions past n are scored against rows of zeros, for
+// exponentiate's last vector to load (and mask).
 void score_keys(const float *q, int64_t groups, int64_t dim, const uint16_t *pool, int64_t slot_stride,
                 const int64_t *slots, int64_t n, float scale, float *rows, float *scores, int64_t stride) {
     for (int64_t l0 = 0; l0 < n; l0 += POS) {
         const int64_t m = n - l0 < POS ? n - l0 : POS;
         for (int64_t j = 0; j < POS; j++) {
-            // Past the keys, a row of zeros: its scores are computed and never read.
             if (j < m) {
                 const uint16_t *key = pool + slots[l0 + j] * slot_stride;
                 for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(rows + j * dim + d, load_half8(key + d));
@@ -73,7 +73,8 @@ void score_keys(const float *q, int64_t groups, int64_t dim, const uint16_t *poo
             for (int64_t j = 0; j < POS; j++) acc[j] = _mm256_setzero_ps();
             for (int64_t d = 0; d < dim; d += 8) {
                 const __m256 qd = _mm256_loadu_ps(q + g * dim + d);
-                for (int64_t j = 0; j < POS; j++) acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(rows + j * dim + d), acc[j]);
+                for (int64_t j = 0; j < POS; j++)
+                    acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(rows + j * dim + d), acc[j]);
             }
             _mm256_storeu_ps(scores + g * stride + l0, _mm256_mul_ps(sums8(acc), _mm256_set1_ps(scale)));
         }
@@ -95,9 +96,10 @@ float exponentiate(float *s, int64_t n) {
     __m256 total8 = _mm256_setzero_ps();
     for (l = 0; l < n; l += 8) {
         __m256 e = ruvllm::exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), top_v));
-        if (n - l < 8) {
+        if (n - l < 8) {  // the lanes past n: zero
             const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - l)), lane)));
+            const __m256i kept = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - l)), lane);
+            e = _mm256_and_ps(e, _mm256_castsi256_ps(kept));
         }
         _mm256_storeu_ps(s + l, e);
         total8 = _mm256_add_ps(total8, e);
