@@ -136,10 +136,11 @@ NATIVE_CHUNK_ROWS = 24
 #: So does a longer chunk whose last row reads at most this many keys: every chunk of a prompt
 #: of up to 1,024 tokens, in any chunking. The kernel reads each row's keys alone and SDPA's
 #: kernel tiles them (after a prefix with a mask over every key), so past these bounds SDPA is
-#: faster. A first token at one client, every chunk native against this rule (both kinds,
-#: 2026-12-07): 0.79-0.95x at 128-512 tokens from position 0 or after 512 cached ones, 1.00-1.02x
-#: at 1,024 keys, 0.86-0.96x for 24 new tokens after 2,048-4,096 cached ones; 32 new tokens
-#: there 1.08x on AVX-512 (0.91-0.96x held to AVX2), 64-512 new ones 1.07-1.33x on both.
+#: faster. A first token at one client, every chunk native against the bounds before (16 rows
+#: or 64 x 64 keys; both kinds, 2026-12-07): 0.79-0.95x at 128-512 tokens from position 0 or
+#: after 512 cached ones (up to 1,024 keys), 0.92-1.02x at 1,088-1,536 keys, 0.86-0.96x for 24
+#: new tokens after 2,048-4,096 cached ones; 32 new tokens there 1.08x on AVX-512 (0.91-0.96x
+#: held to AVX2), 64-512 new ones 1.07-1.33x on both.
 NATIVE_CHUNK_KEYS = 1024
 
 
