@@ -60,9 +60,12 @@ class Setup:
         self.model = self.client.models.list().data[0].id
         self.workers = {h.ip for h in cluster.hosts if not h.head}
 
+    def replica_status(self) -> dict:
+        """``/ray/replicas`` as the ingress reports it: the replicas and its own ``ingress`` part."""
+        return httpx.get(self.url + "/ray/replicas", timeout=HTTP_TIMEOUT_S).json()
+
     def replicas(self) -> dict[str, dict]:
-        body = httpx.get(self.url + "/ray/replicas", timeout=HTTP_TIMEOUT_S).json()
-        return {r["replica_id"]: r for r in body["replicas"]}
+        return {r["replica_id"]: r for r in self.replica_status()["replicas"]}
 
     def settled(self, finished_at_least: int, timeout: float = SETTLE_S) -> dict[str, dict]:
         deadline = time.monotonic() + timeout
@@ -315,7 +318,7 @@ def _running_by_node(setup: Setup, at_least: int) -> dict[str, int]:
     placement), once at least ``at_least`` are accepted (or after ``SETTLE_S``)."""
     deadline = time.monotonic() + SETTLE_S
     while True:
-        body = httpx.get(setup.url + "/ray/replicas", timeout=HTTP_TIMEOUT_S).json()
+        body = setup.replica_status()
         node_of = {r["replica_id"]: r["node_ip"] for r in body["replicas"]}
         running = body["ingress"]["running"]
         by_node: Counter[str] = Counter()
