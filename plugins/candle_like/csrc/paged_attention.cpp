@@ -129,10 +129,14 @@ void weigh_values(const float *p, int64_t stride, const float *inv_total, const 
             _mm256_storeu_ps(out + g * out_stride + 8 * j, _mm256_mul_ps(acc[g][j], _mm256_set1_ps(inv_total[g])));
 }
 
+// The most queries and 8-dim vectors weigh_values takes at once: 3 x 2 FMA chains and 2 values
+// in registers.
+constexpr int64_t QUERY_BLOCK = 3, VECTOR_BLOCK = 2;
+
 using WeighFn = void (*)(const float *, int64_t, const float *, const uint16_t *, int64_t, const int64_t *, int64_t,
                          float *, int64_t);
-// [queries at once - 1][8-dim vectors at once - 1]: up to 3 x 2, 6 chains and 2 values in registers.
-constexpr WeighFn WEIGH[3][2] = {{weigh_values<1, 1>, weigh_values<1, 2>},
+// [queries at once - 1][8-dim vectors at once - 1].
+constexpr WeighFn WEIGH[QUERY_BLOCK][VECTOR_BLOCK] = {{weigh_values<1, 1>, weigh_values<1, 2>},
                                  {weigh_values<2, 1>, weigh_values<2, 2>},
                                  {weigh_values<3, 1>, weigh_values<3, 2>}};
 
@@ -144,12 +148,12 @@ void attend_pair(const float *q, int64_t groups, int64_t dim, const uint16_t *po
                  int64_t value_offset, const int64_t *slots, int64_t n, float scale, float *rows,
                  float *scores, int64_t stride, float *out, int64_t out_stride) {
     score_keys(q, groups, dim, pool, slot_stride, slots, n, scale, rows, scores, stride);
-    float inv_total[3];
-    for (int64_t g0 = 0; g0 < groups; g0 += 3) {
-        const int64_t gb = groups - g0 < 3 ? groups - g0 : 3;
+    float inv_total[QUERY_BLOCK];
+    for (int64_t g0 = 0; g0 < groups; g0 += QUERY_BLOCK) {
+        const int64_t gb = groups - g0 < QUERY_BLOCK ? groups - g0 : QUERY_BLOCK;
         for (int64_t g = 0; g < gb; g++) inv_total[g] = 1.0f / exponentiate(scores + (g0 + g) * stride, n);
-        for (int64_t d = 0; d < dim; d += 16) {
-            const int64_t db = dim - d < 16 ? 1 : 2;
+        for (int64_t d = 0; d < dim; d += 8 * VECTOR_BLOCK) {
+            const int64_t db = (dim - d) / 8 < VECTOR_BLOCK ? (dim - d) / 8 : VECTOR_BLOCK;
             WEIGH[gb - 1][db - 1](scores + g0 * stride, stride, inv_total, pool + value_offset + d, slot_stride,
                                   slots, n, out + g0 * out_stride + d, out_stride);
         }

@@ -4,8 +4,9 @@ The PyTorch path of a decode step gathers each sequence's K/V out of the pool, w
 float32 and pads the batch to its longest sequence before SDPA: three passes over the K/V. On the
 2-core AVX2 kind, at 16 sequences of ~160 positions that was ~14 ms of a ~60 ms step. The native
 kernel reads each position's K and V once from its slot. It serves every decode row and every row
-of a short chunk (:class:`PoolRows`) when the pool is float16 (the default beside float32 compute)
-and the library runs here; else, and inside a compiled graph, the PyTorch path does.
+of the chunks ``executor.on_native_kernel`` gives it (:class:`PoolRows`) when the pool is float16
+(the default beside float32 compute) and the library runs here; else, and inside a compiled graph,
+the PyTorch path does.
 """
 
 from __future__ import annotations
