@@ -46,9 +46,19 @@ def _params() -> list:
         reason=f"no real backend is installed (or selected by {SELECT_ENV}); plugin failures: {reasons}"))]
 
 
-def _run(suite_runner, backend: str, *args: str, kv_reset: bool = True, probe: bool = True):
-    """``probe=False``: the caller checked the backend's modules without importing them."""
-    reason = get_registry().backends[backend].unavailable_reason() if probe else None
+@pytest.fixture(scope="module")
+def unavailable() -> dict[str, str | None]:
+    """Why each installed backend cannot run here (None: it can), probed once per module.
+
+    The probe imports the engine (torch, mlx, ...). Module scope sets it up before pytester,
+    which restores ``sys.modules`` after each test: imported inside a test, torch would be
+    imported afresh by the next one, and its C extension does not survive that (a SystemError,
+    then a segfault, when these tests ran without an earlier module importing torch)."""
+    return {name: get_registry().backends[name].unavailable_reason() for name in installed_backends()}
+
+
+def _run(suite_runner, backend: str, *args: str, kv_reset: bool = True, reason: str | None = None):
+    """``reason``: why ``backend`` is unavailable here (the ``unavailable`` fixture's), or None."""
     if reason:
         pytest.skip(f"{backend} is unavailable here: {reason}")
     # The KV-pool tests at a 256-token context: the whole 8,192 of the embedded model would take
@@ -95,18 +105,18 @@ def _whole_suite_params() -> list:
 @pytest.mark.timeout(900)
 @pytest.mark.spread
 @pytest.mark.parametrize("backend", _whole_suite_params())
-def test_suite_passes(suite_runner, backend: str, cpu_isolation_bounds) -> None:
+def test_suite_passes(suite_runner, unavailable, backend: str, cpu_isolation_bounds) -> None:
     cpu_isolation_bounds(backend)  # the child pytest inherits them
-    run = _run(suite_runner, backend)
+    run = _run(suite_runner, backend, reason=unavailable[backend])
     assert sum(o.outcome == "passed" for o in run.outcomes.values()) >= 30, run.outcomes
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.spread
 @pytest.mark.parametrize("backend", [b for b in installed_backends() if b in SUBSET_IN_MAKE_TEST])
-def test_suite_subset_passes(suite_runner, backend: str) -> None:
+def test_suite_subset_passes(suite_runner, unavailable, backend: str) -> None:
     """The isolation, bad-input and KV-pool classes of a backend whose whole suite is slow."""
-    run = _run(suite_runner, backend, "-k", SUBSET_IN_MAKE_TEST[backend])
+    run = _run(suite_runner, backend, "-k", SUBSET_IN_MAKE_TEST[backend], reason=unavailable[backend])
     assert sum(o.outcome == "passed" for o in run.outcomes.values()) >= 15, run.outcomes
 
 
@@ -193,7 +203,7 @@ def test_candle_like_two_tier_passes_isolation(suite_runner, monkeypatch, name: 
     """candle_like with ``kv_cache=two_tier``: KV isolation and reset through the engine,
     judged by the rule's bounds for that cold tier."""
     spec = TWO_TIER_RUNS[name]
-    run = _run(suite_runner, "candle_like", *_two_tier_args(spec, monkeypatch), kv_reset=False, probe=False)
+    run = _run(suite_runner, "candle_like", *_two_tier_args(spec, monkeypatch), kv_reset=False)
     out = run.result.stdout.str()
     assert f"two-tier KV cache (kv_cache=two_tier): {spec.kv_line}" in out, run.tail()
     assert _bounds_line(spec) in out, run.tail()
@@ -246,11 +256,12 @@ def _speculating_args() -> list[str]:
 @pytest.mark.parametrize("backend", [
     pytest.param(p, marks=pytest.mark.slow) if isinstance(p, str) and p not in SPECULATING_IN_MAKE_TEST else p
     for p in _params()])
-def test_engine_classes_pass_speculating(suite_runner, backend: str) -> None:
+def test_engine_classes_pass_speculating(suite_runner, unavailable, backend: str) -> None:
     """Issue 23's "the suite with speculation on": the engine and KV-pool classes pass with
     every request drafting, and drafts were verified (a run that drafted nothing would pass as
     plain decoding)."""
-    run = _run(suite_runner, backend, "-k", SPECULATING_CLASSES, "-s", *_speculating_args(), kv_reset=False)
+    run = _run(suite_runner, backend, "-k", SPECULATING_CLASSES, "-s", *_speculating_args(), kv_reset=False,
+               reason=unavailable[backend])
     out = run.result.stdout.str()
     if "has no iteration-level executor" in out and not _DRAFTED.search(out):
         pytest.skip(f"{backend} is served request by request: the engine does not speculate for it")
