@@ -44,7 +44,8 @@ def _reference(q: torch.Tensor, gather: torch.Tensor, lengths: torch.Tensor) -> 
     return attend_decode_batch(q.double(), keys, values, valid)
 
 
-@pytest.mark.parametrize("lengths", [[1], [7, 130, 2], [600] * 3 + [5]])
+# 2,500 and 1,025 positions: pairs past the kernel's SEGMENT (1,024), split and merged.
+@pytest.mark.parametrize("lengths", [[1], [7, 130, 2], [600] * 3 + [5], [2500, 3, 1025]])
 def test_matches_the_pytorch_path_in_float64_to_float32_rounding(lengths):
     q, gather, n = _batch(lengths, seed=len(lengths))
     got = _decode(q, gather, n)
@@ -54,9 +55,9 @@ def test_matches_the_pytorch_path_in_float64_to_float32_rounding(lengths):
 
 
 def test_a_sequence_has_the_same_bits_alone_and_in_any_batch():
-    q, gather, n = _batch([40, 300, 9, 128], seed=5)
+    q, gather, n = _batch([40, 300, 9, 128, 2100], seed=5)
     batched = _decode(q, gather, n)
-    for b in range(4):
+    for b in range(5):
         alone = _decode(q[b:b + 1], gather[b:b + 1, :int(n[b])], n[b:b + 1])
         assert torch.equal(alone[0], batched[b]), b
 
