@@ -56,6 +56,9 @@ constexpr int64_t AHEAD = 32;
 // positions, and slower for 16 rows of 600).
 constexpr int64_t SEGMENT = 1024;
 
+// How many segments a pair of n positions runs as.
+inline int64_t segments_of(int64_t n) { return (n + SEGMENT - 1) / SEGMENT; }
+
 // Lane i: the sum of a[i]'s lanes, always in the same order.
 inline __m256 sums8(const __m256 *a) {
     const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
@@ -187,18 +190,22 @@ void attend_pair(const float *q, int64_t groups, int64_t dim, const uint16_t *po
 }
 
 // One pair's segments, in order: each query's weighted values and weights' sums rescaled to the
-// largest max and added, then divided. seg_out [segments][G][dim], tops and totals [segments][G].
-void merge_segments(int64_t segments, int64_t groups, int64_t dim, const float *seg_out, const float *tops,
+// largest max and added, then divided. seg_out [segments][G][dim], tops and totals [segments][G];
+// tops is overwritten with each segment's rescaling factor.
+void merge_segments(int64_t segments, int64_t groups, int64_t dim, const float *seg_out, float *tops,
                     const float *totals, float *out) {
     for (int64_t g = 0; g < groups; g++) {
         float top = -INFINITY;
         for (int64_t s = 0; s < segments; s++) top = tops[s * groups + g] > top ? tops[s * groups + g] : top;
         float total = 0.0f;
-        for (int64_t s = 0; s < segments; s++) total += expf(tops[s * groups + g] - top) * totals[s * groups + g];
+        for (int64_t s = 0; s < segments; s++) {
+            tops[s * groups + g] = expf(tops[s * groups + g] - top);
+            total += tops[s * groups + g] * totals[s * groups + g];
+        }
         for (int64_t d = 0; d < dim; d += 8) {
             __m256 acc = _mm256_setzero_ps();
             for (int64_t s = 0; s < segments; s++)
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(expf(tops[s * groups + g] - top)),
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(tops[s * groups + g]),
                                       _mm256_loadu_ps(seg_out + (s * groups + g) * dim + d), acc);
             _mm256_storeu_ps(out + g * dim + d, _mm256_mul_ps(acc, _mm256_set1_ps(1.0f / total)));
         }
@@ -230,7 +237,7 @@ extern "C" int paged_attention_rows(const float *q, int64_t q_stride, int64_t ro
     if (segments_before == nullptr) return -1;
     segments_before[0] = 0;
     for (int64_t b = 0; b < rows; b++)
-        segments_before[b + 1] = segments_before[b] + kv_heads * ((lengths[b] + SEGMENT - 1) / SEGMENT);
+        segments_before[b + 1] = segments_before[b] + kv_heads * segments_of(lengths[b]);
     const int64_t tasks = segments_before[rows];
     const int64_t stride = (longest < SEGMENT ? (longest + POS - 1) / POS * POS : SEGMENT);
     // One more float than the tasks need, so that a step with none still gets a block.
@@ -255,7 +262,7 @@ extern "C" int paged_attention_rows(const float *q, int64_t q_stride, int64_t ro
             for (int64_t task = 0; task < tasks; task++) {
                 while (segments_before[b + 1] <= task) b++;
                 while (segments_before[b] > task) b--;
-                const int64_t segments = (lengths[b] + SEGMENT - 1) / SEGMENT;
+                const int64_t segments = segments_of(lengths[b]);
                 const int64_t h = (task - segments_before[b]) / segments, s = (task - segments_before[b]) % segments;
                 const int64_t lo = s * SEGMENT, n = lengths[b] - lo < SEGMENT ? lengths[b] - lo : SEGMENT;
                 const bool partial = segments > 1;
@@ -267,7 +274,7 @@ extern "C" int paged_attention_rows(const float *q, int64_t q_stride, int64_t ro
 #pragma omp for schedule(dynamic, 1)
             for (int64_t pair = 0; pair < rows * kv_heads; pair++) {
                 const int64_t row = pair / kv_heads, h = pair % kv_heads;
-                const int64_t segments = (lengths[row] + SEGMENT - 1) / SEGMENT;
+                const int64_t segments = segments_of(lengths[row]);
                 if (segments < 2) continue;
                 const int64_t first = segments_before[row] + h * segments;
                 merge_segments(segments, groups, dim, partials + first * groups * dim, tops + first * groups,
