@@ -25,12 +25,21 @@ def attend_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: in
         return out[0].transpose(0, 1).reshape(t, h * d)
     if t > 1:
         return _chunk_after_prefix(q, k, v, start)
-    g = h // h_kv
-    # A leading batch dimension of 1: PyTorch's fused CPU attention kernel takes only 4-D
-    # inputs; 3-D ones fall back to the unfused math path (2-2.5x slower here, same result).
-    qg = q.view(t, h_kv, g, d).permute(1, 2, 0, 3).reshape(1, h_kv, g * t, d)
-    out = F.scaled_dot_product_attention(qg, k.unsqueeze(0), v.unsqueeze(0))
-    return out.view(h_kv, g, t, d).permute(2, 0, 1, 3).reshape(t, h * d)
+    out = F.scaled_dot_product_attention(_by_kv_head(q, h_kv), k.unsqueeze(0), v.unsqueeze(0))
+    return _by_position(out, h_kv, t)
+
+
+def _by_kv_head(q: torch.Tensor, h_kv: int) -> torch.Tensor:
+    """``q`` [T, Hkv*G, D] -> [1, Hkv, G*T, D]: each KV head's G queries as one head's rows. The
+    leading batch dimension of 1: PyTorch's fused CPU attention kernel takes only 4-D inputs; 3-D
+    ones fall back to the unfused math path (2-2.5x slower here, same result)."""
+    t, h, d = q.shape
+    return q.view(t, h_kv, h // h_kv, d).permute(1, 2, 0, 3).reshape(1, h_kv, h // h_kv * t, d)
+
+
+def _by_position(out: torch.Tensor, h_kv: int, t: int) -> torch.Tensor:
+    """The inverse of _by_kv_head for an attention output holding [Hkv, G, T, D]: [T, Hkv*G*D]."""
+    return out.reshape(h_kv, -1, t, out.shape[-1]).permute(2, 0, 1, 3).reshape(t, -1)
 
 
 def _chunk_after_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
@@ -46,14 +55,14 @@ def _chunk_after_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start
     t, h, d = q.shape
     h_kv = k.shape[0]
     g = h // h_kv
-    qg = q.view(t, h_kv, g, d).permute(1, 2, 0, 3).reshape(1, h_kv, g * t, d)
-    past, past_lse = _flash_attention(qg, k[None, :, :start], v[None, :, :start], causal=False)
+    past, past_lse = _flash_attention(_by_kv_head(q, h_kv), k[None, :, :start], v[None, :, :start],
+                                      causal=False)
     own, own_lse = _flash_attention(q.transpose(0, 1)[None], k[None, :, start:].repeat_interleave(g, 1),
                                     v[None, :, start:].repeat_interleave(g, 1), causal=True)
     parts = torch.stack([past.reshape(h_kv, g, t, d), own.reshape(h_kv, g, t, d)]).float()
     weights = torch.stack([past_lse.reshape(h_kv, g, t), own_lse.reshape(h_kv, g, t)]).float().softmax(0)
     out = (parts * weights[..., None]).sum(0)
-    return out.permute(2, 0, 1, 3).reshape(t, h * d).to(q.dtype)
+    return _by_position(out, h_kv, t).to(q.dtype)
 
 
 def _flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
